@@ -1,0 +1,236 @@
+//! Write [acemq-host] plugins in Rust.
+//!
+//! A handler plugin decides what happens to each message a consumer receives
+//! (accept, retry, reject, park) and what it publishes. The host does
+//! everything else: connection, acknowledgements, retries, dead-lettering,
+//! publisher confirms. A plugin is a WebAssembly component with no access to
+//! the machine; it reaches the outside only through the host: [`publish`],
+//! [`config`], [`now_ms`], and [logging](log).
+//!
+//! # A handler
+//!
+//! ```
+//! use acemq_guest::prelude::*;
+//! use serde::Deserialize;
+//!
+//! #[derive(Deserialize)]
+//! struct Order {
+//!     id: String,
+//!     total: f64,
+//! }
+//!
+//! struct OrderRouter;
+//!
+//! impl Handler for OrderRouter {
+//!     fn handle(msg: Message) -> Result {
+//!         // A malformed body ends here with
+//!         // `reject: body is not a valid Order: missing field `total` at line 1 column 12`.
+//!         let order: Order = msg.json()?;
+//!         if order.total <= 0.0 {
+//!             return reject(format_args!("order {}: total must be positive", order.id));
+//!         }
+//!         // Buffered by the host, published only once this handler accepts.
+//!         // A refused publish ends here with a `retry`.
+//!         publish("orders.events", "order.accepted")
+//!             .json(&json!({ "id": order.id, "total": order.total }))
+//!             .send()?;
+//!         info!("order {} routed", order.id);
+//!         accept()
+//!     }
+//! }
+//!
+//! acemq_guest::export_handler!(OrderRouter);
+//! #
+//! # // The same handler, run natively (see `testing`):
+//! # use acemq_guest::testing::{self, TestHost};
+//! # let done = TestHost::new().handle::<OrderRouter>(testing::message(r#"{"id":"o-1"}"#));
+//! # assert_eq!(done.outcome, Outcome::Reject(
+//! #     "body is not a valid Order: missing field `total` at line 1 column 12".into()));
+//! # let done = TestHost::new().handle::<OrderRouter>(testing::message(r#"{"id":"o-1","total":2}"#));
+//! # assert_eq!((done.outcome, done.published.len()), (Outcome::Accept, 1));
+//! ```
+//!
+//! [`Handler::handle`] returns [`Result`], whose both sides are an
+//! [`Outcome`]: `Ok` is the decision reached at the end, `Err` a decision
+//! that cut the handler short. That is what lets `?` decide:
+//!
+//! | error                        | becomes                                      |
+//! |------------------------------|----------------------------------------------|
+//! | [`BodyError`] ([`Message::json`], [`Message::text`]) | [`Outcome::Reject`]: the body will never be readable |
+//! | [`PublishError`] ([`Publish::send`])                  | [`Outcome::Retry`]: the refusal is usually configuration |
+//! | any `Option` / `Result`, via [`OrOutcome`]            | the outcome you name: `.or_reject("no tenant")?` |
+//!
+//! # Building
+//!
+//! A plugin is a `cdylib` crate depending on this one (and on `serde` for
+//! its derives). Build it for `wasm32-unknown-unknown` and turn the core
+//! module into a component; in this repository `scripts/build-plugins` does
+//! both for every crate in `plugins/` and writes `target/plugins/NAME.wasm`.
+//! Use `panic = "abort"` in the release profile: a panic then traps, the
+//! host fails the delivery with a `trap: ...` reason, and the SDK logs the
+//! panic message through the host just before.
+//!
+//! # Testing
+//!
+//! Natively, the host functions talk to a [`testing::TestHost`] instead, so
+//! `cargo test` runs handlers without wasm or a broker.
+//!
+//! # Codecs
+//!
+//! A codec plugin implements [`Codec`] and is exported with
+//! [`export_codec!`].
+//!
+//! [acemq-host]: https://example.invalid/acemq-host
+
+#[doc(hidden)]
+pub mod bindings;
+mod codec;
+mod host;
+mod message;
+mod outcome;
+mod publish;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod testing;
+
+pub use codec::{Body, Codec, CodecError};
+pub use host::{config, log, now_ms};
+pub use message::{BodyError, Delivery, Envelope, HeaderValue, Headers, Message};
+pub use outcome::{OrOutcome, Outcome, Result, accept, park, reject, retry};
+pub use publish::{Publish, PublishError, publish};
+/// Re-exported so plugins can build JSON with [`json!`] without depending on
+/// `serde_json` themselves.
+pub use serde_json::{self, json};
+
+/// A handler plugin. Export it with [`export_handler!`].
+///
+/// The host calls [`handle`](Handler::handle) once per delivery, one message
+/// at a time per instance. Instances are reused between messages (statics
+/// survive from one call to the next) but never after a trap, and the host
+/// may create several, so do not rely on statics to see every message.
+pub trait Handler {
+    /// Decides what happens to `msg`. See [`Result`] for why both sides of
+    /// the result are an [`Outcome`].
+    fn handle(msg: Message) -> Result;
+}
+
+/// Exports a [`Handler`] as the plugin's `acemq:plugin/handler` export. Use
+/// it once, at the top level of the plugin crate.
+///
+/// ```
+/// # use acemq_guest::prelude::*;
+/// struct Echo;
+/// impl Handler for Echo {
+///     fn handle(_: Message) -> Result {
+///         accept()
+///     }
+/// }
+/// acemq_guest::export_handler!(Echo);
+/// ```
+#[macro_export]
+macro_rules! export_handler {
+    ($handler:ty) => {
+        // Private type implementing wit-bindgen's trait: `$handler` needs no
+        // trait but ours, and may be any type path (wit-bindgen's export
+        // macro accepts only a plain identifier).
+        const _: () = {
+            struct __AcemqHandlerExport;
+            impl $crate::__private::HandlerGuest for __AcemqHandlerExport {
+                fn handle(msg: $crate::__private::WitMessage) -> $crate::Outcome {
+                    $crate::__private::handle::<$handler>(msg)
+                }
+            }
+            $crate::bindings::handler::export!(
+                __AcemqHandlerExport with_types_in $crate::bindings::handler
+            );
+        };
+    };
+}
+
+/// Exports a [`Codec`] as the plugin's `acemq:plugin/codec` export. Use it
+/// once, at the top level of the plugin crate. See [`Codec`] for an example.
+#[macro_export]
+macro_rules! export_codec {
+    ($codec:ty) => {
+        const _: () = {
+            struct __AcemqCodecExport;
+            impl $crate::__private::CodecGuest for __AcemqCodecExport {
+                fn decode(
+                    content_type: ::std::string::String,
+                    body: ::std::vec::Vec<u8>,
+                ) -> $crate::__private::CodecResult {
+                    $crate::__private::decode::<$codec>(content_type, body)
+                }
+                fn encode(
+                    content_type: ::std::string::String,
+                    body: ::std::vec::Vec<u8>,
+                ) -> $crate::__private::CodecResult {
+                    $crate::__private::encode::<$codec>(content_type, body)
+                }
+            }
+            $crate::bindings::codec::export!(
+                __AcemqCodecExport with_types_in $crate::bindings::codec
+            );
+        };
+    };
+}
+
+/// Everything a handler usually needs: `use acemq_guest::prelude::*;`.
+///
+/// Brings [`Result`](crate::Result) into scope; it still takes an error type
+/// (`Result<T, E>`), so other code in the plugin is unaffected. The logging
+/// macros are not included (their names are common); call them as
+/// `acemq_guest::info!` or import them.
+pub mod prelude {
+    pub use crate::{
+        Handler, Message, OrOutcome, Outcome, Result, accept, config, json, now_ms, park, publish,
+        reject, retry,
+    };
+    // Macros, by name, so `info!(..)` works after the glob import.
+    pub use crate::{debug, error, info, trace, warn};
+}
+
+/// Called by the code the export macros generate; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    use crate::{Codec, Handler, Message, Outcome};
+
+    pub use crate::bindings::codec::exports::acemq::plugin::codec::Guest as CodecGuest;
+    pub use crate::bindings::handler::exports::acemq::plugin::handler::Guest as HandlerGuest;
+    pub use crate::bindings::wit_types::Message as WitMessage;
+    pub use crate::codec::WitResult as CodecResult;
+
+    /// The body of the handler export.
+    pub fn handle<H: Handler>(msg: WitMessage) -> Outcome {
+        #[cfg(target_arch = "wasm32")]
+        log_panics();
+        decide::<H>(Message::from_wit(msg))
+    }
+
+    pub(crate) fn decide<H: Handler>(msg: Message) -> Outcome {
+        match H::handle(msg) {
+            Ok(outcome) | Err(outcome) => outcome,
+        }
+    }
+
+    pub fn decode<C: Codec>(content_type: String, body: Vec<u8>) -> CodecResult {
+        crate::codec::call(C::decode, content_type, body)
+    }
+
+    pub fn encode<C: Codec>(content_type: String, body: Vec<u8>) -> CodecResult {
+        crate::codec::call(C::encode, content_type, body)
+    }
+
+    /// With `panic = "abort"` a panic becomes a wasm trap, and the host sees
+    /// only `unreachable`. Sending the panic message (text and location) to
+    /// the host's log first, tagged with the message id, makes the trap
+    /// explainable. Handler plugins only: codecs have no log import.
+    #[cfg(target_arch = "wasm32")]
+    fn log_panics() {
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        HOOK.call_once(|| {
+            std::panic::set_hook(Box::new(|info| {
+                crate::host::sys::log(crate::log::Level::Error, &format!("plugin {info}"));
+            }))
+        });
+    }
+}

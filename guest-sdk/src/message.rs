@@ -1,0 +1,326 @@
+//! The message a handler receives, its headers, and reading its body.
+
+use core::fmt;
+
+use serde::Deserialize;
+
+pub use crate::bindings::wit_types::{Delivery, Envelope, HeaderValue};
+use crate::outcome::Outcome;
+
+/// One message handed to a [`Handler`](crate::Handler).
+///
+/// Everything is owned: take the body out (`msg.body`), keep parts of it,
+/// move it into a publish, without copying.
+#[derive(Clone, Debug, PartialEq)]
+// New WIT fields (a minor contract version) must not break plugins that
+// destructure or build messages; tests build them with `testing::message`.
+#[non_exhaustive]
+pub struct Message {
+    /// The AceMQ envelope: id, type, version, correlation, attempt, ...
+    /// The host fills in defaults for missing headers, so it is always complete.
+    pub envelope: Envelope,
+    /// Where the broker delivered it from: queue, exchange, routing key, ...
+    pub delivery: Delivery,
+    /// The AMQP content type, after any codec has decoded the body.
+    pub content_type: Option<String>,
+    /// Application headers, in delivery order (never the `x-acemq-*` ones,
+    /// which are in [`envelope`](Self::envelope)).
+    pub headers: Headers,
+    /// The body bytes, after any codec has decoded them.
+    pub body: Vec<u8>,
+}
+
+impl Message {
+    /// Deserializes the JSON body into `T`.
+    ///
+    /// The error converts into a [`reject`](crate::reject) whose reason names
+    /// the type and what was wrong, so `msg.json()?` is all a handler needs:
+    /// `body is not a valid Order: missing field `total` at line 1 column 24`.
+    /// `T` may borrow from the body (`&str` fields).
+    pub fn json<'a, T: Deserialize<'a>>(&'a self) -> Result<T, BodyError> {
+        serde_json::from_slice(&self.body).map_err(|e| BodyError {
+            problem: format!("body is not a valid {}: {e}", short_type_name::<T>()),
+        })
+    }
+
+    /// The body as UTF-8 text; not UTF-8 converts into a
+    /// [`reject`](crate::reject).
+    pub fn text(&self) -> Result<&str, BodyError> {
+        core::str::from_utf8(&self.body).map_err(|e| BodyError {
+            problem: format!("body is not UTF-8 text: {e}"),
+        })
+    }
+
+    pub(crate) fn from_wit(msg: crate::bindings::wit_types::Message) -> Self {
+        Message {
+            envelope: msg.envelope,
+            delivery: msg.delivery,
+            content_type: msg.content_type,
+            headers: Headers(msg.headers),
+            body: msg.body,
+        }
+    }
+}
+
+/// A body that could not be read as asked ([`Message::json`],
+/// [`Message::text`]). Converts into [`Outcome::Reject`]: the same body
+/// would fail the same way on every retry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BodyError {
+    problem: String,
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.problem)
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+impl From<BodyError> for Outcome {
+    fn from(e: BodyError) -> Self {
+        Outcome::Reject(e.problem)
+    }
+}
+
+/// `my_plugin::Order` -> `Order`, `alloc::vec::Vec<my_plugin::Line>` ->
+/// `Vec<Line>`: what a person reading a dead-letter reason wants, without the
+/// crate paths `type_name` includes.
+fn short_type_name<T: ?Sized>() -> String {
+    let full = core::any::type_name::<T>();
+    let mut out = String::with_capacity(full.len());
+    let mut segment_start = 0;
+    for (i, c) in full.char_indices() {
+        if c.is_alphanumeric() || c == '_' || c == ':' {
+            continue;
+        }
+        out.push_str(last_path_segment(&full[segment_start..i]));
+        out.push(c);
+        segment_start = i + c.len_utf8();
+    }
+    out.push_str(last_path_segment(&full[segment_start..]));
+    out
+}
+
+fn last_path_segment(path: &str) -> &str {
+    path.rsplit("::").next().unwrap_or(path)
+}
+
+/// Application headers of a message, in delivery order.
+///
+/// AMQP header names are case-sensitive; so is [`get`](Self::get).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Headers(Vec<(String, HeaderValue)>);
+
+impl Headers {
+    /// No headers.
+    pub fn new() -> Self {
+        Headers(Vec::new())
+    }
+
+    /// The value of the header `name`, if present.
+    pub fn get(&self, name: &str) -> Option<&HeaderValue> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    /// The value of the header `name` if it is text.
+    pub fn get_str(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(HeaderValue::as_str)
+    }
+
+    /// Sets `name` to `value`, replacing an earlier value of the same name.
+    pub fn insert(&mut self, name: impl Into<String>, value: impl Into<HeaderValue>) {
+        let name = name.into();
+        let value = value.into();
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => *v = value,
+            None => self.0.push((name, value)),
+        }
+    }
+
+    /// Every header, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &HeaderValue)> {
+        self.0.iter().map(|(n, v)| (n.as_str(), v))
+    }
+
+    /// How many headers there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<'a> IntoIterator for &'a Headers {
+    type Item = &'a (String, HeaderValue);
+    type IntoIter = core::slice::Iter<'a, (String, HeaderValue)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl IntoIterator for Headers {
+    type Item = (String, HeaderValue);
+    type IntoIter = std::vec::IntoIter<(String, HeaderValue)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl<K: Into<String>, V: Into<HeaderValue>> FromIterator<(K, V)> for Headers {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        let mut headers = Headers::new();
+        headers.extend(iter);
+        headers
+    }
+}
+
+impl<K: Into<String>, V: Into<HeaderValue>> Extend<(K, V)> for Headers {
+    fn extend<I: IntoIterator<Item = (K, V)>>(&mut self, iter: I) {
+        for (k, v) in iter {
+            self.insert(k, v);
+        }
+    }
+}
+
+impl HeaderValue {
+    /// The text, if this is [`HeaderValue::Text`].
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            HeaderValue::Text(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The integer, if this is [`HeaderValue::Int`].
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            HeaderValue::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// The number, if this is [`HeaderValue::Float`] or [`HeaderValue::Int`]
+    /// (a publisher may send `2` for `2.0`).
+    pub fn as_float(&self) -> Option<f64> {
+        match self {
+            HeaderValue::Float(f) => Some(*f),
+            HeaderValue::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+
+    /// The flag, if this is [`HeaderValue::Boolean`].
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            HeaderValue::Boolean(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    /// The bytes of [`HeaderValue::Bytes`], or of the text of
+    /// [`HeaderValue::Text`].
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match self {
+            HeaderValue::Bytes(b) => Some(b),
+            HeaderValue::Text(s) => Some(s.as_bytes()),
+            _ => None,
+        }
+    }
+}
+
+macro_rules! header_value_from {
+    ($($ty:ty => $variant:ident via $conv:expr),* $(,)?) => {$(
+        impl From<$ty> for HeaderValue {
+            fn from(v: $ty) -> Self {
+                HeaderValue::$variant($conv(v))
+            }
+        }
+    )*};
+}
+
+header_value_from! {
+    &str => Text via String::from,
+    String => Text via core::convert::identity,
+    &String => Text via String::clone,
+    i64 => Int via core::convert::identity,
+    i32 => Int via i64::from,
+    u32 => Int via i64::from,
+    f64 => Float via core::convert::identity,
+    bool => Boolean via core::convert::identity,
+    Vec<u8> => Bytes via core::convert::identity,
+    &[u8] => Bytes via <[u8]>::to_vec,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing;
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code, reason = "fields are read through Debug only")]
+    struct Order {
+        id: String,
+        total: f64,
+    }
+
+    #[test]
+    fn json_error_names_type_and_field() {
+        let msg = testing::message(r#"{"id": "o-1"}"#);
+        let err = msg.json::<Order>().unwrap_err();
+        assert_eq!(
+            Outcome::from(err),
+            Outcome::Reject(
+                "body is not a valid Order: missing field `total` at line 1 column 13".into()
+            )
+        );
+    }
+
+    #[test]
+    fn json_borrows_from_the_body() {
+        #[derive(Deserialize)]
+        struct Ref<'a> {
+            id: &'a str,
+        }
+        let msg = testing::message(r#"{"id": "o-1"}"#);
+        assert_eq!(msg.json::<Ref>().unwrap().id, "o-1");
+    }
+
+    #[test]
+    fn text_rejects_non_utf8() {
+        let msg = testing::message(vec![0xff, 0xfe]);
+        let reason = Outcome::from(msg.text().unwrap_err()).to_string();
+        assert!(reason.starts_with("reject: body is not UTF-8 text"), "{reason}");
+        assert_eq!(testing::message("hi").text(), Ok("hi"));
+    }
+
+    #[test]
+    fn short_type_names_drop_paths() {
+        assert_eq!(short_type_name::<Order>(), "Order");
+        assert_eq!(short_type_name::<Vec<Order>>(), "Vec<Order>");
+        assert_eq!(
+            short_type_name::<std::collections::HashMap<String, (u8, Order)>>(),
+            "HashMap<String, (u8, Order)>"
+        );
+        assert_eq!(short_type_name::<&[u8]>(), "&[u8]");
+    }
+
+    #[test]
+    fn headers_get_insert_iterate() {
+        let mut h: Headers = [("tenant", HeaderValue::from("acme")), ("n", 3.into())]
+            .into_iter()
+            .collect();
+        h.insert("n", 4);
+        assert_eq!(h.len(), 2);
+        assert_eq!(h.get_str("tenant"), Some("acme"));
+        assert_eq!(h.get("Tenant"), None, "names are case-sensitive");
+        assert_eq!(h.get("n").and_then(HeaderValue::as_int), Some(4));
+        assert_eq!(h.get("n").and_then(HeaderValue::as_float), Some(4.0));
+        let names: Vec<&str> = h.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["tenant", "n"]);
+    }
+}

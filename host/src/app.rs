@@ -1,0 +1,186 @@
+//! The host process: from a checked config to consumers running, and back
+//! down to a clean exit.
+//!
+//! Order matters for operators: everything that can be checked without a
+//! broker (config, topology, retry policies, plugins) is checked first, so a
+//! bad deploy fails before it connects, declares or consumes anything.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::consumer::{self, ConsumerEnv, ConsumerSpec};
+use crate::broker::{self, Publisher};
+use crate::config::{ConsumerConfig, LoadedConfig};
+use crate::plugin::{ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits, PluginEngine};
+use crate::retry::RetryPolicy;
+use crate::telemetry::{Metrics, PluginVersionLabels};
+use crate::topology::{self, Topology};
+
+/// Everything checked and loaded, ready to connect.
+pub struct Prepared {
+    pub config: LoadedConfig,
+    pub topology: Topology,
+    pub engine: Arc<PluginEngine>,
+    pub consumers: Vec<PreparedConsumer>,
+}
+
+/// One consumer with its policy and its loaded plugin.
+pub struct PreparedConsumer {
+    pub queue: String,
+    pub prefetch: u16,
+    pub concurrency: usize,
+    pub policy: RetryPolicy,
+    pub handler: Arc<HandlerSlot>,
+    pub plugin_path: std::path::PathBuf,
+}
+
+/// Checks the config, builds the topology and loads every plugin, without
+/// touching the network.
+pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
+    let topology = Topology::from_config(&config.config).map_err(|problems| {
+        anyhow::anyhow!("{}: {problems}", config.path.display())
+    })?;
+    let engine = Arc::new(PluginEngine::new(engine_settings(&config))?);
+    let mut consumers = Vec::new();
+    for (index, consumer) in config.config.consumers.iter().enumerate() {
+        consumers.push(prepare_consumer(&config, &engine, index, consumer)?);
+    }
+    Ok(Prepared {
+        config,
+        topology,
+        engine,
+        consumers,
+    })
+}
+
+fn engine_settings(config: &LoadedConfig) -> EngineSettings {
+    let consumers = &config.config.consumers;
+    // Each consumer holds at most `concurrency` instances at once, plus one
+    // warm instance per version while a swap is being prepared.
+    let instances: usize = consumers.iter().map(|c| c.concurrency * 2 + 2).sum();
+    EngineSettings {
+        max_instances: u32::try_from(instances.max(16)).unwrap_or(u32::MAX),
+        max_memory_bytes: consumers.iter().map(|c| c.max_memory_bytes).max().unwrap_or(64 << 20),
+        cache_dir: config.config.host.plugin_cache_dir.as_ref().map(|dir| config.resolve(dir)),
+        fuel_metering: false,
+    }
+}
+
+fn prepare_consumer(
+    config: &LoadedConfig,
+    engine: &PluginEngine,
+    index: usize,
+    consumer: &ConsumerConfig,
+) -> anyhow::Result<PreparedConsumer> {
+    let queue = consumer.queue.get_ref().clone();
+    let policy = match &consumer.retry {
+        Some(name) => {
+            let policy_config = &config.config.retry[name.get_ref()];
+            RetryPolicy::from_config(name.get_ref(), policy_config)
+                .map_err(|e| config.error_at(Some(name.span().start), format!("consumers[{index}].retry: {e}")))?
+        }
+        // The contract's default policy is none(): a retry dead-letters.
+        None => RetryPolicy::none(),
+    };
+    let context = Arc::new(ConsumerContext {
+        queue: queue.clone(),
+        config: consumer.config.clone(),
+        publish_to: consumer.publish_to.iter().cloned().collect::<BTreeSet<_>>(),
+        limits: Limits {
+            deadline: consumer.deadline,
+            max_memory_bytes: consumer.max_memory_bytes,
+            isolation: consumer.isolation,
+            ..Limits::default()
+        },
+    });
+    let plugin_path = config.resolve(consumer.plugin.get_ref());
+    let version = HandlerVersion::load(engine, &plugin_path, context)
+        .with_context(|| format!("consumers[{index}] (queue '{queue}')"))?;
+    tracing::info!(
+        queue = %queue,
+        plugin = %plugin_path.display(),
+        sha256 = %version.sha256,
+        from_cache = version.from_cache,
+        "plugin loaded"
+    );
+    Ok(PreparedConsumer {
+        queue,
+        prefetch: consumer.prefetch,
+        concurrency: consumer.concurrency,
+        policy,
+        handler: Arc::new(HandlerSlot::new(version)),
+        plugin_path,
+    })
+}
+
+/// Runs the host until `shutdown` is cancelled or a consumer fails.
+pub async fn run(prepared: Prepared, shutdown: CancellationToken, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+    let config = &prepared.config;
+    let url = config.broker_url()?;
+    let broker_config = &config.config.broker;
+    let connection = Arc::new(
+        broker::connect(&url, &broker_config.connection_name, broker_config.connect_timeout).await?,
+    );
+    topology::apply(&connection, &prepared.topology)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    tracing::info!(
+        exchanges = prepared.topology.exchanges.len(),
+        queues = prepared.topology.queues.len(),
+        bindings = prepared.topology.bindings.len(),
+        "topology applied"
+    );
+
+    let env = ConsumerEnv {
+        publisher: Arc::new(Publisher::new(connection.clone())),
+        metrics: metrics.clone(),
+        shutdown: shutdown.clone(),
+        drain_timeout: config.config.host.drain_timeout,
+    };
+    let mut consumers = JoinSet::new();
+    for consumer in prepared.consumers {
+        metrics
+            .plugin_version
+            .get_or_create(&PluginVersionLabels {
+                queue: consumer.queue.clone(),
+                sha256: consumer.handler.current().sha256.clone(),
+            })
+            .set(1);
+        let spec = ConsumerSpec {
+            queue: consumer.queue,
+            prefetch: consumer.prefetch,
+            concurrency: consumer.concurrency,
+            policy: consumer.policy,
+            handler: consumer.handler,
+        };
+        let env = env.clone();
+        let connection = connection.clone();
+        consumers.spawn(async move { consumer::run(&connection, spec, env).await });
+    }
+
+    let mut first_failure = None;
+    while let Some(joined) = consumers.join_next().await {
+        let result = joined.map_err(anyhow::Error::from).and_then(|r| r);
+        if let Err(e) = result {
+            tracing::error!(error = %format!("{e:#}"), "a consumer stopped; shutting down the host");
+            // One failed consumer takes the process down so the platform
+            // restarts it: a host silently reading fewer queues is worse.
+            shutdown.cancel();
+            first_failure.get_or_insert(e);
+        }
+    }
+    if let Err(e) = connection.close(200, "acemq-host stopped".into()).await {
+        tracing::debug!(error = %e, "closing the connection");
+    }
+    match first_failure {
+        Some(e) => Err(e),
+        None => {
+            tracing::info!("stopped cleanly");
+            Ok(())
+        }
+    }
+}

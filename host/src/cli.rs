@@ -1,0 +1,178 @@
+//! The `acemq-host` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::LoadedConfig;
+use crate::telemetry::Metrics;
+use crate::topology::{self, Topology};
+use crate::{app, plugin};
+
+#[derive(Debug, Parser)]
+#[command(name = "acemq-host", version, about = "Runs RabbitMQ consumers whose logic is WebAssembly components")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Connect, declare the topology and consume until SIGINT or SIGTERM.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Print every declaration the config makes, without connecting.
+    Plan {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Check config, topology and plugins without connecting.
+    Validate {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Work with plugin files.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Turn a core module with an embedded component type into a component.
+    Componentize { input: PathBuf, output: PathBuf },
+    /// Show what a plugin file is: world, imports, exports, size, hash.
+    Inspect { file: PathBuf },
+}
+
+/// Exit code for a config, topology or plugin that cannot be used.
+const EXIT_INVALID: u8 = 2;
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match cli.command {
+        Command::Run { config } => run(config),
+        Command::Plan { config } => plan(config),
+        Command::Validate { config } => validate(config),
+        Command::Plugin {
+            command: PluginCommand::Componentize { input, output },
+        } => report(componentize(&input, &output)),
+        Command::Plugin {
+            command: PluginCommand::Inspect { file },
+        } => match plugin::inspect::inspect_file(&file) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(EXIT_INVALID, &e),
+        },
+    }
+}
+
+fn run(config_path: PathBuf) -> ExitCode {
+    let config = match LoadedConfig::load(&config_path) {
+        Ok(config) => config,
+        Err(e) => return fail(EXIT_INVALID, &e),
+    };
+    let prepared = match app::prepare(config) {
+        Ok(prepared) => prepared,
+        Err(e) => return fail(EXIT_INVALID, &e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(1, &e),
+    };
+    let result = runtime.block_on(async {
+        let shutdown = CancellationToken::new();
+        tokio::spawn(stop_on_signals(shutdown.clone()));
+        app::run(prepared, shutdown, Arc::new(Metrics::new())).await
+    });
+    report(result)
+}
+
+fn plan(config_path: PathBuf) -> ExitCode {
+    let config = match LoadedConfig::load(&config_path) {
+        Ok(config) => config,
+        Err(e) => return fail(EXIT_INVALID, &e),
+    };
+    match Topology::from_config(&config.config) {
+        Ok(topology) => {
+            print!("{}", topology::plan(&topology));
+            ExitCode::SUCCESS
+        }
+        Err(problems) => {
+            println!("{problems}");
+            ExitCode::from(EXIT_INVALID)
+        }
+    }
+}
+
+fn validate(config_path: PathBuf) -> ExitCode {
+    let config = match LoadedConfig::load(&config_path) {
+        Ok(config) => config,
+        Err(e) => return fail(EXIT_INVALID, &e),
+    };
+    match app::prepare(config) {
+        Ok(prepared) => {
+            println!(
+                "{}: valid ({} exchanges, {} queues, {} bindings, {} consumers)",
+                config_path.display(),
+                prepared.topology.exchanges.len(),
+                prepared.topology.queues.len(),
+                prepared.topology.bindings.len(),
+                prepared.consumers.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(EXIT_INVALID, &e),
+    }
+}
+
+fn componentize(input: &std::path::Path, output: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let core = std::fs::read(input).with_context(|| format!("cannot read {}", input.display()))?;
+    let component = plugin::componentize::componentize(&core).with_context(|| format!("{}", input.display()))?;
+    std::fs::write(output, component).with_context(|| format!("cannot write {}", output.display()))?;
+    Ok(())
+}
+
+async fn stop_on_signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
+        tracing::error!("cannot listen for SIGINT/SIGTERM");
+        return;
+    };
+    let name = tokio::select! {
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+    };
+    tracing::info!(signal = name, "shutting down: no new deliveries, finishing the running ones");
+    shutdown.cancel();
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+fn report(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(1, &e),
+    }
+}
+
+fn fail(code: u8, error: &(impl std::fmt::Display + ?Sized)) -> ExitCode {
+    // `{:#}` on anyhow errors prints the whole chain on one line.
+    eprintln!("error: {error:#}");
+    ExitCode::from(code)
+}

@@ -1,0 +1,495 @@
+//! The host's TOML configuration: its model, how it is read, and the checks
+//! that need only the file (references between tables, value ranges).
+//!
+//! Every error names the file, the line and the key, so an operator can fix
+//! a config without guessing. Unknown keys are errors: a misspelt option that
+//! is silently ignored is worse than a refusal.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Environment variable that overrides `[broker] url`.
+pub const URL_ENV: &str = "ACEMQ_URL";
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub broker: BrokerConfig,
+    #[serde(default)]
+    pub host: HostConfig,
+    #[serde(default)]
+    pub topology: TopologyConfig,
+    #[serde(default)]
+    pub exchanges: Vec<ExchangeConfig>,
+    #[serde(default)]
+    pub queues: Vec<QueueConfig>,
+    #[serde(default)]
+    pub bindings: Vec<BindingConfig>,
+    /// Named retry policies, referred to by queues and consumers.
+    #[serde(default)]
+    pub retry: BTreeMap<String, RetryConfig>,
+    #[serde(default)]
+    pub consumers: Vec<ConsumerConfig>,
+    #[serde(default)]
+    pub codecs: Vec<CodecConfig>,
+}
+
+/// `[broker]`: where to connect.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// AMQP URL; `ACEMQ_URL` wins when set.
+    pub url: Option<String>,
+    /// How long to keep trying to reach the broker at start before giving up.
+    #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Name shown for this connection in the broker's management UI.
+    #[serde(default = "defaults::connection_name")]
+    pub connection_name: String,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            connect_timeout: defaults::connect_timeout(),
+            connection_name: defaults::connection_name(),
+        }
+    }
+}
+
+/// `[host]`: process-wide behaviour.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// How long running deliveries may take to finish at shutdown.
+    #[serde(default = "defaults::drain_timeout", with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Where the admin HTTP endpoint listens (`/health`, `/metrics`, `/plugins`); off when absent.
+    pub admin_listen: Option<String>,
+    /// Where compiled plugins are cached; no cache when absent.
+    pub plugin_cache_dir: Option<PathBuf>,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        Self {
+            drain_timeout: defaults::drain_timeout(),
+            admin_listen: None,
+            plugin_cache_dir: None,
+        }
+    }
+}
+
+/// `[topology]`: settings for the whole topology.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyConfig {
+    /// Dead-letter exchange used by `dead_letter = true` queues (default `acemq.dlx`).
+    /// The retry exchange cannot be renamed: every AceMQ library hard-codes `acemq.retry`.
+    pub dead_letter_exchange: Option<String>,
+}
+
+/// `[[exchanges]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExchangeConfig {
+    #[serde(default)]
+    pub name: String,
+    /// direct, topic, fanout or headers; required.
+    pub kind: Option<String>,
+    #[serde(default = "defaults::yes")]
+    pub durable: bool,
+    #[serde(default)]
+    pub auto_delete: bool,
+    #[serde(default)]
+    pub arguments: toml::Table,
+}
+
+/// `[[queues]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueConfig {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default = "defaults::yes")]
+    pub durable: bool,
+    /// quorum, classic or stream; when absent, durable queues are quorum.
+    #[serde(rename = "type")]
+    pub queue_type: Option<String>,
+    /// Declare `{name}.dlq`, `{name}.parked` and route broker dead letters there.
+    #[serde(default)]
+    pub dead_letter: bool,
+    /// Name of a `[retry.NAME]` policy whose broker rungs are declared for this queue.
+    pub retry: Option<Spanned<String>>,
+    #[serde(default)]
+    pub exclusive: bool,
+    #[serde(default)]
+    pub auto_delete: bool,
+    #[serde(default)]
+    pub arguments: toml::Table,
+    /// Streams: retention by age (`x-max-age`).
+    #[serde(default, with = "humantime_serde")]
+    pub max_age: Option<Duration>,
+    /// Streams: retention by size (`x-max-length-bytes`).
+    pub max_length_bytes: Option<u64>,
+    /// Streams: segment size (`x-stream-max-segment-size-bytes`), only sent when set.
+    pub max_segment_size_bytes: Option<u64>,
+}
+
+/// `[[bindings]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BindingConfig {
+    pub queue: String,
+    pub exchange: String,
+    #[serde(default)]
+    pub routing_key: String,
+    #[serde(default)]
+    pub arguments: toml::Table,
+}
+
+/// `[retry.NAME]`: one retry policy (AceMQ contract §3).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    /// none, fixed or exponential.
+    pub kind: String,
+    /// Total deliveries including the first; 1 means no retry.
+    pub attempts: Option<u32>,
+    /// First delay (fixed: every delay).
+    #[serde(default, with = "humantime_serde")]
+    pub initial: Option<Duration>,
+    /// Cap of exponential delays.
+    #[serde(default, with = "humantime_serde")]
+    pub max: Option<Duration>,
+    /// Jitter factor in [0, 1] for waits held in the consumer.
+    pub jitter: Option<f64>,
+    /// Give up once a message is this old (no limit when absent).
+    #[serde(default, with = "humantime_serde")]
+    pub give_up_after: Option<Duration>,
+    /// Delays at or above this wait on a broker rung queue (default 30s; 0 = never).
+    #[serde(default, with = "humantime_serde")]
+    pub wait_in_broker_from: Option<Duration>,
+}
+
+/// How a consumer gets plugin instances.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Isolation {
+    /// Reuse warm instances from a pool (default).
+    #[default]
+    Pooled,
+    /// A fresh instance for every message.
+    PerMessage,
+}
+
+/// `[[consumers]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerConfig {
+    pub queue: Spanned<String>,
+    /// Path of the handler component (`.wasm`), relative to the config file.
+    pub plugin: Spanned<PathBuf>,
+    /// Name of a `[retry.NAME]` policy; none means failures are dead-lettered.
+    pub retry: Option<Spanned<String>>,
+    #[serde(default = "defaults::prefetch")]
+    pub prefetch: u16,
+    #[serde(default = "defaults::concurrency")]
+    pub concurrency: usize,
+    /// Exchanges the plugin may publish to.
+    #[serde(default)]
+    pub publish_to: Vec<String>,
+    #[serde(default)]
+    pub isolation: Isolation,
+    /// Wall-clock limit of one handler call.
+    #[serde(default = "defaults::deadline", with = "humantime_serde")]
+    pub deadline: Duration,
+    /// Linear-memory cap of one plugin instance, in bytes.
+    #[serde(default = "defaults::max_memory_bytes")]
+    pub max_memory_bytes: u64,
+    /// Handed to the plugin through `config(key)`.
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+}
+
+/// `[[codecs]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodecConfig {
+    pub plugin: Spanned<PathBuf>,
+    /// Content types this codec decodes on consume and encodes on publish.
+    pub content_types: Vec<String>,
+}
+
+mod defaults {
+    use std::time::Duration;
+
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn connect_timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn connection_name() -> String {
+        "acemq-host".to_string()
+    }
+    pub fn drain_timeout() -> Duration {
+        // The contract's DrainTimeout (Go, Java, .NET and Ruby agree on 20 s).
+        Duration::from_secs(20)
+    }
+    pub fn prefetch() -> u16 {
+        // The contract's default prefetch (Python and Go).
+        20
+    }
+    pub fn concurrency() -> usize {
+        1
+    }
+    pub fn deadline() -> Duration {
+        Duration::from_secs(2)
+    }
+    pub fn max_memory_bytes() -> u64 {
+        64 << 20
+    }
+}
+
+/// A config that could not be used: where, and what was wrong.
+#[derive(Debug, thiserror::Error)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// 1-based line, when the problem has a place in the file.
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}: {}", self.file.display(), line, self.message),
+            None => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+/// A loaded config with where it came from, so later checks can point at lines.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    pub path: PathBuf,
+    pub text: String,
+    pub config: Config,
+}
+
+impl LoadedConfig {
+    /// Reads, parses and checks a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.to_path_buf(),
+            line: None,
+            message: format!("cannot read the config file: {e}"),
+        })?;
+        Self::parse(path, text)
+    }
+
+    /// Parses and checks config text; `path` is used for messages and to
+    /// resolve plugin paths.
+    pub fn parse(path: &Path, text: String) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(&text).map_err(|e| ConfigError {
+            file: path.to_path_buf(),
+            line: e.span().map(|s| line_of(&text, s.start)),
+            message: e.message().trim_end().to_string(),
+        })?;
+        let loaded = Self {
+            path: path.to_path_buf(),
+            text,
+            config,
+        };
+        loaded.check()?;
+        Ok(loaded)
+    }
+
+    /// An error pointing at the byte offset `at` of the file.
+    pub fn error_at(&self, at: Option<usize>, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.path.clone(),
+            line: at.map(|offset| line_of(&self.text, offset)),
+            message: message.into(),
+        }
+    }
+
+    /// A path from the config, resolved against the config file's folder.
+    pub fn resolve(&self, relative: &Path) -> PathBuf {
+        if relative.is_absolute() {
+            return relative.to_path_buf();
+        }
+        match self.path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.join(relative),
+            _ => relative.to_path_buf(),
+        }
+    }
+
+    /// The broker URL: `ACEMQ_URL`, else `[broker] url`.
+    pub fn broker_url(&self) -> Result<String, ConfigError> {
+        if let Ok(url) = std::env::var(URL_ENV)
+            && !url.trim().is_empty()
+        {
+            return Ok(url);
+        }
+        self.config.broker.url.clone().ok_or_else(|| {
+            self.error_at(
+                None,
+                format!("broker.url: no broker URL; set [broker] url or the {URL_ENV} environment variable"),
+            )
+        })
+    }
+
+    /// Checks that only need the file: references between tables and value ranges.
+    fn check(&self) -> Result<(), ConfigError> {
+        let c = &self.config;
+        for (i, consumer) in c.consumers.iter().enumerate() {
+            if let Some(name) = &consumer.retry
+                && !c.retry.contains_key(name.get_ref())
+            {
+                return Err(self.error_at(
+                    Some(name.span().start),
+                    format!(
+                        "consumers[{i}].retry: no retry policy named '{}' (define [retry.{}])",
+                        name.get_ref(),
+                        name.get_ref()
+                    ),
+                ));
+            }
+            if consumer.prefetch == 0 {
+                return Err(self.error_at(
+                    Some(consumer.queue.span().start),
+                    format!("consumers[{i}].prefetch: must be at least 1"),
+                ));
+            }
+            if consumer.concurrency == 0 {
+                return Err(self.error_at(
+                    Some(consumer.queue.span().start),
+                    format!("consumers[{i}].concurrency: must be at least 1"),
+                ));
+            }
+            if consumer.queue.get_ref().trim().is_empty() {
+                return Err(self.error_at(
+                    Some(consumer.queue.span().start),
+                    format!("consumers[{i}].queue: must name a queue"),
+                ));
+            }
+        }
+        for (i, queue) in c.queues.iter().enumerate() {
+            if let Some(name) = &queue.retry
+                && !c.retry.contains_key(name.get_ref())
+            {
+                return Err(self.error_at(
+                    Some(name.span().start),
+                    format!(
+                        "queues[{i}].retry: no retry policy named '{}' (define [retry.{}])",
+                        name.get_ref(),
+                        name.get_ref()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// 1-based line number of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// The URL with any password replaced, safe for logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}{tail}")
+        }
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<LoadedConfig, ConfigError> {
+        LoadedConfig::parse(Path::new("host.toml"), text.to_string())
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_key() {
+        let err = parse("[broker]\nurl = \"amqp://x\"\nurll = 1\n").unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("host.toml:3: "), "{text}");
+        assert!(text.contains("unknown field `urll`"), "{text}");
+    }
+
+    #[test]
+    fn wrong_type_names_line() {
+        let err = parse("[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nprefetch = \"many\"\n")
+            .unwrap_err();
+        assert_eq!(err.line, Some(4), "{err}");
+    }
+
+    #[test]
+    fn malformed_duration_is_refused() {
+        let err = parse("[host]\ndrain_timeout = \"soon\"\n").unwrap_err();
+        assert_eq!(err.line, Some(2), "{err}");
+    }
+
+    #[test]
+    fn undefined_retry_policy_points_at_its_line() {
+        let err = parse("[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nretry = \"fast\"\n")
+            .unwrap_err();
+        assert_eq!(err.line, Some(4));
+        assert!(err.message.contains("no retry policy named 'fast'"), "{err}");
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let loaded = parse("[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\n").unwrap();
+        let consumer = &loaded.config.consumers[0];
+        assert_eq!(consumer.prefetch, 20);
+        assert_eq!(consumer.concurrency, 1);
+        assert_eq!(loaded.config.host.drain_timeout, Duration::from_secs(20));
+    }
+
+    #[test]
+    fn plugin_paths_resolve_against_the_config_folder() {
+        let loaded = LoadedConfig::parse(
+            Path::new("/etc/acemq/host.toml"),
+            "[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\n".into(),
+        )
+        .unwrap();
+        assert_eq!(
+            loaded.resolve(loaded.config.consumers[0].plugin.get_ref()),
+            PathBuf::from("/etc/acemq/p.wasm")
+        );
+    }
+
+    #[test]
+    fn redaction_hides_the_password_only() {
+        assert_eq!(
+            redact_url("amqp://guest:secret@localhost:5672/%2f"),
+            "amqp://guest:***@localhost:5672/%2f"
+        );
+        assert_eq!(redact_url("amqp://localhost"), "amqp://localhost");
+    }
+}

@@ -1,0 +1,20 @@
+//! Host-side bindings generated from `wit/plugin.wit`.
+//!
+//! Each world gets its own module because both generate the shared
+//! `acemq:plugin/types` interface; keeping them apart avoids name clashes.
+
+/// The `handler-plugin` world: imports `host`, exports `handler`.
+pub mod handler_world {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "handler-plugin",
+    });
+}
+
+/// The `codec-plugin` world: exports `codec`, imports nothing.
+pub mod codec_world {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "codec-plugin",
+    });
+}

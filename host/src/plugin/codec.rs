@@ -1,0 +1,1 @@
+//! Codec plugins (the `codec-plugin` world).

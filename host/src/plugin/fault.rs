@@ -1,0 +1,170 @@
+//! Turning a failed plugin call into a reason that names the fault.
+//!
+//! A guest that panics, runs out of memory or overflows its stack usually
+//! shows up as a bare trap; the raw "wasm `unreachable` instruction executed"
+//! tells an operator nothing. The host knows more (its memory limiter saw the
+//! refused growth, the guest logged its panic message just before aborting),
+//! and puts that into the reason that ends up in `x-acemq-error`.
+
+use std::fmt;
+use std::time::Duration;
+
+use wasmtime::Trap;
+
+/// The kinds of failure a handler call can end in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The call ran past its wall-clock deadline.
+    Deadline,
+    /// The guest asked for more linear memory than its limit.
+    OutOfMemory,
+    /// The guest's call stack overflowed.
+    StackOverflow,
+    /// The guest panicked (a Rust panic aborts, which traps).
+    Panic,
+    /// Any other trap.
+    Trap,
+    /// Fuel ran out.
+    OutOfFuel,
+    /// The instance could not be created.
+    Instantiation,
+}
+
+impl FaultKind {
+    /// A short stable word for metrics labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            FaultKind::Deadline => "deadline",
+            FaultKind::OutOfMemory => "out_of_memory",
+            FaultKind::StackOverflow => "stack_overflow",
+            FaultKind::Panic => "panic",
+            FaultKind::Trap => "trap",
+            FaultKind::OutOfFuel => "out_of_fuel",
+            FaultKind::Instantiation => "instantiation",
+        }
+    }
+}
+
+/// A failed handler call: what kind, and the reason text for the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    pub kind: FaultKind,
+    pub reason: String,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+/// What the host observed around a failed call, besides the error itself.
+#[derive(Debug, Default, Clone)]
+pub struct CallEvidence {
+    /// The memory size the limiter refused, if it refused one.
+    pub refused_memory: Option<usize>,
+    /// The last error-level line the guest logged (the SDK logs panics there).
+    pub last_error_log: Option<String>,
+}
+
+/// Names the fault behind a failed call.
+pub fn classify(
+    error: &wasmtime::Error,
+    evidence: &CallEvidence,
+    deadline: Duration,
+    memory_limit: u64,
+) -> Fault {
+    let trap = error.downcast_ref::<Trap>().copied();
+    let (kind, reason) = match trap {
+        Some(Trap::Interrupt) => (
+            FaultKind::Deadline,
+            format!("deadline of {} exceeded", humantime::format_duration(deadline)),
+        ),
+        Some(Trap::StackOverflow) => (
+            FaultKind::StackOverflow,
+            "stack overflow: the plugin exhausted its call stack".to_string(),
+        ),
+        Some(Trap::OutOfFuel) => (FaultKind::OutOfFuel, "the plugin ran out of fuel".to_string()),
+        _ if evidence.refused_memory.is_some() => (
+            FaultKind::OutOfMemory,
+            format!(
+                "out of memory: the plugin asked for {} bytes of linear memory, over its limit of {} bytes",
+                evidence.refused_memory.unwrap_or_default(),
+                memory_limit
+            ),
+        ),
+        Some(Trap::UnreachableCodeReached) if is_panic(evidence) => (
+            FaultKind::Panic,
+            evidence.last_error_log.clone().unwrap_or_default(),
+        ),
+        Some(trap) => (FaultKind::Trap, format!("trap: {trap}")),
+        None => (FaultKind::Trap, format!("trap: {}", first_line(error))),
+    };
+    Fault { kind, reason }
+}
+
+/// A fault for an instance that could not even be created.
+pub fn instantiation_failed(error: &wasmtime::Error) -> Fault {
+    Fault {
+        kind: FaultKind::Instantiation,
+        reason: format!("the plugin could not be instantiated: {}", first_line(error)),
+    }
+}
+
+fn is_panic(evidence: &CallEvidence) -> bool {
+    evidence
+        .last_error_log
+        .as_deref()
+        .is_some_and(|line| line.starts_with("panic"))
+}
+
+fn first_line(error: &wasmtime::Error) -> String {
+    format!("{error:#}").lines().next().unwrap_or_default().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trap(t: Trap) -> wasmtime::Error {
+        wasmtime::Error::from(t)
+    }
+
+    #[test]
+    fn deadline_names_the_limit() {
+        let f = classify(&trap(Trap::Interrupt), &CallEvidence::default(), Duration::from_secs(2), 0);
+        assert_eq!(f.kind, FaultKind::Deadline);
+        assert_eq!(f.reason, "deadline of 2s exceeded");
+    }
+
+    #[test]
+    fn refused_growth_is_out_of_memory_whatever_the_trap() {
+        let evidence = CallEvidence {
+            refused_memory: Some(128 << 20),
+            last_error_log: None,
+        };
+        let f = classify(&trap(Trap::UnreachableCodeReached), &evidence, Duration::from_secs(1), 64 << 20);
+        assert_eq!(f.kind, FaultKind::OutOfMemory);
+        assert!(f.reason.starts_with("out of memory:"), "{}", f.reason);
+    }
+
+    #[test]
+    fn a_logged_panic_becomes_the_reason() {
+        let evidence = CallEvidence {
+            refused_memory: None,
+            last_error_log: Some("panic: boom at src/lib.rs:3:5".into()),
+        };
+        let f = classify(&trap(Trap::UnreachableCodeReached), &evidence, Duration::from_secs(1), 0);
+        assert_eq!(f.kind, FaultKind::Panic);
+        assert_eq!(f.reason, "panic: boom at src/lib.rs:3:5");
+    }
+
+    #[test]
+    fn other_traps_keep_wasmtimes_words() {
+        let f = classify(&trap(Trap::UnreachableCodeReached), &CallEvidence::default(), Duration::from_secs(1), 0);
+        assert_eq!(f.kind, FaultKind::Trap);
+        assert_eq!(f.reason, "trap: wasm `unreachable` instruction executed");
+        let f = classify(&trap(Trap::StackOverflow), &CallEvidence::default(), Duration::from_secs(1), 0);
+        assert_eq!(f.kind, FaultKind::StackOverflow);
+    }
+}

@@ -1,0 +1,131 @@
+//! `acemq-host plugin inspect FILE`: what a plugin file is — which world it
+//! targets, what it imports and exports, its size and hash — read from the
+//! component's own type information, without running it.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+use wit_component::DecodedWasm;
+
+use super::PluginError;
+
+/// Interfaces of the contract, by world.
+const HANDLER_EXPORT: &str = "acemq:plugin/handler@0.1.0";
+const CODEC_EXPORT: &str = "acemq:plugin/codec@0.1.0";
+const HOST_IMPORT: &str = "acemq:plugin/host@0.1.0";
+
+/// The facts shown about a plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginFacts {
+    pub size: usize,
+    pub sha256: String,
+    pub imports: Vec<String>,
+    pub exports: Vec<String>,
+    /// `handler-plugin`, `codec-plugin`, or why it is neither.
+    pub world: Result<&'static str, String>,
+}
+
+pub fn inspect_file(path: &Path) -> Result<String, PluginError> {
+    let bytes = std::fs::read(path).map_err(|e| PluginError::new(path, format!("cannot read it: {e}")))?;
+    let facts = inspect_bytes(path, &bytes)?;
+    Ok(render(path, &facts))
+}
+
+pub fn inspect_bytes(path: &Path, bytes: &[u8]) -> Result<PluginFacts, PluginError> {
+    if !wasmparser::Parser::is_component(bytes) {
+        let what = if wasmparser::Parser::is_core_wasm(bytes) {
+            "is a core WebAssembly module, not a component; build it with scripts/build-plugins \
+             or convert it with `acemq-host plugin componentize`"
+        } else {
+            "is not a WebAssembly component"
+        };
+        return Err(PluginError::new(path, what));
+    }
+    let decoded = wit_component::decode(bytes)
+        .map_err(|e| PluginError::new(path, format!("is not a valid component: {e:#}")))?;
+    let DecodedWasm::Component(resolve, world_id) = decoded else {
+        return Err(PluginError::new(path, "holds a WIT package, not a component"));
+    };
+    let world = &resolve.worlds[world_id];
+    let name_of = |key: &wit_parser::WorldKey| resolve.name_world_key(key);
+    let imports: Vec<String> = world.imports.keys().map(name_of).collect();
+    let exports: Vec<String> = world.exports.keys().map(name_of).collect();
+    let world = classify(&imports, &exports);
+    Ok(PluginFacts {
+        size: bytes.len(),
+        sha256: hex::encode(Sha256::digest(bytes)),
+        imports,
+        exports,
+        world,
+    })
+}
+
+/// Which of the contract's worlds the imports and exports fit.
+fn classify(imports: &[String], exports: &[String]) -> Result<&'static str, String> {
+    let foreign: Vec<&String> = imports
+        .iter()
+        .filter(|i| !i.starts_with("acemq:plugin/"))
+        .collect();
+    if !foreign.is_empty() {
+        let names: Vec<&str> = foreign.iter().map(|s| s.as_str()).collect();
+        return Err(format!(
+            "imports {}, which this host does not provide (plugins get only {HOST_IMPORT})",
+            names.join(", ")
+        ));
+    }
+    if exports.iter().any(|e| e == HANDLER_EXPORT) {
+        return Ok("handler-plugin");
+    }
+    if exports.iter().any(|e| e == CODEC_EXPORT) {
+        return Ok("codec-plugin");
+    }
+    Err(format!("exports neither {HANDLER_EXPORT} nor {CODEC_EXPORT}"))
+}
+
+fn render(path: &Path, facts: &PluginFacts) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "file:    {}", path.display());
+    let _ = writeln!(out, "size:    {} bytes", facts.size);
+    let _ = writeln!(out, "sha256:  {}", facts.sha256);
+    match &facts.world {
+        Ok(world) => {
+            let _ = writeln!(out, "world:   acemq:plugin/{world}@0.1.0");
+        }
+        Err(why) => {
+            let _ = writeln!(out, "world:   none of this host's ({why})");
+        }
+    }
+    let list = |items: &[String]| if items.is_empty() { "(none)".to_string() } else { items.join(", ") };
+    let _ = writeln!(out, "imports: {}", list(&facts.imports));
+    let _ = writeln!(out, "exports: {}", list(&facts.exports));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn worlds_are_told_apart() {
+        assert_eq!(classify(&names(&[HOST_IMPORT]), &names(&[HANDLER_EXPORT])), Ok("handler-plugin"));
+        assert_eq!(classify(&[], &names(&[CODEC_EXPORT])), Ok("codec-plugin"));
+        let err = classify(&names(&["wasi:cli/environment@0.2.0"]), &names(&[HANDLER_EXPORT])).unwrap_err();
+        assert!(err.contains("wasi:cli/environment@0.2.0"), "{err}");
+        let err = classify(&[], &names(&["other:thing/iface"])).unwrap_err();
+        assert!(err.contains("exports neither"), "{err}");
+    }
+
+    #[test]
+    fn garbage_and_core_modules_are_refused_with_reasons() {
+        let err = inspect_bytes(Path::new("g.wasm"), b"garbage").unwrap_err();
+        assert!(err.to_string().contains("g.wasm: is not a WebAssembly component"), "{err}");
+        let core = [0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00];
+        let err = inspect_bytes(Path::new("m.wasm"), &core).unwrap_err();
+        assert!(err.to_string().contains("core WebAssembly module"), "{err}");
+    }
+}

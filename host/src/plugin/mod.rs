@@ -1,0 +1,122 @@
+//! Plugins: loading components, running them under limits, pooling their
+//! instances and swapping versions while the host runs.
+//!
+//! A plugin reaches nothing but the `host` interface of `wit/plugin.wit`: no
+//! WASI is linked, so it has no files, sockets, environment or clocks.
+
+mod bindings;
+pub mod codec;
+pub mod componentize;
+mod engine;
+mod fault;
+mod handler;
+mod host_state;
+pub mod inspect;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use engine::{CompiledPlugin, EPOCH_TICK, EngineSettings, PluginEngine};
+pub use fault::{Fault, FaultKind};
+pub use handler::{HandlerSlot, HandlerVersion, Invocation};
+
+use crate::config::Isolation;
+use crate::envelope::{Envelope, HeaderValue};
+
+/// A plugin file that cannot be used, and why. Always names the file.
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct PluginError {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+impl PluginError {
+    pub fn new(path: &Path, reason: impl Into<String>) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for PluginError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "plugin {}: {}", self.path.display(), self.reason)
+    }
+}
+
+/// What one consumer allows its plugin.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Wall-clock limit of one handler call.
+    pub deadline: Duration,
+    /// Linear-memory cap of one instance, in bytes.
+    pub max_memory_bytes: u64,
+    /// Most messages one call may buffer for publishing.
+    pub max_outputs: usize,
+    /// Most bytes those messages may add up to.
+    pub max_output_bytes: usize,
+    pub isolation: Isolation,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            deadline: Duration::from_secs(2),
+            max_memory_bytes: 64 << 20,
+            max_outputs: 1000,
+            max_output_bytes: 64 << 20,
+            isolation: Isolation::Pooled,
+        }
+    }
+}
+
+/// What a consumer's plugin may see and do, fixed for the consumer's life.
+#[derive(Debug, Clone, Default)]
+pub struct ConsumerContext {
+    /// The consumer's queue, for logs.
+    pub queue: String,
+    /// The `[consumers.config]` table, read by `config(key)`.
+    pub config: BTreeMap<String, String>,
+    /// Exchanges `publish` may target (`publish_to`).
+    pub publish_to: BTreeSet<String>,
+    pub limits: Limits,
+}
+
+/// One message as handed to a handler.
+#[derive(Debug, Clone)]
+pub struct Input<'a> {
+    pub envelope: &'a Envelope,
+    pub queue: &'a str,
+    pub exchange: &'a str,
+    pub routing_key: &'a str,
+    pub redelivered: bool,
+    pub stream_offset: Option<u64>,
+    pub content_type: Option<&'a str>,
+    pub headers: &'a [(String, HeaderValue)],
+    pub body: &'a [u8],
+}
+
+/// A message a plugin asked to publish, checked against the allowlist and
+/// the reserved headers when it was buffered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outgoing {
+    pub exchange: String,
+    pub routing_key: String,
+    pub body: Vec<u8>,
+    pub content_type: Option<String>,
+    pub headers: Vec<(String, HeaderValue)>,
+    pub message_type: Option<String>,
+    pub persistent: bool,
+}
+
+/// What the handler decided, in the host's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Accept,
+    Retry(String),
+    Reject(String),
+    Park(String),
+}

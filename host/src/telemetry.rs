@@ -1,0 +1,212 @@
+//! Metrics with the contract's names and outcome words (AceMQ contract §8),
+//! kept in one registry that the admin endpoint renders for Prometheus.
+//!
+//! Prometheus names cannot hold dots, so `acemq.consume.total` is exposed as
+//! `acemq_consume_total` (the renderer adds `_total` to counters), as every
+//! AceMQ library's Prometheus renderer does.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueOutcome {
+    pub queue: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueWhere {
+    pub queue: String,
+    /// consumer, broker or requeued.
+    #[prometheus(flatten)]
+    pub place: Place,
+}
+
+/// `where` is a Rust keyword, so the label is spelt through this wrapper.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct Place(pub &'static str);
+
+impl EncodeLabelSet for Place {
+    fn encode(&self, encoder: &mut prometheus_client::encoding::LabelSetEncoder<'_>) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeLabel;
+        ("where", self.0).encode(encoder.encode_label())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueTarget {
+    pub queue: String,
+    pub target: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueRung {
+    pub queue: String,
+    pub rung: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabel {
+    pub queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginFaultLabels {
+    pub queue: String,
+    pub fault: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginSwapLabels {
+    pub queue: String,
+    /// swapped or refused.
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginVersionLabels {
+    pub queue: String,
+    pub sha256: String,
+}
+
+/// Every metric the host keeps.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    /// `acemq.consume.total{queue,outcome}`: exactly one per delivery.
+    pub consume_total: Family<QueueOutcome, Counter>,
+    /// `acemq.consume.in.flight{queue}`.
+    pub in_flight: Family<QueueLabel, Gauge>,
+    /// `acemq.messages.retried.total{queue,where}`.
+    pub retried_total: Family<QueueWhere, Counter>,
+    /// `acemq.messages.dead.lettered.total{queue,outcome}` (dead_lettered or parked).
+    pub dead_lettered_total: Family<QueueOutcome, Counter>,
+    /// `acemq.messages.set.aside.failed{queue,target}`.
+    pub set_aside_failed: Family<QueueTarget, Counter>,
+    /// `acemq.retry.rung.missing{queue,rung}`.
+    pub rung_missing: Family<QueueRung, Counter>,
+    /// Host-specific: handler faults by kind.
+    pub plugin_faults: Family<PluginFaultLabels, Counter>,
+    /// Host-specific: hot-swap attempts by result.
+    pub plugin_swaps: Family<PluginSwapLabels, Counter>,
+    /// Host-specific: the version serving each consumer (1 for the current one).
+    pub plugin_version: Family<PluginVersionLabels, Gauge>,
+    /// Host-specific: fuel burned by handler calls, when metering is on.
+    pub plugin_fuel: Family<QueueLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let metrics = Self {
+            registry: Mutex::new(Registry::default()),
+            consume_total: Family::default(),
+            in_flight: Family::default(),
+            retried_total: Family::default(),
+            dead_lettered_total: Family::default(),
+            set_aside_failed: Family::default(),
+            rung_missing: Family::default(),
+            plugin_faults: Family::default(),
+            plugin_swaps: Family::default(),
+            plugin_version: Family::default(),
+            plugin_fuel: Family::default(),
+        };
+        {
+            let mut r = metrics.registry.lock().expect("registry poisoned");
+            r.register("acemq_consume", "Deliveries settled, by outcome", metrics.consume_total.clone());
+            r.register("acemq_consume_in_flight", "Deliveries being handled", metrics.in_flight.clone());
+            r.register("acemq_messages_retried", "Retries, by where the wait happens", metrics.retried_total.clone());
+            r.register(
+                "acemq_messages_dead_lettered",
+                "Messages set aside to .dlq or .parked",
+                metrics.dead_lettered_total.clone(),
+            );
+            r.register(
+                "acemq_messages_set_aside_failed",
+                "Set-aside publishes that failed (the delivery was requeued)",
+                metrics.set_aside_failed.clone(),
+            );
+            r.register(
+                "acemq_retry_rung_missing",
+                "Retries that found no rung queue and waited in the consumer",
+                metrics.rung_missing.clone(),
+            );
+            r.register("acemq_plugin_faults", "Handler calls that failed, by fault", metrics.plugin_faults.clone());
+            r.register("acemq_plugin_swaps", "Plugin hot-swap attempts, by result", metrics.plugin_swaps.clone());
+            r.register("acemq_plugin_version", "The plugin version serving a consumer", metrics.plugin_version.clone());
+            r.register("acemq_plugin_fuel", "Fuel burned by handler calls", metrics.plugin_fuel.clone());
+        }
+        metrics
+    }
+
+    /// Counts one settled delivery.
+    pub fn consumed(&self, queue: &str, outcome: &str) {
+        self.consume_total
+            .get_or_create(&QueueOutcome {
+                queue: queue.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// The count of one `acemq.consume.total` series (for tests and summaries).
+    pub fn consumed_count(&self, queue: &str, outcome: &str) -> u64 {
+        self.consume_total
+            .get_or_create(&QueueOutcome {
+                queue: queue.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .get()
+    }
+
+    pub fn retried(&self, queue: &str, place: &'static str) {
+        self.retried_total
+            .get_or_create(&QueueWhere {
+                queue: queue.to_string(),
+                place: Place(place),
+            })
+            .inc();
+    }
+
+    pub fn set_aside(&self, queue: &str, outcome: &str) {
+        self.dead_lettered_total
+            .get_or_create(&QueueOutcome {
+                queue: queue.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().expect("registry poisoned");
+        prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_contract_names_with_underscores() {
+        let m = Metrics::new();
+        m.consumed("orders.new", "acked");
+        m.retried("orders.new", "broker");
+        let text = m.render();
+        assert!(text.contains("acemq_consume_total{queue=\"orders.new\",outcome=\"acked\"} 1"), "{text}");
+        assert!(text.contains("acemq_messages_retried_total{queue=\"orders.new\",where=\"broker\"} 1"), "{text}");
+        assert_eq!(m.consumed_count("orders.new", "acked"), 1);
+    }
+}

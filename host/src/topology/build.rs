@@ -1,0 +1,1345 @@
+//! From the config to the declarations, following contract §2 and §7.
+//!
+//! Two halves are built, as every AceMQ library splits them:
+//! * the topology half, from `[[exchanges]]`, `[[queues]]` and `[[bindings]]`
+//!   (with the dead-letter and rung queues `dead_letter` and `retry` ask for);
+//! * the consumer half, what each `[[consumers]]` entry declares when it starts
+//!   (Java's consumer, Python's `consume()`): `acemq.dlx`, `{q}.dlq`,
+//!   `{q}.parked` and their bindings, plus `acemq.retry`, the rungs and the
+//!   home binding when its policy waits in the broker. It never declares the
+//!   source queue, which may belong to another service.
+//!
+//! A thing both halves declare identically is declared once and tagged
+//! [`DeclaredBy::Both`]; one name with two different settings is a problem.
+//! Every problem is collected; nothing is returned unless there are none.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use super::model::{
+    ArgValue, Arguments, BindingDecl, DeclaredBy, ExchangeDecl, ExchangeKind, QueueDecl, QueueType,
+    Topology, arguments_from_toml,
+};
+use super::naming::{self, DEAD_LETTER_EXCHANGE, RETRY_EXCHANGE};
+use super::plan;
+use super::validate::{self, Problems};
+use crate::config::{BindingConfig, Config, ConsumerConfig, ExchangeConfig, QueueConfig};
+use crate::retry::RetryPolicy;
+
+impl Topology {
+    /// Everything the config declares, both halves, in declaration order; or
+    /// every reason it cannot be applied.
+    pub fn from_config(config: &Config) -> Result<Topology, Problems> {
+        let mut builder = Builder::new(config);
+        for exchange in &config.exchanges {
+            builder.exchange(exchange);
+        }
+        for queue in &config.queues {
+            builder.queue(queue);
+        }
+        for binding in &config.bindings {
+            builder.binding(binding);
+        }
+        for consumer in &config.consumers {
+            builder.consumer(consumer);
+        }
+        builder.finish()
+    }
+}
+
+/// The rung queue `{source}.retry.{delay}`: classic, durable, and exactly
+/// three arguments (interop invariant 3). When its TTL expires the broker
+/// dead-letters the message to `acemq.retry` with the source queue's name as
+/// key, and the home binding delivers it back to the source.
+pub(crate) fn rung_queue(
+    source: &str,
+    delay: Duration,
+    by: DeclaredBy,
+) -> Result<QueueDecl, String> {
+    let name = naming::retry_queue(source, delay)?;
+    let ttl = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+    let arguments = Arguments::from([
+        ("x-message-ttl".to_string(), ArgValue::Int(ttl)),
+        ("x-dead-letter-exchange".to_string(), RETRY_EXCHANGE.into()),
+        ("x-dead-letter-routing-key".to_string(), source.into()),
+    ]);
+    Ok(QueueDecl {
+        arguments,
+        ..holding_queue(name, by)
+    })
+}
+
+/// A queue AceMQ keeps messages in for it (`.dlq`, `.parked`, rungs):
+/// durable and classic, so it never depends on the broker's quorum support
+/// and never dead-letters by itself.
+fn holding_queue(name: String, by: DeclaredBy) -> QueueDecl {
+    QueueDecl {
+        name,
+        queue_type: QueueType::Classic,
+        durable: true,
+        exclusive: false,
+        auto_delete: false,
+        arguments: Arguments::new(),
+        declared_by: by,
+    }
+}
+
+/// `acemq.dlx` / `acemq.retry`: direct, durable, no arguments, in every library.
+fn managed_exchange(name: &str, by: DeclaredBy) -> ExchangeDecl {
+    ExchangeDecl {
+        name: name.to_string(),
+        kind: ExchangeKind::Direct,
+        durable: true,
+        auto_delete: false,
+        arguments: Arguments::new(),
+        declared_by: by,
+    }
+}
+
+struct Builder<'a> {
+    dead_letter_exchange: &'a str,
+    /// Every `[retry.NAME]`; `None` when the policy is unusable (already reported).
+    policies: BTreeMap<&'a str, Option<RetryPolicy>>,
+    /// How often each `(what, name)` appeared in `[[exchanges]]` / `[[queues]]`.
+    listed: HashMap<(&'static str, &'a str), u32>,
+    topology: Topology,
+    problems: Problems,
+}
+
+impl<'a> Builder<'a> {
+    fn new(config: &'a Config) -> Self {
+        let mut problems = Problems::default();
+        let policies = config
+            .retry
+            .iter()
+            .map(|(name, cfg)| {
+                let policy = RetryPolicy::from_config(name, cfg)
+                    .map_err(|problem| problems.push(problem))
+                    .ok();
+                (name.as_str(), policy)
+            })
+            .collect();
+        let dead_letter_exchange = match config.topology.dead_letter_exchange.as_deref() {
+            Some(name) if name.trim().is_empty() => {
+                problems.push(
+                    "acemq: [topology] dead_letter_exchange is empty; leave it out to use acemq.dlx",
+                );
+                DEAD_LETTER_EXCHANGE
+            }
+            Some(name) => name,
+            None => DEAD_LETTER_EXCHANGE,
+        };
+        Self {
+            dead_letter_exchange,
+            policies,
+            listed: HashMap::new(),
+            topology: Topology::default(),
+            problems,
+        }
+    }
+
+    fn finish(mut self) -> Result<Topology, Problems> {
+        validate::check_finished(&self.topology, &mut self.problems);
+        if self.problems.is_empty() {
+            Ok(self.topology)
+        } else {
+            Err(self.problems)
+        }
+    }
+
+    // ---- the topology half ----
+
+    fn exchange(&mut self, e: &'a ExchangeConfig) {
+        if !self.named_once("exchange", &e.name) {
+            return;
+        }
+        let kind = match e.kind.as_deref() {
+            None => {
+                self.problems.push(validate::exchange_without_kind(&e.name));
+                None
+            }
+            Some(kind) => ExchangeKind::parse(kind).or_else(|| {
+                self.problems
+                    .push(validate::unknown_exchange_kind(&e.name, kind));
+                None
+            }),
+        };
+        let arguments = self.arguments("exchange", &e.name, &e.arguments);
+        if let (Some(kind), Some(arguments)) = (kind, arguments) {
+            self.add_exchange(ExchangeDecl {
+                name: e.name.clone(),
+                kind,
+                durable: e.durable,
+                auto_delete: e.auto_delete,
+                arguments,
+                declared_by: DeclaredBy::Topology,
+            });
+        }
+    }
+
+    fn queue(&mut self, q: &'a QueueConfig) {
+        if !self.named_once("queue", &q.name) {
+            return;
+        }
+        let problems_before = self.problems.0.len();
+        let mut arguments = self
+            .arguments("queue", &q.name, &q.arguments)
+            .unwrap_or_default();
+        let queue_type = self.queue_type(q, &arguments);
+        // The resolved type alone decides x-queue-type, sent once, and never
+        // as "classic": omitting it is how every library declares classic.
+        arguments.remove("x-queue-type");
+        if let Some(name) = queue_type.and_then(QueueType::argument) {
+            arguments.insert("x-queue-type".into(), name.into());
+        }
+        if let Some(queue_type) = queue_type {
+            self.stream_arguments(q, queue_type, &mut arguments);
+        }
+        let is_stream = queue_type == Some(QueueType::Stream);
+        if q.dead_letter {
+            self.dead_letter_arguments(q, is_stream, &mut arguments);
+        }
+        let policy = q.retry.as_ref().and_then(|policy| {
+            let name = policy.get_ref().as_str();
+            let found = self.policy(&format!("queue '{}'", q.name), name)?;
+            if is_stream && found.max_attempts > 1 {
+                self.problems.push(validate::stream_retry(&q.name, name));
+                return None;
+            }
+            Some((name, found))
+        });
+        // A queue with any problem is left out, so nothing derived from a
+        // half-understood queue adds noise to the problem list.
+        let clean = self.problems.0.len() == problems_before;
+        let Some(queue_type) = queue_type.filter(|_| clean) else {
+            return;
+        };
+        self.add_queue(QueueDecl {
+            name: q.name.clone(),
+            queue_type,
+            durable: q.durable,
+            exclusive: q.exclusive,
+            auto_delete: q.auto_delete,
+            arguments,
+            declared_by: DeclaredBy::Topology,
+        });
+        if q.dead_letter {
+            self.dead_letter_half(&q.name, DeclaredBy::Topology);
+        }
+        if let Some((name, policy)) = policy {
+            self.retry_half(&q.name, name, &policy, DeclaredBy::Topology);
+        }
+    }
+
+    /// Contract §2: a durable named queue is quorum; exclusive, auto-delete
+    /// and transient queues are classic, and asking for quorum (or a stream)
+    /// with one of those is refused, as RabbitMQ would refuse it.
+    fn queue_type(&mut self, q: &QueueConfig, arguments: &Arguments) -> Option<QueueType> {
+        let name = &q.name;
+        let from_field = match q.queue_type.as_deref() {
+            None => None,
+            Some(asked) => match QueueType::parse(asked) {
+                Some(t) => Some(t),
+                None => {
+                    let asked = format!("type = \"{asked}\"");
+                    self.problems
+                        .push(validate::unknown_queue_type(name, &asked));
+                    return None;
+                }
+            },
+        };
+        let from_argument = match arguments.get("x-queue-type") {
+            None => None,
+            Some(value) => {
+                let parsed = match value {
+                    ArgValue::Str(asked) => QueueType::parse(asked).map(|t| (t, asked.as_str())),
+                    _ => None,
+                };
+                if parsed.is_none() {
+                    let asked = format!("x-queue-type={}", plan::rendered(value));
+                    self.problems
+                        .push(validate::unknown_queue_type(name, &asked));
+                    return None;
+                }
+                parsed
+            }
+        };
+        let asked = match (from_field, from_argument) {
+            (Some(field), Some((argument, spelt))) if field != argument => {
+                self.problems
+                    .push(validate::queue_type_conflict(name, spelt, field));
+                return None;
+            }
+            (field, argument) => field.or(argument.map(|(t, _)| t)),
+        };
+        let connection_bound: Vec<&str> = [
+            (q.exclusive, "exclusive"),
+            (q.auto_delete, "auto_delete"),
+            (!q.durable, "durable = false"),
+        ]
+        .into_iter()
+        .filter_map(|(set, flag)| set.then_some(flag))
+        .collect();
+        match asked {
+            Some(t @ (QueueType::Quorum | QueueType::Stream)) if !connection_bound.is_empty() => {
+                self.problems
+                    .push(validate::owned_by_the_broker(name, t, &connection_bound));
+                None
+            }
+            Some(t) => Some(t),
+            None if connection_bound.is_empty() => Some(QueueType::Quorum),
+            None => Some(QueueType::Classic),
+        }
+    }
+
+    /// Contract §7: retention settings become stream arguments, and only
+    /// when set (no library sends a segment size it was not given).
+    fn stream_arguments(
+        &mut self,
+        q: &QueueConfig,
+        queue_type: QueueType,
+        arguments: &mut Arguments,
+    ) {
+        let name = &q.name;
+        let bytes = |key: &str, value: u64| {
+            i64::try_from(value)
+                .map(ArgValue::Int)
+                .map_err(|_| validate::too_large_for_amqp(name, key, value))
+        };
+        let settings = [
+            (
+                "max_age",
+                "x-max-age",
+                q.max_age.map(|age| {
+                    if age < Duration::from_secs(1) {
+                        Err(validate::max_age_under_a_second(name))
+                    } else {
+                        Ok(ArgValue::Str(naming::max_age_argument(age)))
+                    }
+                }),
+            ),
+            (
+                "max_length_bytes",
+                "x-max-length-bytes",
+                q.max_length_bytes.map(|n| bytes("max_length_bytes", n)),
+            ),
+            (
+                "max_segment_size_bytes",
+                "x-stream-max-segment-size-bytes",
+                q.max_segment_size_bytes
+                    .map(|n| bytes("max_segment_size_bytes", n)),
+            ),
+        ];
+        for (key, argument, value) in settings {
+            let Some(value) = value else { continue };
+            if queue_type != QueueType::Stream {
+                self.problems.push(validate::stream_only(name, key));
+            } else if arguments.contains_key(argument) {
+                self.problems
+                    .push(validate::argument_twice(name, argument, key));
+            } else {
+                match value {
+                    Ok(value) => {
+                        arguments.insert(argument.to_string(), value);
+                    }
+                    Err(problem) => self.problems.push(problem),
+                }
+            }
+        }
+    }
+
+    /// `dead_letter = true` adds exactly the two dead-letter arguments
+    /// (interop invariant 2); arguments the caller set are never merged with
+    /// them (Python's rule; Ruby merges, which hides a mistake).
+    fn dead_letter_arguments(
+        &mut self,
+        q: &QueueConfig,
+        is_stream: bool,
+        arguments: &mut Arguments,
+    ) {
+        if is_stream {
+            self.problems.push(validate::stream_dead_letter(&q.name));
+            return;
+        }
+        let set_by_caller: Vec<&str> = ["x-dead-letter-exchange", "x-dead-letter-routing-key"]
+            .into_iter()
+            .filter(|key| arguments.contains_key(*key))
+            .collect();
+        if !set_by_caller.is_empty() {
+            self.problems
+                .push(validate::dead_letter_conflict(&q.name, &set_by_caller));
+            return;
+        }
+        arguments.insert(
+            "x-dead-letter-exchange".into(),
+            self.dead_letter_exchange.into(),
+        );
+        arguments.insert(
+            "x-dead-letter-routing-key".into(),
+            naming::dead_letter_queue(&q.name).into(),
+        );
+    }
+
+    fn binding(&mut self, b: &BindingConfig) {
+        let mut decl = BindingDecl {
+            queue: b.queue.clone(),
+            exchange: b.exchange.clone(),
+            routing_key: b.routing_key.clone(),
+            arguments: Arguments::new(),
+            declared_by: DeclaredBy::Topology,
+        };
+        match arguments_from_toml(&b.arguments) {
+            Ok(arguments) => {
+                decl.arguments = arguments;
+                self.add_binding(decl);
+            }
+            Err(error) => {
+                let shown = validate::binding_shown(&decl);
+                self.problems
+                    .push(validate::unusable_arguments("binding", &shown, &error));
+            }
+        }
+    }
+
+    // ---- the consumer half ----
+
+    fn consumer(&mut self, c: &ConsumerConfig) {
+        let queue = c.queue.get_ref();
+        if queue.trim().is_empty() {
+            self.problems.push(validate::consumer_without_queue());
+            return;
+        }
+        self.dead_letter_half(queue, DeclaredBy::Consumer);
+        let Some(name) = c.retry.as_ref().map(|p| p.get_ref().as_str()) else {
+            return;
+        };
+        let Some(policy) = self.policy(&format!("the consumer of '{queue}'"), name) else {
+            return;
+        };
+        let is_stream = self
+            .topology
+            .queue(queue)
+            .is_some_and(|q| q.queue_type == QueueType::Stream);
+        if is_stream && policy.max_attempts > 1 {
+            self.problems.push(validate::stream_retry(queue, name));
+            return;
+        }
+        self.retry_half(queue, name, &policy, DeclaredBy::Consumer);
+    }
+
+    // ---- the managed pieces, shared by both halves ----
+
+    /// The dead-letter exchange, `{q}.dlq`, `{q}.parked`, each bound to the
+    /// exchange on its own name.
+    fn dead_letter_half(&mut self, queue: &str, by: DeclaredBy) {
+        let exchange = self.dead_letter_exchange;
+        self.add_exchange(managed_exchange(exchange, by));
+        let targets = [
+            naming::dead_letter_queue(queue),
+            naming::parked_queue(queue),
+        ];
+        for target in &targets {
+            self.add_queue(holding_queue(target.clone(), by));
+        }
+        for target in targets {
+            self.add_binding(BindingDecl {
+                queue: target.clone(),
+                exchange: exchange.to_string(),
+                routing_key: target,
+                arguments: Arguments::new(),
+                declared_by: by,
+            });
+        }
+    }
+
+    /// `acemq.retry`, one rung per distinct broker-waited delay and the home
+    /// binding back to `queue`; nothing at all when the policy never waits in
+    /// the broker.
+    fn retry_half(&mut self, queue: &str, policy_name: &str, policy: &RetryPolicy, by: DeclaredBy) {
+        let rungs = policy.broker_rungs();
+        if rungs.is_empty() {
+            return;
+        }
+        self.add_exchange(managed_exchange(RETRY_EXCHANGE, by));
+        for delay in rungs {
+            match rung_queue(queue, delay, by) {
+                Ok(rung) => self.add_queue(rung),
+                Err(error) => self
+                    .problems
+                    .push(validate::rung_without_name(policy_name, &error)),
+            }
+        }
+        self.add_binding(BindingDecl {
+            queue: queue.to_string(),
+            exchange: RETRY_EXCHANGE.to_string(),
+            routing_key: queue.to_string(),
+            arguments: Arguments::new(),
+            declared_by: by,
+        });
+    }
+
+    // ---- helpers ----
+
+    /// Whether `name` is usable and this is its first `[[exchanges]]` /
+    /// `[[queues]]` entry; reports a blank name, and a repeat once.
+    fn named_once(&mut self, what: &'static str, name: &'a str) -> bool {
+        if name.trim().is_empty() {
+            self.problems.push(validate::no_name(what));
+            return false;
+        }
+        let seen = self.listed.entry((what, name)).or_insert(0);
+        *seen += 1;
+        if *seen == 2 {
+            self.problems.push(validate::declared_twice(what, name));
+        }
+        *seen == 1
+    }
+
+    fn arguments(&mut self, what: &str, name: &str, table: &toml::Table) -> Option<Arguments> {
+        arguments_from_toml(table)
+            .map_err(|error| {
+                self.problems
+                    .push(validate::unusable_arguments(what, name, &error))
+            })
+            .ok()
+    }
+
+    /// A policy by name; reports one that is not defined. An unusable one
+    /// was reported when the policies were read.
+    fn policy(&mut self, who: &str, name: &str) -> Option<RetryPolicy> {
+        match self.policies.get(name) {
+            Some(policy) => policy.clone(),
+            None => {
+                self.problems.push(validate::undefined_policy(who, name));
+                None
+            }
+        }
+    }
+
+    fn add_exchange(&mut self, decl: ExchangeDecl) {
+        merge(&mut self.topology.exchanges, decl, &mut self.problems);
+    }
+
+    fn add_queue(&mut self, decl: QueueDecl) {
+        merge(&mut self.topology.queues, decl, &mut self.problems);
+    }
+
+    fn add_binding(&mut self, decl: BindingDecl) {
+        merge(&mut self.topology.bindings, decl, &mut self.problems);
+    }
+}
+
+/// What [`merge`] needs to know about a declaration.
+trait Declaration: Clone + PartialEq {
+    const WHAT: &'static str;
+    /// Whether both declare the same broker object (for bindings: the same binding).
+    fn same_object(&self, other: &Self) -> bool;
+    fn name(&self) -> &str;
+    fn detail(&self) -> String;
+    fn declared_by(&mut self) -> &mut DeclaredBy;
+}
+
+/// Adds `decl` in order of first appearance. Asked for again with the same
+/// settings, it is declared once by whoever asked (maybe [`DeclaredBy::Both`]);
+/// with other settings, it is a problem: the broker would refuse the second.
+fn merge<T: Declaration>(list: &mut Vec<T>, mut decl: T, problems: &mut Problems) {
+    let Some(existing) = list.iter_mut().find(|d| d.same_object(&decl)) else {
+        list.push(decl);
+        return;
+    };
+    let mut with_same_tag = decl.clone();
+    *with_same_tag.declared_by() = *existing.declared_by();
+    if with_same_tag == *existing {
+        let by = existing.declared_by().merge(*decl.declared_by());
+        *existing.declared_by() = by;
+    } else {
+        problems.push(validate::declared_differently(
+            T::WHAT,
+            existing.name(),
+            &existing.detail(),
+            &decl.detail(),
+        ));
+    }
+}
+
+impl Declaration for ExchangeDecl {
+    const WHAT: &'static str = "exchange";
+    fn same_object(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn detail(&self) -> String {
+        plan::exchange_detail(self)
+    }
+    fn declared_by(&mut self) -> &mut DeclaredBy {
+        &mut self.declared_by
+    }
+}
+
+impl Declaration for QueueDecl {
+    const WHAT: &'static str = "queue";
+    fn same_object(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn detail(&self) -> String {
+        plan::queue_detail(self)
+    }
+    fn declared_by(&mut self) -> &mut DeclaredBy {
+        &mut self.declared_by
+    }
+}
+
+impl Declaration for BindingDecl {
+    const WHAT: &'static str = "binding";
+    /// AMQP tells bindings apart by all four parts, so two that differ in
+    /// any are two bindings, never a conflict.
+    fn same_object(&self, other: &Self) -> bool {
+        self.queue == other.queue
+            && self.exchange == other.exchange
+            && self.routing_key == other.routing_key
+            && self.arguments == other.arguments
+    }
+    fn name(&self) -> &str {
+        &self.queue
+    }
+    fn detail(&self) -> String {
+        plan::binding_detail(self)
+    }
+    fn declared_by(&mut self) -> &mut DeclaredBy {
+        &mut self.declared_by
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::retry::contract_fixture::{load, millis, millis_list};
+    use serde_json::Value;
+
+    pub(crate) fn build(text: &str) -> Result<Topology, Problems> {
+        let config: Config = toml::from_str(text).expect("test config parses");
+        Topology::from_config(&config)
+    }
+
+    fn problems(text: &str) -> Vec<String> {
+        build(text).expect_err("should be refused").0
+    }
+
+    /// The fixture's topology, written as this host's config.
+    pub(crate) const FIXTURE_CONFIG: &str = r#"
+        [[exchanges]]
+        name = "orders"
+        kind = "topic"
+
+        [[queues]]
+        name = "orders.new"
+        dead_letter = true
+
+        [[bindings]]
+        queue = "orders.new"
+        exchange = "orders"
+        routing_key = "order.*"
+
+        [retry.orders]
+        kind = "exponential"
+        attempts = 6
+        initial = "10s"
+        max = "5m"
+
+        [[consumers]]
+        queue = "orders.new"
+        plugin = "orders.wasm"
+        retry = "orders"
+    "#;
+
+    /// A fixture argument table (numbers are integer milliseconds).
+    fn fixture_arguments(value: &Value) -> Arguments {
+        value
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(key, v)| {
+                let v = match v {
+                    Value::String(s) => ArgValue::Str(s.clone()),
+                    Value::Number(n) => ArgValue::Int(n.as_i64().unwrap()),
+                    other => panic!("unexpected fixture argument {other}"),
+                };
+                (key.clone(), v)
+            })
+            .collect()
+    }
+
+    fn declared_by(value: &Value) -> DeclaredBy {
+        match value.as_str().unwrap() {
+            "topology" => DeclaredBy::Topology,
+            "consumer" => DeclaredBy::Consumer,
+            "both" => DeclaredBy::Both,
+            other => panic!("unknown declaredBy {other}"),
+        }
+    }
+
+    #[test]
+    fn fixture_topology() {
+        let fixture = load();
+        let expected = &fixture["topology"];
+        let topology = build(FIXTURE_CONFIG).unwrap();
+
+        let policy = RetryPolicy::exponential(6, Duration::from_secs(10), Duration::from_secs(300));
+        assert_eq!(
+            policy.schedule(),
+            millis_list(&expected["policyScheduleMillis"])
+        );
+        assert_eq!(
+            policy.broker_rungs(),
+            millis_list(&expected["policyRungDelaysMillis"])
+        );
+
+        let exchanges = expected["exchanges"].as_array().unwrap();
+        assert_eq!(topology.exchanges.len(), exchanges.len());
+        for (got, want) in topology.exchanges.iter().zip(exchanges) {
+            assert_eq!(got.name, want["name"].as_str().unwrap());
+            assert_eq!(
+                got.kind.as_str(),
+                want["type"].as_str().unwrap(),
+                "{}",
+                got.name
+            );
+            assert_eq!(
+                got.durable,
+                want["durable"].as_bool().unwrap(),
+                "{}",
+                got.name
+            );
+            assert!(!got.auto_delete && got.arguments.is_empty(), "{}", got.name);
+            assert_eq!(
+                got.declared_by,
+                declared_by(&want["declaredBy"]),
+                "{}",
+                got.name
+            );
+        }
+
+        let queues = expected["queues"].as_array().unwrap();
+        assert_eq!(topology.queues.len(), queues.len());
+        for (got, want) in topology.queues.iter().zip(queues) {
+            let name = want["name"].as_str().unwrap();
+            assert_eq!(got.name, name);
+            assert_eq!(
+                got.queue_type.as_str(),
+                want["type"].as_str().unwrap(),
+                "{name}"
+            );
+            assert_eq!(got.durable, want["durable"].as_bool().unwrap(), "{name}");
+            assert!(!got.exclusive && !got.auto_delete, "{name}");
+            // The fixture lists arguments apart from the type; what is sent
+            // is both, and classic sends no x-queue-type at all.
+            let mut sent = fixture_arguments(&want["arguments"]);
+            if let Some(t) = got.queue_type.argument() {
+                sent.insert("x-queue-type".into(), t.into());
+            }
+            assert_eq!(got.arguments, sent, "{name}");
+            assert_eq!(got.declared_by, declared_by(&want["declaredBy"]), "{name}");
+        }
+
+        let bindings = expected["bindings"].as_array().unwrap();
+        assert_eq!(topology.bindings.len(), bindings.len());
+        for (got, want) in topology.bindings.iter().zip(bindings) {
+            assert_eq!(got.queue, want["queue"].as_str().unwrap());
+            assert_eq!(
+                got.exchange,
+                want["exchange"].as_str().unwrap(),
+                "{}",
+                got.queue
+            );
+            assert_eq!(
+                got.routing_key,
+                want["routingKey"].as_str().unwrap(),
+                "{}",
+                got.queue
+            );
+            assert!(got.arguments.is_empty());
+            assert_eq!(
+                got.declared_by,
+                declared_by(&want["declaredBy"]),
+                "{}",
+                got.queue
+            );
+        }
+        assert_eq!(expected["sourceQueue"], "orders.new");
+    }
+
+    #[test]
+    fn fixture_rung_arguments() {
+        let fixture = load();
+        for row in fixture["rungArguments"].as_array().unwrap() {
+            let delay = millis(&row["delayMillis"]);
+            let expected_name = row["queue"].as_str().unwrap();
+            match rung_queue("orders.new", delay, DeclaredBy::Consumer) {
+                Ok(rung) => {
+                    assert_eq!(rung.name, expected_name);
+                    assert_eq!(rung.arguments.len(), 3, "{expected_name}");
+                    assert_eq!(rung.arguments, fixture_arguments(&row["arguments"]));
+                    assert!(matches!(rung.arguments["x-message-ttl"], ArgValue::Int(_)));
+                    assert_eq!(rung.queue_type, QueueType::Classic);
+                    assert!(rung.durable && !rung.exclusive && !rung.auto_delete);
+                }
+                // Only the sub-second row, whose name the libraries disagree on.
+                Err(_) => assert_eq!(delay, Duration::from_millis(500)),
+            }
+        }
+    }
+
+    #[test]
+    fn fixture_queue_type_defaults() {
+        let fixture = load();
+        let defaults = &fixture["queueTypeDefaults"];
+        let topology = build(
+            r#"
+            [[queues]]
+            name = "source"
+            [[queues]]
+            name = "with-dl"
+            dead_letter = true
+            [[queues]]
+            name = "classic"
+            type = "classic"
+            [[queues]]
+            name = "classic-with-dl"
+            type = "classic"
+            dead_letter = true
+            [retry.slow]
+            kind = "fixed"
+            attempts = 2
+            initial = "1m"
+            [[consumers]]
+            queue = "source"
+            plugin = "p.wasm"
+            retry = "slow"
+            "#,
+        )
+        .unwrap();
+        let type_of = |name: &str| topology.queue(name).unwrap().queue_type.as_str();
+        for (key, queue) in [
+            ("sourceQueue", "source"),
+            ("sourceQueueWithDeadLetter", "with-dl"),
+            ("explicitClassicQueue", "classic"),
+            ("explicitClassicQueueWithDeadLetter", "classic-with-dl"),
+            ("deadLetterQueue", "source.dlq"),
+            ("parkedQueue", "source.parked"),
+            ("retryRung", "source.retry.1m"),
+        ] {
+            assert_eq!(type_of(queue), defaults[key].as_str().unwrap(), "{key}");
+        }
+        assert!(
+            defaults["durability"]["everyDeclaredQueueIsDurable"]
+                .as_bool()
+                .unwrap()
+        );
+        for q in &topology.queues {
+            assert!(q.durable, "{}", q.name);
+            // Invariant 1: classic never sends x-queue-type; quorum always does.
+            let sent = q.arguments.get("x-queue-type");
+            assert_eq!(
+                sent,
+                q.queue_type.argument().map(ArgValue::from).as_ref(),
+                "{}",
+                q.name
+            );
+        }
+        let classic_dl = topology.queue("classic-with-dl").unwrap();
+        assert_eq!(
+            classic_dl.arguments,
+            Arguments::from([
+                ("x-dead-letter-exchange".to_string(), "acemq.dlx".into()),
+                (
+                    "x-dead-letter-routing-key".to_string(),
+                    "classic-with-dl.dlq".into()
+                ),
+            ])
+        );
+    }
+
+    #[test]
+    fn exclusive_auto_delete_and_transient_queues_stay_classic() {
+        let topology = build(
+            r#"
+            [[queues]]
+            name = "mine"
+            exclusive = true
+            [[queues]]
+            name = "gone"
+            auto_delete = true
+            [[queues]]
+            name = "light"
+            durable = false
+            "#,
+        )
+        .unwrap();
+        for q in &topology.queues {
+            assert_eq!(q.queue_type, QueueType::Classic, "{}", q.name);
+            assert!(q.arguments.is_empty(), "{}", q.name);
+        }
+    }
+
+    #[test]
+    fn classic_is_never_sent_even_when_written() {
+        let topology = build(
+            "[[queues]]\nname = \"q\"\narguments = { x-queue-type = \"classic\", x-max-length = 10 }\n",
+        )
+        .unwrap();
+        let q = topology.queue("q").unwrap();
+        assert_eq!(q.queue_type, QueueType::Classic);
+        assert_eq!(
+            q.arguments,
+            Arguments::from([("x-max-length".to_string(), ArgValue::Int(10))])
+        );
+    }
+
+    #[test]
+    fn streams_send_their_retention_only_when_set() {
+        let topology = build(
+            r#"
+            [[queues]]
+            name = "events"
+            type = "stream"
+            max_age = "7days"
+            max_length_bytes = 20000000000
+
+            [[queues]]
+            name = "audit"
+            arguments = { x-queue-type = "stream" }
+            max_age = "90m 500ms"
+            max_segment_size_bytes = 100000000
+
+            [[consumers]]
+            queue = "events"
+            plugin = "p.wasm"
+            "#,
+        )
+        .unwrap();
+        let events = topology.queue("events").unwrap();
+        assert_eq!(events.queue_type, QueueType::Stream);
+        assert!(events.durable && !events.exclusive && !events.auto_delete);
+        assert_eq!(
+            events.arguments,
+            Arguments::from([
+                ("x-queue-type".to_string(), "stream".into()),
+                ("x-max-age".to_string(), "7D".into()),
+                (
+                    "x-max-length-bytes".to_string(),
+                    ArgValue::Int(20_000_000_000)
+                ),
+            ])
+        );
+        let audit = topology.queue("audit").unwrap();
+        assert_eq!(
+            audit.arguments,
+            Arguments::from([
+                ("x-queue-type".to_string(), "stream".into()),
+                ("x-max-age".to_string(), "90m".into()),
+                (
+                    "x-stream-max-segment-size-bytes".to_string(),
+                    ArgValue::Int(100_000_000)
+                ),
+            ])
+        );
+        // A stream consumer still gets its dead-letter and parked queues (§7).
+        assert!(
+            topology.queue("events.dlq").is_some() && topology.queue("events.parked").is_some()
+        );
+    }
+
+    #[test]
+    fn the_consumer_half_alone_is_tagged_consumer() {
+        // The consumer's queue belongs to another service: that is fine.
+        let topology = build(
+            r#"
+            [retry.slow]
+            kind = "fixed"
+            attempts = 3
+            initial = "45s"
+            [[consumers]]
+            queue = "elsewhere"
+            plugin = "p.wasm"
+            retry = "slow"
+            "#,
+        )
+        .unwrap();
+        assert!(topology.queue("elsewhere").is_none());
+        let names: Vec<&str> = topology.queues.iter().map(|q| q.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["elsewhere.dlq", "elsewhere.parked", "elsewhere.retry.45s"]
+        );
+        let exchanges: Vec<&str> = topology.exchanges.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(exchanges, ["acemq.dlx", "acemq.retry"]);
+        assert_eq!(topology.bindings.len(), 3);
+        assert!(
+            topology
+                .exchanges
+                .iter()
+                .all(|e| e.declared_by == DeclaredBy::Consumer)
+        );
+        assert!(
+            topology
+                .queues
+                .iter()
+                .all(|q| q.declared_by == DeclaredBy::Consumer)
+        );
+        assert!(
+            topology
+                .bindings
+                .iter()
+                .all(|b| b.declared_by == DeclaredBy::Consumer)
+        );
+    }
+
+    #[test]
+    fn a_policy_without_broker_waits_declares_no_rungs() {
+        let topology = build(
+            r#"
+            [retry.quick]
+            kind = "exponential"
+            attempts = 5
+            initial = "1s"
+            max = "24h"
+            [[consumers]]
+            queue = "q"
+            plugin = "p.wasm"
+            retry = "quick"
+            "#,
+        )
+        .unwrap();
+        assert!(topology.exchange(RETRY_EXCHANGE).is_none());
+        assert_eq!(topology.queues.len(), 2);
+        assert_eq!(topology.bindings.len(), 2);
+    }
+
+    #[test]
+    fn rungs_asked_by_the_queue_and_its_consumer_are_declared_once() {
+        let topology = build(
+            r#"
+            [retry.slow]
+            kind = "exponential"
+            attempts = 4
+            initial = "30s"
+            max = "1m"
+            [retry.slower]
+            kind = "fixed"
+            attempts = 2
+            initial = "2h"
+            [[queues]]
+            name = "q"
+            retry = "slow"
+            [[consumers]]
+            queue = "q"
+            plugin = "p.wasm"
+            retry = "slower"
+            "#,
+        )
+        .unwrap();
+        let rungs: Vec<(&str, DeclaredBy)> = topology
+            .queues
+            .iter()
+            .filter(|q| q.name.contains(".retry."))
+            .map(|q| (q.name.as_str(), q.declared_by))
+            .collect();
+        assert_eq!(
+            rungs,
+            [
+                ("q.retry.30s", DeclaredBy::Topology),
+                ("q.retry.1m", DeclaredBy::Topology),
+                ("q.retry.2h", DeclaredBy::Consumer),
+            ]
+        );
+        assert_eq!(
+            topology.exchange(RETRY_EXCHANGE).unwrap().declared_by,
+            DeclaredBy::Both
+        );
+        let home: Vec<_> = topology
+            .bindings
+            .iter()
+            .filter(|b| b.exchange == RETRY_EXCHANGE)
+            .collect();
+        assert_eq!(home.len(), 1);
+        assert_eq!(home[0].declared_by, DeclaredBy::Both);
+        // The topology half declares no dead-letter queues unless asked; the consumer does.
+        assert_eq!(
+            topology.queue("q.dlq").unwrap().declared_by,
+            DeclaredBy::Consumer
+        );
+    }
+
+    #[test]
+    fn a_renamed_dead_letter_exchange_is_used_everywhere() {
+        let topology = build(
+            r#"
+            [topology]
+            dead_letter_exchange = "shop.dlx"
+            [[queues]]
+            name = "q"
+            dead_letter = true
+            [[consumers]]
+            queue = "q"
+            plugin = "p.wasm"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(topology.exchanges.len(), 1);
+        assert_eq!(topology.exchanges[0].name, "shop.dlx");
+        assert_eq!(topology.exchanges[0].declared_by, DeclaredBy::Both);
+        assert_eq!(
+            topology.queue("q").unwrap().arguments["x-dead-letter-exchange"],
+            ArgValue::from("shop.dlx")
+        );
+        assert!(topology.bindings.iter().all(|b| b.exchange == "shop.dlx"));
+    }
+
+    #[test]
+    fn an_identical_explicit_declaration_merges() {
+        let topology = build(
+            r#"
+            [[exchanges]]
+            name = "acemq.dlx"
+            kind = "direct"
+            [[queues]]
+            name = "q.dlq"
+            type = "classic"
+            [[consumers]]
+            queue = "q"
+            plugin = "p.wasm"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            topology.exchange("acemq.dlx").unwrap().declared_by,
+            DeclaredBy::Both
+        );
+        assert_eq!(
+            topology.queue("q.dlq").unwrap().declared_by,
+            DeclaredBy::Both
+        );
+    }
+
+    #[test]
+    fn each_problem_is_worded_for_the_operator() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "[[queues]]\nname = \"\"",
+                "acemq: a queue in the topology has no name",
+            ),
+            (
+                "[[exchanges]]\nkind = \"topic\"",
+                "acemq: an exchange in the topology has no name",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\n[[queues]]\nname = \"q\"",
+                "acemq: the topology declares queue 'q' twice",
+            ),
+            (
+                "[[exchanges]]\nname = \"e\"\nkind = \"topic\"\n[[exchanges]]\nname = \"e\"\nkind = \"topic\"",
+                "acemq: the topology declares exchange 'e' twice",
+            ),
+            (
+                "[[exchanges]]\nname = \"e\"",
+                "acemq: exchange 'e' has no kind (direct, topic, fanout or headers)",
+            ),
+            (
+                "[[exchanges]]\nname = \"e\"\nkind = \"x-delayed-message\"",
+                "acemq: exchange 'e' has kind 'x-delayed-message', which is not one of direct, topic, fanout or headers",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\n[[bindings]]\nqueue = \"q\"\nexchange = \"missing\"\nrouting_key = \"k\"",
+                "acemq: binding missing -> q (k) names exchange 'missing', which this topology does not declare",
+            ),
+            (
+                "[[exchanges]]\nname = \"e\"\nkind = \"topic\"\n[[bindings]]\nqueue = \"missing\"\nexchange = \"e\"\nrouting_key = \"k\"",
+                "acemq: binding e -> missing (k) names queue 'missing', which this topology does not declare",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\n[[bindings]]\nqueue = \"q\"\nexchange = \"\"\nrouting_key = \"q\"",
+                "acemq: binding  -> q (q) names the default exchange, which cannot be bound to",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\ntype = \"quorum\"\nexclusive = true",
+                "acemq: queue 'q' asks for quorum and also exclusive; a quorum queue belongs to the broker rather than to a connection, so it can be none of those",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\narguments = { x-queue-type = \"quorum\" }\nauto_delete = true\ndurable = false",
+                "acemq: queue 'q' asks for quorum and also auto_delete and durable = false; a quorum queue belongs to the broker rather than to a connection, so it can be none of those",
+            ),
+            (
+                "[[queues]]\nname = \"s\"\ntype = \"stream\"\nexclusive = true",
+                "acemq: queue 's' asks for a stream and also exclusive; a stream belongs to the broker rather than to a connection, so it can be none of those",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\ntype = \"quorum\"\narguments = { x-queue-type = \"stream\" }",
+                "acemq: queue 'q' sets x-queue-type='stream' and also type = \"quorum\"; pick one",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\ntype = \"lazy\"",
+                "acemq: queue 'q' asks for type = \"lazy\", which is not quorum, classic or stream",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\narguments = { x-queue-type = 1 }",
+                "acemq: queue 'q' asks for x-queue-type=1, which is not quorum, classic or stream",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\ndead_letter = true\narguments = { x-dead-letter-exchange = \"mine\" }",
+                "acemq: queue 'q' asks for dead_letter = true and also sets x-dead-letter-exchange; pick one",
+            ),
+            (
+                "[[queues]]\nname = \"s\"\ntype = \"stream\"\ndead_letter = true",
+                "acemq: queue 's' is a stream and asks for dead_letter = true;",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\nmax_age = \"1D\"",
+                "acemq: queue 'q' sets max_age, which only applies to a stream (type = \"stream\")",
+            ),
+            (
+                "[[queues]]\nname = \"s\"\ntype = \"stream\"\nmax_age = \"1h\"\narguments = { x-max-age = \"2h\" }",
+                "acemq: queue 's' sets x-max-age in arguments and also max_age; pick one",
+            ),
+            (
+                "[[queues]]\nname = \"s\"\ntype = \"stream\"\nmax_age = \"500ms\"",
+                "acemq: queue 's' has a max_age under one second",
+            ),
+            (
+                "[retry.r]\nkind = \"fixed\"\nattempts = 3\ninitial = \"1m\"\n[[queues]]\nname = \"s\"\ntype = \"stream\"\nretry = \"r\"",
+                "acemq: stream 's' is given retry policy 'r'; a stream never removes a message",
+            ),
+            (
+                "[retry.r]\nkind = \"fixed\"\nattempts = 3\ninitial = \"1s\"\n[[queues]]\nname = \"s\"\ntype = \"stream\"\n[[consumers]]\nqueue = \"s\"\nplugin = \"p.wasm\"\nretry = \"r\"",
+                "acemq: stream 's' is given retry policy 'r';",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\nretry = \"nope\"",
+                "acemq: queue 'q' names retry policy 'nope', which is not defined (add [retry.nope])",
+            ),
+            (
+                "[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nretry = \"nope\"",
+                "acemq: the consumer of 'q' names retry policy 'nope', which is not defined (add [retry.nope])",
+            ),
+            (
+                "[[consumers]]\nqueue = \" \"\nplugin = \"p.wasm\"",
+                "acemq: a consumer in the config names no queue",
+            ),
+            (
+                "[retry.fast]\nkind = \"fixed\"\nattempts = 0\ninitial = \"1s\"",
+                "[retry.fast] attempts: must be at least 1",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\narguments = { when = 2026-01-01T00:00:00Z }",
+                "acemq: queue 'q' has an unusable argument when: the date-time",
+            ),
+            (
+                "[[exchanges]]\nname = \"amq.mine\"\nkind = \"topic\"",
+                "acemq: exchange 'amq.mine' cannot be declared: the broker reserves names starting with 'amq.'",
+            ),
+            (
+                "[topology]\ndead_letter_exchange = \"\"",
+                "acemq: [topology] dead_letter_exchange is empty",
+            ),
+            (
+                "[[exchanges]]\nname = \"acemq.dlx\"\nkind = \"topic\"\n[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"",
+                "acemq: exchange 'acemq.dlx' is declared twice with different settings, (topic, durable) and (direct, durable);",
+            ),
+            (
+                "[[queues]]\nname = \"q.dlq\"\n[[queues]]\nname = \"q\"\ndead_letter = true",
+                "acemq: queue 'q.dlq' is declared twice with different settings, (quorum, durable, x-queue-type='quorum') and (classic, durable);",
+            ),
+        ];
+        for (config, expected) in cases {
+            let found = problems(config);
+            assert_eq!(found.len(), 1, "{config}\n{found:#?}");
+            assert!(
+                found[0].starts_with(expected),
+                "{config}\ngot:  {}\nwant: {expected}",
+                found[0]
+            );
+        }
+    }
+
+    #[test]
+    fn long_names_are_refused_before_they_reach_the_broker() {
+        let long = "q".repeat(250);
+        let found = problems(&format!(
+            "[[queues]]\nname = \"{long}\"\ndead_letter = true\n"
+        ));
+        // The queue and its .dlq fit; the parked queue (and the routing key
+        // binding it, its own name) are 257 bytes.
+        assert_eq!(found.len(), 2, "{found:#?}");
+        assert!(found[0].contains(".parked' has a name of 257 bytes; AMQP allows at most 255"));
+        assert!(found[1].contains("has a routing key of 257 bytes"));
+    }
+
+    #[test]
+    fn sizes_beyond_a_signed_long_are_refused() {
+        // TOML integers are signed, so only a config built in code gets here.
+        let mut config: Config =
+            toml::from_str("[[queues]]\nname = \"s\"\ntype = \"stream\"\n").unwrap();
+        config.queues[0].max_length_bytes = Some(u64::MAX);
+        let found = Topology::from_config(&config).unwrap_err().0;
+        assert_eq!(
+            found,
+            [
+                "acemq: queue 's' sets max_length_bytes = 18446744073709551615, more than the signed 64-bit integer AMQP sends it as"
+            ]
+        );
+    }
+
+    #[test]
+    fn all_problems_are_reported_together() {
+        let error = build(
+            r#"
+            [retry.bad]
+            kind = "fixed"
+            attempts = 3
+            initial = "1s"
+            jitter = 2.0
+
+            [[exchanges]]
+            name = "orders"
+
+            [[exchanges]]
+            name = ""
+            kind = "topic"
+
+            [[queues]]
+            name = "orders.new"
+            type = "quorum"
+            exclusive = true
+
+            [[queues]]
+            name = "orders.new"
+
+            [[bindings]]
+            queue = "orders.new"
+            exchange = "nowhere"
+            routing_key = "order.*"
+            "#,
+        )
+        .unwrap_err();
+        let expected = [
+            "[retry.bad] jitter: 2 is outside [0, 1]; it is the fraction by which a wait held in the consumer may be shortened or lengthened",
+            "acemq: exchange 'orders' has no kind (direct, topic, fanout or headers)",
+            "acemq: an exchange in the topology has no name",
+            "acemq: queue 'orders.new' asks for quorum and also exclusive; a quorum queue belongs to the broker rather than to a connection, so it can be none of those",
+            "acemq: the topology declares queue 'orders.new' twice",
+            "acemq: binding nowhere -> orders.new (order.*) names exchange 'nowhere', which this topology does not declare",
+            "acemq: binding nowhere -> orders.new (order.*) names queue 'orders.new', which this topology does not declare",
+        ];
+        assert_eq!(error.0, expected);
+        let text = error.to_string();
+        assert!(
+            text.starts_with("this topology cannot be applied:\n  [retry.bad] jitter"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), expected.len() + 1);
+    }
+}

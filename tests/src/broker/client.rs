@@ -1,0 +1,442 @@
+//! AMQP and management-API helpers for assertions.
+//!
+//! Every AMQP helper opens its own connection and closes it before
+//! returning: lapin connections belong to the tokio runtime that opened them
+//! and each `#[tokio::test]` has its own runtime; and a failed declaration
+//! closes its channel, which must not poison anything shared.
+
+use super::{Broker, encode_path_segment};
+use anyhow::{Context, Result, anyhow, bail};
+use futures::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Confirms in flight in [`Broker::publish_many`]. Awaiting each confirm
+/// before the next publish gives ~800 msg/s on a quorum queue here; a window
+/// of hundreds gives the broker's full rate.
+const CONFIRM_WINDOW: usize = 500;
+/// Poll interval of [`Broker::wait_for_message_count`].
+const COUNT_POLL: Duration = Duration::from_millis(50);
+/// How long [`Broker::drain`] waits for the consumer to wind down after
+/// `basic.cancel`; only a broken connection makes it matter.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
+/// How long [`Broker::start`] probes the listeners after `rabbitmqctl wait`.
+const ENDPOINT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A message taken off a queue by [`Broker::drain`].
+#[derive(Debug, Clone)]
+pub struct ReceivedMessage {
+    pub body: Vec<u8>,
+    pub exchange: String,
+    pub routing_key: String,
+    pub redelivered: bool,
+    pub content_type: Option<String>,
+    pub message_id: Option<String>,
+    /// Empty when the message had no headers.
+    pub headers: FieldTable,
+    /// Everything else (correlation id, delivery mode, expiration...).
+    pub properties: BasicProperties,
+}
+
+impl ReceivedMessage {
+    /// The body as text (invalid UTF-8 replaced), for assertions.
+    pub fn body_str(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.body)
+    }
+
+    /// One header by name.
+    pub fn header(&self, name: &str) -> Option<&AMQPValue> {
+        self.headers.inner().get(name)
+    }
+
+    fn from_delivery(delivery: Delivery) -> ReceivedMessage {
+        let properties = delivery.properties;
+        ReceivedMessage {
+            body: delivery.data,
+            exchange: delivery.exchange.to_string(),
+            routing_key: delivery.routing_key.to_string(),
+            redelivered: delivery.redelivered,
+            content_type: properties.content_type().as_ref().map(|s| s.to_string()),
+            message_id: properties.message_id().as_ref().map(|s| s.to_string()),
+            headers: properties.headers().clone().unwrap_or_default(),
+            properties,
+        }
+    }
+}
+
+impl Broker {
+    /// A new AMQP connection (default properties, named `acemq-tests` in the
+    /// management UI). Must be called inside a tokio runtime.
+    pub async fn connect(&self) -> Result<Connection> {
+        Connection::connect(
+            &self.amqp_url,
+            ConnectionProperties::default().with_connection_name("acemq-tests".into()),
+        )
+        .await
+        .with_context(|| format!("connecting to {}", self.amqp_url))
+    }
+
+    /// Ready messages in `queue` (unacknowledged ones are not counted), from
+    /// a passive `queue.declare`: exact and current, unlike the management
+    /// API's counts, which lag 5-8 s. Fails if the queue does not exist.
+    pub async fn message_count(&self, queue: &str) -> Result<u32> {
+        let connection = self.connect().await?;
+        let result: Result<_> = async {
+            let channel = connection.create_channel().await?;
+            passive_count(&channel, queue).await
+        }
+        .await;
+        close(&connection).await;
+        result
+    }
+
+    /// Polls [`Broker::message_count`] until the queue holds at least
+    /// `expected` ready messages or `timeout` passes; returns the last count
+    /// seen, for the caller to assert on.
+    pub async fn wait_for_message_count(
+        &self,
+        queue: &str,
+        expected: u32,
+        timeout: Duration,
+    ) -> Result<u32> {
+        let deadline = Instant::now() + timeout;
+        let connection = self.connect().await?;
+        let result: Result<_> = async {
+            let channel = connection.create_channel().await?;
+            loop {
+                let count = passive_count(&channel, queue).await?;
+                if count >= expected || Instant::now() >= deadline {
+                    return Ok(count);
+                }
+                tokio::time::sleep(COUNT_POLL).await;
+            }
+        }
+        .await;
+        close(&connection).await;
+        result
+    }
+
+    /// Consumes up to `expected` messages from `queue`, acknowledging them,
+    /// and returns them in delivery order. Returns fewer if `timeout` passes
+    /// first (assert on the length). Returns at once for `expected == 0`.
+    ///
+    /// Prefetch is `expected` and acks are sent only at the end, so the
+    /// broker never hands out a message beyond the ones asked for: nothing
+    /// is requeued behind the caller's back (which on a quorum queue would
+    /// bump `x-delivery-count`). Above 65 535 the prefetch is capped and
+    /// acks go out per batch. Classic and quorum queues; a stream needs its
+    /// own consumer with an `x-stream-offset`.
+    pub async fn drain(
+        &self,
+        queue: &str,
+        expected: usize,
+        timeout: Duration,
+    ) -> Result<Vec<ReceivedMessage>> {
+        if expected == 0 {
+            return Ok(Vec::new());
+        }
+        let deadline = Instant::now() + timeout;
+        let connection = self.connect().await?;
+        let result: Result<_> = async {
+            let channel = connection.create_channel().await?;
+            drain_on(&channel, queue, expected, deadline).await
+        }
+        .await;
+        close(&connection).await;
+        result.with_context(|| format!("draining queue {queue:?}"))
+    }
+
+    /// Publishes one message with publisher confirms, `mandatory` set:
+    /// fails if the broker returns it as unroutable or nacks it.
+    pub async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<()> {
+        self.publish_many(exchange, routing_key, [(body, properties)])
+            .await
+            .map(drop)
+    }
+
+    /// Publishes many messages like [`Broker::publish`] over one channel,
+    /// keeping up to 500 confirms in flight; returns how many were confirmed
+    /// (all of them, or an error).
+    pub async fn publish_many<B, I>(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        messages: I,
+    ) -> Result<usize>
+    where
+        B: AsRef<[u8]>,
+        I: IntoIterator<Item = (B, BasicProperties)>,
+    {
+        let connection = self.connect().await?;
+        let result: Result<_> = async {
+            let channel = connection.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            let options = BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            };
+            let mut pending = VecDeque::new();
+            let mut confirmed = 0;
+            for (body, properties) in messages {
+                if pending.len() >= CONFIRM_WINDOW
+                    && let Some(confirm) = pending.pop_front()
+                {
+                    check_confirmation(confirm_result(confirm).await?, exchange, routing_key)?;
+                    confirmed += 1;
+                }
+                let confirm = channel
+                    .basic_publish(
+                        exchange.into(),
+                        routing_key.into(),
+                        options,
+                        body.as_ref(),
+                        properties,
+                    )
+                    .await?;
+                pending.push_back(confirm);
+            }
+            for confirm in pending {
+                check_confirmation(confirm_result(confirm).await?, exchange, routing_key)?;
+                confirmed += 1;
+            }
+            Ok(confirmed)
+        }
+        .await;
+        close(&connection).await;
+        result.with_context(|| {
+            format!("publishing to exchange {exchange:?} with routing key {routing_key:?}")
+        })
+    }
+
+    /// Deletes a queue (whatever it holds). Deleting a missing queue is not
+    /// an error in RabbitMQ 3.10.
+    pub async fn delete_queue(&self, name: &str) -> Result<()> {
+        let connection = self.connect().await?;
+        let result: Result<_> = async {
+            let channel = connection.create_channel().await?;
+            channel
+                .queue_delete(name.into(), QueueDeleteOptions::default())
+                .await?;
+            Ok(())
+        }
+        .await;
+        close(&connection).await;
+        result.with_context(|| format!("deleting queue {name:?}"))
+    }
+
+    /// Deletes an exchange (and its bindings). Deleting a missing exchange
+    /// is not an error in RabbitMQ 3.10.
+    pub async fn delete_exchange(&self, name: &str) -> Result<()> {
+        let connection = self.connect().await?;
+        let result: Result<_> = async {
+            let channel = connection.create_channel().await?;
+            channel
+                .exchange_delete(name.into(), ExchangeDeleteOptions::default())
+                .await?;
+            Ok(())
+        }
+        .await;
+        close(&connection).await;
+        result.with_context(|| format!("deleting exchange {name:?}"))
+    }
+
+    /// `GET {mgmt_url}{path}` as `guest` (or the external broker's user),
+    /// e.g. `/api/overview`, `/api/consumers/%2F`. Fails on a non-2xx status
+    /// with the response body. Blocking (a few ms on loopback).
+    pub fn management_get(&self, path: &str) -> Result<Value> {
+        let url = format!("{}{path}", self.mgmt_url);
+        let mut response = self
+            .http
+            .get(&url)
+            .header("Authorization", self.mgmt_auth.as_str())
+            .call()
+            .with_context(|| format!("GET {url}"))?;
+        let status = response.status();
+        let body = response
+            .body_mut()
+            .read_to_string()
+            .with_context(|| format!("GET {url}: reading the body"))?;
+        if !status.is_success() {
+            bail!("GET {url}: {status}: {body}");
+        }
+        serde_json::from_str(&body).with_context(|| format!("GET {url}: invalid JSON: {body}"))
+    }
+
+    /// `GET /api/queues/{vhost}/{name}`: `type` (classic/quorum/stream),
+    /// `durable`, `auto_delete`, `exclusive`, `arguments` (exactly as
+    /// declared), `consumers`... Its message counts lag: use
+    /// [`Broker::message_count`] for those. Fails if the queue is missing.
+    pub fn queue_info(&self, name: &str) -> Result<Value> {
+        self.management_get(&format!(
+            "/api/queues/{}/{}",
+            self.vhost_path,
+            encode_path_segment(name)
+        ))
+    }
+
+    /// `GET /api/exchanges/{vhost}/{name}`: `type`, `durable`, `auto_delete`,
+    /// `internal`, `arguments`.
+    pub fn exchange_info(&self, name: &str) -> Result<Value> {
+        self.management_get(&format!(
+            "/api/exchanges/{}/{}",
+            self.vhost_path,
+            encode_path_segment(name)
+        ))
+    }
+
+    /// `GET /api/queues/{vhost}/{queue}/bindings`: one object per binding
+    /// (`source`, `destination`, `routing_key`, `arguments`), including the
+    /// default exchange's implicit binding (`source` "").
+    pub fn bindings(&self, queue: &str) -> Result<Vec<Value>> {
+        let value = self.management_get(&format!(
+            "/api/queues/{}/{}/bindings",
+            self.vhost_path,
+            encode_path_segment(queue)
+        ))?;
+        match value {
+            Value::Array(bindings) => Ok(bindings),
+            other => Err(anyhow!("bindings of {queue:?}: expected an array, got {other}")),
+        }
+    }
+
+    /// After `rabbitmqctl wait` the listeners should be up already (it waits
+    /// for the plugins too); probing them makes "started" mean "usable".
+    pub(super) fn wait_for_endpoints(&self) -> Result<()> {
+        let deadline = std::time::Instant::now() + ENDPOINT_TIMEOUT;
+        loop {
+            let amqp = std::net::TcpStream::connect((self.amqp_host.as_str(), self.amqp_port))
+                .map(drop)
+                .context("AMQP port");
+            let probe = amqp.and_then(|()| self.management_get("/api/overview").map(drop));
+            match probe {
+                Ok(()) => return Ok(()),
+                Err(error) if std::time::Instant::now() >= deadline => {
+                    return Err(error.context(format!(
+                        "listeners not reachable {ENDPOINT_TIMEOUT:?} after `rabbitmqctl wait`"
+                    )));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+}
+
+async fn passive_count(channel: &Channel, queue: &str) -> Result<u32> {
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("passive declare of queue {queue:?}"))?;
+    Ok(declared.message_count())
+}
+
+async fn drain_on(
+    channel: &Channel,
+    queue: &str,
+    expected: usize,
+    deadline: Instant,
+) -> Result<Vec<ReceivedMessage>> {
+    let prefetch = u16::try_from(expected).unwrap_or(u16::MAX);
+    // Per consumer (global QoS is rejected by quorum queues).
+    channel
+        .basic_qos(prefetch, BasicQosOptions { global: false })
+        .await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut received = Vec::with_capacity(expected);
+    let mut last_tag = None;
+    let mut unacked = 0usize;
+    while received.len() < expected {
+        let delivery = match tokio::time::timeout_at(deadline, consumer.next()).await {
+            Err(_elapsed) => break,
+            Ok(None) => bail!("the broker cancelled the consumer"),
+            Ok(Some(delivery)) => delivery?,
+        };
+        last_tag = Some(delivery.delivery_tag);
+        received.push(ReceivedMessage::from_delivery(delivery));
+        unacked += 1;
+        // Only for expected > 65 535: free the window for the next batch.
+        if unacked == usize::from(prefetch) && received.len() < expected {
+            ack_up_to(channel, last_tag).await?;
+            unacked = 0;
+        }
+    }
+    channel
+        .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+        .await?;
+    // Deliveries that crossed the cancel (after a timeout) are kept and
+    // acked too, rather than requeued with a bumped delivery count.
+    while let Ok(Some(delivery)) = tokio::time::timeout(CANCEL_GRACE, consumer.next()).await {
+        let delivery = delivery?;
+        last_tag = Some(delivery.delivery_tag);
+        received.push(ReceivedMessage::from_delivery(delivery));
+    }
+    ack_up_to(channel, last_tag).await?;
+    Ok(received)
+}
+
+async fn ack_up_to(channel: &Channel, tag: Option<u64>) -> Result<()> {
+    if let Some(tag) = tag {
+        channel
+            .basic_ack(tag, lapin::options::BasicAckOptions { multiple: true })
+            .await?;
+    }
+    Ok(())
+}
+
+async fn confirm_result(confirm: lapin::PublisherConfirm) -> Result<Confirmation> {
+    confirm.await.context("waiting for the publisher confirm")
+}
+
+fn check_confirmation(confirmation: Confirmation, exchange: &str, routing_key: &str) -> Result<()> {
+    match confirmation {
+        Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
+        // lapin may pair a return with a different confirm than its own
+        // publish, so the error names the returned message, not an index.
+        Confirmation::Ack(Some(returned)) => bail!(
+            "the broker returned a message (message id {:?}) published to exchange \
+             {exchange:?} with routing key {routing_key:?}: {} {}",
+            returned.delivery.properties.message_id(),
+            returned.reply_code,
+            returned.reply_text
+        ),
+        Confirmation::Nack(_) => bail!(
+            "the broker nacked a message published to exchange {exchange:?} with \
+             routing key {routing_key:?}"
+        ),
+    }
+}
+
+/// Closes a helper's connection; a failure only means it is gone already.
+async fn close(connection: &Connection) {
+    let _ = connection.close(200, "acemq-tests helper done".into()).await;
+}

@@ -1,0 +1,20 @@
+//! Integration-test harness for acemq-host.
+//!
+//! The [`broker`] module runs a throwaway RabbitMQ node per test binary (or
+//! uses the one named by `ACEMQ_TEST_URL`) and offers the assertions the
+//! tests need: exact message counts, draining queues, management API reads.
+//!
+//! ```no_run
+//! # async fn example() -> anyhow::Result<()> {
+//! use acemq_tests::{shared_broker, unique_name};
+//! let broker = shared_broker();
+//! let queue = unique_name("orders");
+//! // ... declare `queue` through lapin, run the host against broker.amqp_url() ...
+//! assert_eq!(broker.message_count(&queue).await?, 0);
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod broker;
+
+pub use broker::{Broker, ReceivedMessage, shared_broker, unique_name};
