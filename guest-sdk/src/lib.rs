@@ -221,16 +221,46 @@ pub mod __private {
     }
 
     /// With `panic = "abort"` a panic becomes a wasm trap, and the host sees
-    /// only `unreachable`. Sending the panic message (text and location) to
-    /// the host's log first, tagged with the message id, makes the trap
-    /// explainable. Handler plugins only: codecs have no log import.
+    /// only `unreachable`. The hook first logs the panic at error level as
+    /// `panic: <message> at <file>:<line>:<col>`; the host (plugin/fault.rs)
+    /// takes an error line starting with `panic` just before an
+    /// `unreachable` trap as the reason of the failed delivery. Handler
+    /// plugins only: codecs have no log import.
     #[cfg(target_arch = "wasm32")]
     fn log_panics() {
         static HOOK: std::sync::Once = std::sync::Once::new();
         HOOK.call_once(|| {
             std::panic::set_hook(Box::new(|info| {
-                crate::host::sys::log(crate::log::Level::Error, &format!("plugin {info}"));
+                let line = crate::__private::panic_line(info.payload_as_str(), info.location());
+                crate::host::sys::log(crate::log::Level::Error, &line);
             }))
         });
+    }
+
+    /// The log line for a panic; see `log_panics`.
+    #[cfg(any(target_arch = "wasm32", test))]
+    pub(crate) fn panic_line(
+        message: Option<&str>,
+        location: Option<&std::panic::Location<'_>>,
+    ) -> String {
+        let message = message.unwrap_or("Box<dyn Any>");
+        match location {
+            Some(at) => format!("panic: {message} at {at}"),
+            None => format!("panic: {message}"),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn panic_line_is_what_the_host_recognises() {
+            let at = std::panic::Location::caller();
+            let line = super::panic_line(Some("boom"), Some(at));
+            assert_eq!(
+                line,
+                format!("panic: boom at {}:{}:{}", at.file(), at.line(), at.column())
+            );
+            assert_eq!(super::panic_line(None, None), "panic: Box<dyn Any>");
+        }
     }
 }

@@ -294,7 +294,10 @@ mod tests {
     fn text_rejects_non_utf8() {
         let msg = testing::message(vec![0xff, 0xfe]);
         let reason = Outcome::from(msg.text().unwrap_err()).to_string();
-        assert!(reason.starts_with("reject: body is not UTF-8 text"), "{reason}");
+        assert!(
+            reason.starts_with("reject: body is not UTF-8 text"),
+            "{reason}"
+        );
         assert_eq!(testing::message("hi").text(), Ok("hi"));
     }
 

@@ -277,7 +277,8 @@ mod tests {
             Outcome::from(sent.value.unwrap_err()),
             Outcome::Retry(
                 "publish to exchange `other` with routing key `rk` failed: \
-                 exchange `other` is not in this consumer's publish_to list"
+                 publishing to exchange 'other' is not allowed for this consumer \
+                 (publish_to = ['allowed'])"
                     .into()
             )
         );

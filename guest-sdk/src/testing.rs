@@ -103,7 +103,8 @@ impl TestHost {
     }
 
     /// Refuses publishes to exchanges not listed, as the host does with the
-    /// consumer's `publish_to`. Without it every exchange is allowed.
+    /// consumer's `publish_to`. Without it every exchange is allowed (the
+    /// real host allows none that `publish_to` does not list).
     pub fn publish_to<S: Into<String>>(mut self, exchanges: impl IntoIterator<Item = S>) -> Self {
         self.publish_to = Some(exchanges.into_iter().map(Into::into).collect());
         self
@@ -213,22 +214,35 @@ fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
 pub(crate) mod sys {
     use super::*;
 
+    const RESERVED_PREFIX: &str = "x-acemq-";
+
     pub(crate) fn log(level: Level, text: &str) {
         with_state(|s| s.logs.push((level, text.to_owned())));
     }
 
     pub(crate) fn publish(msg: &Outgoing) -> Result<(), String> {
         with_state(|s| {
+            // The same checks, in the same order and words, as the host's
+            // `host_state.rs`; its output limits are not modelled.
             if let Some(allowed) = &s.host.publish_to
                 && !allowed.contains(&msg.exchange)
             {
+                let allowed: Vec<String> = allowed.iter().map(|e| format!("'{e}'")).collect();
                 return Err(format!(
-                    "exchange `{}` is not in this consumer's publish_to list",
-                    msg.exchange
+                    "publishing to exchange '{}' is not allowed for this consumer (publish_to = [{}])",
+                    msg.exchange,
+                    allowed.join(", ")
                 ));
             }
-            if let Some((name, _)) = msg.headers.iter().find(|(n, _)| n.starts_with("x-acemq-")) {
-                return Err(format!("header `{name}` is reserved"));
+            let reserved = msg.headers.iter().find(|(name, _)| {
+                name.get(..RESERVED_PREFIX.len())
+                    .is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_PREFIX))
+            });
+            if let Some((name, _)) = reserved {
+                return Err(format!(
+                    "header '{name}' is in the reserved '{RESERVED_PREFIX}' namespace, which belongs to AceMQ; \
+                     use a namespace of your own, such as x-yourcompany-"
+                ));
             }
             s.published.push(msg.clone());
             Ok(())
@@ -266,7 +280,7 @@ mod tests {
 
     #[test]
     fn reserved_headers_are_refused() {
-        let ran = TestHost::new().run(|| publish("ex", "rk").header("x-acemq-id", "1").send());
+        let ran = TestHost::new().run(|| publish("ex", "rk").header("X-AceMQ-Id", "1").send());
         assert!(ran.value.unwrap_err().reason().contains("reserved"));
         assert!(ran.published.is_empty());
     }

@@ -104,7 +104,7 @@ fn plan(config_path: PathBuf) -> ExitCode {
     };
     match Topology::from_config(&config.config) {
         Ok(topology) => {
-            print!("{}", topology::plan(&topology));
+            println!("{}", topology::plan(&topology));
             ExitCode::SUCCESS
         }
         Err(problems) => {
@@ -161,7 +161,10 @@ async fn stop_on_signals(shutdown: CancellationToken) {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 fn report(result: anyhow::Result<()>) -> ExitCode {

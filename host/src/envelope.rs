@@ -359,6 +359,10 @@ impl Envelope {
     /// unreadable headers take the contract's defaults (id <= `message-id`
     /// property <= new UUID v4; type <= routing key <= `message`;
     /// correlation <= id; version and attempt at least 1; first seen <= now).
+    ///
+    /// Known names are matched exactly as every library writes them; another
+    /// spelling of the prefix (`X-AceMQ-Id`) is not read, only dropped by
+    /// [`split_headers`].
     #[must_use]
     pub fn read(properties: &BasicProperties, routing_key: &str, now_ms: u64) -> Self {
         Self::from_headers(

@@ -277,20 +277,24 @@ impl RetryPolicy {
     }
 
     /// The delay before retry number `k + 1` (k from 0): `min(initial × m^k, max)`.
-    /// Saturates instead of overflowing, so a long uncapped ladder stays finite.
+    /// Exact in nanoseconds, saturating at `Duration::MAX` instead of
+    /// overflowing, so a long uncapped ladder stays finite.
     pub fn delay(&self, k: u32) -> Duration {
-        let grown = self
-            .multiplier
+        if self.initial.is_zero() {
+            return Duration::ZERO;
+        }
+        let grown = u128::from(self.multiplier)
             .checked_pow(k)
-            .and_then(|factor| self.initial.checked_mul(factor))
-            .unwrap_or(Duration::MAX);
+            .and_then(|factor| self.initial.as_nanos().checked_mul(factor))
+            .map_or(Duration::MAX, duration_from_nanos);
         match self.max {
             Some(max) => grown.min(max),
             None => grown,
         }
     }
 
-    /// Every scheduled delay in order: `max_attempts - 1` of them.
+    /// Every scheduled delay in order: `max_attempts - 1` of them (use
+    /// [`RetryPolicy::delay`] rather than this for a policy of huge attempts).
     pub fn schedule(&self) -> Vec<Duration> {
         (0..self.max_attempts.saturating_sub(1))
             .map(|k| self.delay(k))
@@ -306,9 +310,10 @@ impl RetryPolicy {
             if self.waits_in_broker(delay) && !rungs.contains(&delay) {
                 rungs.push(delay);
             }
-            // Once the ladder stops growing every later delay is this one, so a
-            // policy with millions of attempts costs no more than a short one.
-            if self.multiplier <= 1 || Some(delay) == self.max || delay == Duration::MAX {
+            // Once a step stops growing (capped, saturated, fixed or zero),
+            // every later delay is this one: a policy with millions of
+            // attempts costs no more than a short one.
+            if self.delay(k + 1) == delay {
                 break;
             }
         }
@@ -365,6 +370,15 @@ impl RetryPolicy {
             WaitPlace::Broker => delay,
         }
     }
+}
+
+/// `nanos` as a duration, or `Duration::MAX` when it is longer.
+fn duration_from_nanos(nanos: u128) -> Duration {
+    const NANOS_PER_SEC: u128 = 1_000_000_000;
+    u64::try_from(nanos / NANOS_PER_SEC).map_or(Duration::MAX, |secs| {
+        // The remainder is below a billion, so it fits.
+        Duration::new(secs, (nanos % NANOS_PER_SEC) as u32)
+    })
 }
 
 /// Access to the shared conformance fixture, read at test time from the
@@ -676,6 +690,20 @@ mod tests {
             ..RetryPolicy::exponential(u32::MAX, secs(1), secs(1))
         };
         assert_eq!(uncapped.delay(200), Duration::MAX);
+        // Exact well past 32 doublings of a millisecond (about 49.7 days).
+        let from_a_millisecond = RetryPolicy {
+            max: None,
+            ..RetryPolicy::exponential(64, ms(1), ms(1))
+        };
+        assert_eq!(from_a_millisecond.delay(32), ms(1 << 32));
+        assert_eq!(from_a_millisecond.delay(40), ms(1 << 40));
+        // Nothing doubled is still nothing, however long the ladder.
+        let from_zero = RetryPolicy {
+            max: None,
+            ..RetryPolicy::exponential(u32::MAX, Duration::ZERO, ms(1))
+        };
+        assert_eq!(from_zero.delay(500), Duration::ZERO);
+        assert!(from_zero.broker_rungs().is_empty());
         let capped = RetryPolicy::exponential(u32::MAX, secs(10), secs(300));
         assert_eq!(capped.delay(1_000_000), secs(300));
         assert_eq!(

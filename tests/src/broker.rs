@@ -73,7 +73,8 @@ impl Broker {
         ensure_installed(&bin_dir)?;
         let mut last_error = None;
         for attempt in 1..=START_ATTEMPTS {
-            match NodeProcess::start(&bin_dir, &next_node_name()) {
+            let may_retry = attempt < START_ATTEMPTS;
+            match NodeProcess::start(&bin_dir, &next_node_name(), may_retry) {
                 Ok(node) => {
                     let broker = Broker::from_node(bin_dir, node);
                     if let Err(error) = broker.wait_for_endpoints() {
@@ -86,10 +87,12 @@ impl Broker {
                     }
                     return Ok(broker);
                 }
-                Err(failure) if failure.port_in_use && attempt < START_ATTEMPTS => {
+                Err(failure) if failure.port_in_use && may_retry => {
+                    let summary = failure.error.to_string();
                     eprintln!(
-                        "acemq-tests: a port was taken before the node bound it; retrying \
-                         with new ports (attempt {attempt} of {START_ATTEMPTS})"
+                        "acemq-tests: start attempt {attempt} of {START_ATTEMPTS} hit a taken \
+                         port, retrying: {}",
+                        summary.lines().next().unwrap_or_default()
                     );
                     last_error = Some(failure.error);
                 }
@@ -383,10 +386,7 @@ fn split_userinfo(url: &str) -> (String, Option<&str>) {
     };
     let authority_end = rest.find('/').unwrap_or(rest.len());
     match rest[..authority_end].rfind('@') {
-        Some(at) => (
-            format!("{scheme}://{}", &rest[at + 1..]),
-            Some(&rest[..at]),
-        ),
+        Some(at) => (format!("{scheme}://{}", &rest[at + 1..]), Some(&rest[..at])),
         None => (url.to_owned(), None),
     }
 }

@@ -31,7 +31,7 @@ async fn declare_queue(broker: &Broker, name: &str, arguments: FieldTable) -> Re
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn broker_starts_and_answers_on_every_interface() -> Result<()> {
+async fn broker_answers_on_amqp_management_and_cli() -> Result<()> {
     let broker = shared_broker();
 
     let overview = broker.management_get("/api/overview")?;
@@ -43,7 +43,11 @@ async fn broker_starts_and_answers_on_every_interface() -> Result<()> {
         assert_eq!(overview["rabbitmq_version"], "3.10.8");
         let node = broker.node_name().expect("own node has a name");
         assert!(node.starts_with("acemq-test-"), "{node}");
-        assert!(broker.amqp_url().starts_with("amqp://guest:guest@127.0.0.1:"));
+        assert!(
+            broker
+                .amqp_url()
+                .starts_with("amqp://guest:guest@127.0.0.1:")
+        );
         // The CLI reaches the node with the node's cookie.
         let status = broker.rabbitmqctl(&["-q", "list_feature_flags", "name", "state"])?;
         assert!(status.contains("quorum_queue"), "{status}");
@@ -130,7 +134,10 @@ async fn publish_count_and_drain_round_trip() -> Result<()> {
     for (i, message) in (0i64..).zip(&messages) {
         assert_eq!(message.body_str(), format!(r#"{{"n":{i}}}"#));
         assert_eq!(message.content_type.as_deref(), Some("application/json"));
-        assert_eq!(message.message_id.as_deref(), Some(format!("m-{i}").as_str()));
+        assert_eq!(
+            message.message_id.as_deref(),
+            Some(format!("m-{i}").as_str())
+        );
         assert_eq!(message.routing_key, queue);
         assert_eq!(message.exchange, "");
         assert!(!message.redelivered);
@@ -268,14 +275,19 @@ async fn own_broker_stops_cleanly() -> Result<()> {
         return Ok(()); // external-broker runs start nothing
     }
     let broker = Broker::start()?;
-    let dir = broker.data_dir().expect("own node has a directory").to_owned();
+    let dir = broker
+        .data_dir()
+        .expect("own node has a directory")
+        .to_owned();
     assert!(dir.join("rabbitmq.conf").exists());
     let url = broker.amqp_url().to_owned();
     assert_ne!(url, shared_broker().amqp_url());
 
     let queue = unique_name("harness.own");
     declare_queue(&broker, &queue, FieldTable::default()).await?;
-    broker.publish("", &queue, b"x", BasicProperties::default()).await?;
+    broker
+        .publish("", &queue, b"x", BasicProperties::default())
+        .await?;
     assert_eq!(broker.message_count(&queue).await?, 1);
 
     broker.stop()?;

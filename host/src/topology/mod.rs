@@ -7,8 +7,8 @@
 //! * [`model`]: declarations as plain data, the exact argument tables sent;
 //! * [`build`]: config to declarations (topology half and consumer half);
 //! * [`validate`]: the problem list and every refusal's wording;
-//! * [`plan`]: the dry-run text;
-//! * [`apply`]: the only part that talks to the broker.
+//! * [`plan`](mod@plan): the dry-run text;
+//! * [`apply`](mod@apply): the only part that talks to the broker.
 
 pub mod apply;
 pub mod build;

@@ -66,7 +66,7 @@ pub fn max_age_argument(age: Duration) -> String {
 fn largest_exact_unit(seconds: u64, units: &[(u64, &str)]) -> String {
     let (size, unit) = units
         .iter()
-        .find(|(size, _)| seconds != 0 && seconds % size == 0)
+        .find(|(size, _)| seconds != 0 && seconds.is_multiple_of(*size))
         .unwrap_or(&units[units.len() - 1]);
     format!("{}{unit}", seconds / size)
 }

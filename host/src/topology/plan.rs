@@ -8,7 +8,7 @@ use super::model::{
 };
 
 /// The plan: a header, then one `declare ...` line per declaration in the
-/// order [`super::apply`] sends them. Lines end with a marker when a
+/// order [`super::apply::apply`] sends them. Lines end with a marker when a
 /// consumer (rather than the topology alone) declares the thing.
 pub fn plan(topology: &Topology) -> String {
     let mut text = format!(

@@ -7,6 +7,7 @@
 //! contract gives one, with their option names replaced by this host's
 //! config keys.
 
+use std::collections::HashSet;
 use std::fmt;
 
 use super::model::{ArgValue, Arguments, BindingDecl, DeclaredBy, QueueType, Topology};
@@ -168,6 +169,10 @@ pub(crate) fn undefined_policy(who: &str, policy: &str) -> String {
     )
 }
 
+pub(crate) fn blank_dead_letter_exchange() -> String {
+    "acemq: [topology] dead_letter_exchange is empty; leave it out to use acemq.dlx".to_string()
+}
+
 pub(crate) fn consumer_without_queue() -> String {
     "acemq: a consumer in the config names no queue".to_string()
 }
@@ -183,7 +188,13 @@ pub(crate) fn rung_without_name(policy: &str, error: &str) -> String {
 ///
 /// Bindings only a consumer declares are not resolved: a consumer's home
 /// binding names its source queue, which may belong to another service.
-pub(crate) fn check_finished(topology: &Topology, problems: &mut Problems) {
+/// Nor are references to `refused` `(what, name)`s, listed in the config
+/// but left out for a problem already reported.
+pub(crate) fn check_finished(
+    topology: &Topology,
+    refused: &HashSet<(&'static str, &str)>,
+    problems: &mut Problems,
+) {
     for e in &topology.exchanges {
         check_name("exchange", &e.name, problems);
         check_argument_names("exchange", &e.name, &e.arguments, problems);
@@ -199,13 +210,16 @@ pub(crate) fn check_finished(topology: &Topology, problems: &mut Problems) {
                 problems.push(format!(
                     "acemq: binding {shown} names the default exchange, which cannot be bound to"
                 ));
-            } else if topology.exchange(&b.exchange).is_none() {
+            } else if topology.exchange(&b.exchange).is_none()
+                && !refused.contains(&("exchange", b.exchange.as_str()))
+            {
                 problems.push(format!(
                     "acemq: binding {shown} names exchange '{}', which this topology does not declare",
                     b.exchange
                 ));
             }
-            if topology.queue(&b.queue).is_none() {
+            if topology.queue(&b.queue).is_none() && !refused.contains(&("queue", b.queue.as_str()))
+            {
                 problems.push(format!(
                     "acemq: binding {shown} names queue '{}', which this topology does not declare",
                     b.queue
@@ -272,6 +286,12 @@ fn listed(items: &[&str]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use crate::topology::build::tests::build;
+
+    fn problems(text: &str) -> Vec<String> {
+        build(text).expect_err("should be refused").0
+    }
 
     #[test]
     fn problems_display_one_per_indented_line() {
@@ -302,5 +322,222 @@ mod tests {
             no_name("exchange"),
             "acemq: an exchange in the topology has no name"
         );
+    }
+
+    #[test]
+    fn each_problem_is_worded_for_the_operator() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "[[queues]]\nname = \"\"",
+                "acemq: a queue in the topology has no name",
+            ),
+            (
+                "[[exchanges]]\nkind = \"topic\"",
+                "acemq: an exchange in the topology has no name",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\n[[queues]]\nname = \"q\"",
+                "acemq: the topology declares queue 'q' twice",
+            ),
+            (
+                "[[exchanges]]\nname = \"e\"\nkind = \"topic\"\n[[exchanges]]\nname = \"e\"\nkind = \"topic\"",
+                "acemq: the topology declares exchange 'e' twice",
+            ),
+            (
+                "[[exchanges]]\nname = \"e\"",
+                "acemq: exchange 'e' has no kind (direct, topic, fanout or headers)",
+            ),
+            (
+                "[[exchanges]]\nname = \"e\"\nkind = \"x-delayed-message\"",
+                "acemq: exchange 'e' has kind 'x-delayed-message', which is not one of direct, topic, fanout or headers",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\n[[bindings]]\nqueue = \"q\"\nexchange = \"missing\"\nrouting_key = \"k\"",
+                "acemq: binding missing -> q (k) names exchange 'missing', which this topology does not declare",
+            ),
+            (
+                "[[exchanges]]\nname = \"e\"\nkind = \"topic\"\n[[bindings]]\nqueue = \"missing\"\nexchange = \"e\"\nrouting_key = \"k\"",
+                "acemq: binding e -> missing (k) names queue 'missing', which this topology does not declare",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\n[[bindings]]\nqueue = \"q\"\nexchange = \"\"\nrouting_key = \"q\"",
+                "acemq: binding  -> q (q) names the default exchange, which cannot be bound to",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\ntype = \"quorum\"\nexclusive = true",
+                "acemq: queue 'q' asks for quorum and also exclusive; a quorum queue belongs to the broker rather than to a connection, so it can be none of those",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\narguments = { x-queue-type = \"quorum\" }\nauto_delete = true\ndurable = false",
+                "acemq: queue 'q' asks for quorum and also auto_delete and durable = false; a quorum queue belongs to the broker rather than to a connection, so it can be none of those",
+            ),
+            (
+                "[[queues]]\nname = \"s\"\ntype = \"stream\"\nexclusive = true",
+                "acemq: queue 's' asks for a stream and also exclusive; a stream belongs to the broker rather than to a connection, so it can be none of those",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\ntype = \"quorum\"\narguments = { x-queue-type = \"stream\" }",
+                "acemq: queue 'q' sets x-queue-type='stream' and also type = \"quorum\"; pick one",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\ntype = \"lazy\"",
+                "acemq: queue 'q' asks for type = \"lazy\", which is not quorum, classic or stream",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\narguments = { x-queue-type = 1 }",
+                "acemq: queue 'q' asks for x-queue-type=1, which is not quorum, classic or stream",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\ndead_letter = true\narguments = { x-dead-letter-exchange = \"mine\" }",
+                "acemq: queue 'q' asks for dead_letter = true and also sets x-dead-letter-exchange; pick one",
+            ),
+            (
+                "[[queues]]\nname = \"s\"\ntype = \"stream\"\ndead_letter = true",
+                "acemq: queue 's' is a stream and asks for dead_letter = true;",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\nmax_age = \"1day\"",
+                "acemq: queue 'q' sets max_age, which only applies to a stream (type = \"stream\")",
+            ),
+            (
+                "[[queues]]\nname = \"s\"\ntype = \"stream\"\nmax_age = \"1h\"\narguments = { x-max-age = \"2h\" }",
+                "acemq: queue 's' sets x-max-age in arguments and also max_age; pick one",
+            ),
+            (
+                "[[queues]]\nname = \"s\"\ntype = \"stream\"\nmax_age = \"500ms\"",
+                "acemq: queue 's' has a max_age under one second",
+            ),
+            (
+                "[retry.r]\nkind = \"fixed\"\nattempts = 3\ninitial = \"1m\"\n[[queues]]\nname = \"s\"\ntype = \"stream\"\nretry = \"r\"",
+                "acemq: stream 's' is given retry policy 'r'; a stream never removes a message",
+            ),
+            (
+                "[retry.r]\nkind = \"fixed\"\nattempts = 3\ninitial = \"1s\"\n[[queues]]\nname = \"s\"\ntype = \"stream\"\n[[consumers]]\nqueue = \"s\"\nplugin = \"p.wasm\"\nretry = \"r\"",
+                "acemq: stream 's' is given retry policy 'r';",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\nretry = \"nope\"",
+                "acemq: queue 'q' names retry policy 'nope', which is not defined (add [retry.nope])",
+            ),
+            (
+                "[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nretry = \"nope\"",
+                "acemq: the consumer of 'q' names retry policy 'nope', which is not defined (add [retry.nope])",
+            ),
+            (
+                "[[consumers]]\nqueue = \" \"\nplugin = \"p.wasm\"",
+                "acemq: a consumer in the config names no queue",
+            ),
+            (
+                "[retry.fast]\nkind = \"fixed\"\nattempts = 0\ninitial = \"1s\"",
+                "[retry.fast] attempts: must be at least 1",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\narguments = { when = 2026-01-01T00:00:00Z }",
+                "acemq: queue 'q' has an unusable argument when: the date-time",
+            ),
+            (
+                "[[exchanges]]\nname = \"amq.mine\"\nkind = \"topic\"",
+                "acemq: exchange 'amq.mine' cannot be declared: the broker reserves names starting with 'amq.'",
+            ),
+            (
+                "[topology]\ndead_letter_exchange = \"\"",
+                "acemq: [topology] dead_letter_exchange is empty",
+            ),
+            (
+                "[[exchanges]]\nname = \"acemq.dlx\"\nkind = \"topic\"\n[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"",
+                "acemq: exchange 'acemq.dlx' is declared twice with different settings, (topic, durable) and (direct, durable);",
+            ),
+            (
+                "[[queues]]\nname = \"q.dlq\"\n[[queues]]\nname = \"q\"\ndead_letter = true",
+                "acemq: queue 'q.dlq' is declared twice with different settings, (quorum, durable, x-queue-type='quorum') and (classic, durable);",
+            ),
+        ];
+        for (config, expected) in cases {
+            let found = problems(config);
+            assert_eq!(found.len(), 1, "{config}\n{found:#?}");
+            assert!(
+                found[0].starts_with(expected),
+                "{config}\ngot:  {}\nwant: {expected}",
+                found[0]
+            );
+        }
+    }
+
+    #[test]
+    fn long_names_are_refused_before_they_reach_the_broker() {
+        let long = "q".repeat(250);
+        let found = problems(&format!(
+            "[[queues]]\nname = \"{long}\"\ndead_letter = true\n"
+        ));
+        // The queue and its .dlq fit; the parked queue (and the routing key
+        // binding it, its own name) are 257 bytes.
+        assert_eq!(found.len(), 2, "{found:#?}");
+        assert!(found[0].contains(".parked' has a name of 257 bytes; AMQP allows at most 255"));
+        assert!(found[1].contains("has a routing key of 257 bytes"));
+    }
+
+    #[test]
+    fn sizes_beyond_a_signed_long_are_refused() {
+        // TOML integers are signed, so only a config built in code gets here.
+        let mut config: Config =
+            toml::from_str("[[queues]]\nname = \"s\"\ntype = \"stream\"\n").unwrap();
+        config.queues[0].max_length_bytes = Some(u64::MAX);
+        let found = Topology::from_config(&config).unwrap_err().0;
+        assert_eq!(
+            found,
+            [
+                "acemq: queue 's' sets max_length_bytes = 18446744073709551615, more than the signed 64-bit integer AMQP sends it as"
+            ]
+        );
+    }
+
+    #[test]
+    fn all_problems_are_reported_together() {
+        let error = build(
+            r#"
+            [retry.bad]
+            kind = "fixed"
+            attempts = 3
+            initial = "1s"
+            jitter = 2.0
+
+            [[exchanges]]
+            name = "orders"
+
+            [[exchanges]]
+            name = ""
+            kind = "topic"
+
+            [[queues]]
+            name = "orders.new"
+            type = "quorum"
+            exclusive = true
+
+            [[queues]]
+            name = "orders.new"
+
+            [[bindings]]
+            queue = "orders.new"
+            exchange = "nowhere"
+            routing_key = "order.*"
+            "#,
+        )
+        .unwrap_err();
+        let expected = [
+            "[retry.bad] jitter: 2 is outside [0, 1]; it is the fraction by which a wait held in the consumer may be shortened or lengthened",
+            "acemq: exchange 'orders' has no kind (direct, topic, fanout or headers)",
+            "acemq: an exchange in the topology has no name",
+            "acemq: queue 'orders.new' asks for quorum and also exclusive; a quorum queue belongs to the broker rather than to a connection, so it can be none of those",
+            "acemq: the topology declares queue 'orders.new' twice",
+            // Only the exchange nothing declares: the queue's own problem is reported above.
+            "acemq: binding nowhere -> orders.new (order.*) names exchange 'nowhere', which this topology does not declare",
+        ];
+        assert_eq!(error.0, expected);
+        let text = error.to_string();
+        assert!(
+            text.starts_with("this topology cannot be applied:\n  [retry.bad] jitter"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), expected.len() + 1);
     }
 }

@@ -157,7 +157,10 @@ mod tests {
             assert!(done.published.is_empty());
             assert_eq!(
                 done.logs,
-                [(Level::Warn, format!("reject: {}", done.outcome.reason().unwrap()))]
+                [(
+                    Level::Warn,
+                    format!("reject: {}", done.outcome.reason().unwrap())
+                )]
             );
         }
     }

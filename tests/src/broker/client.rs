@@ -312,7 +312,9 @@ impl Broker {
         ))?;
         match value {
             Value::Array(bindings) => Ok(bindings),
-            other => Err(anyhow!("bindings of {queue:?}: expected an array, got {other}")),
+            other => Err(anyhow!(
+                "bindings of {queue:?}: expected an array, got {other}"
+            )),
         }
     }
 
@@ -438,5 +440,7 @@ fn check_confirmation(confirmation: Confirmation, exchange: &str, routing_key: &
 
 /// Closes a helper's connection; a failure only means it is gone already.
 async fn close(connection: &Connection) {
-    let _ = connection.close(200, "acemq-tests helper done".into()).await;
+    let _ = connection
+        .close(200, "acemq-tests helper done".into())
+        .await;
 }

@@ -1,0 +1,194 @@
+//! Running acemq-host in tests: as a real process (for signals and exit
+//! codes) or in-process (for its metrics), always with real plugins built by
+//! `scripts/build-plugins`.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use tokio_util::sync::CancellationToken;
+
+use acemq_host::app;
+use acemq_host::config::LoadedConfig;
+use acemq_host::telemetry::Metrics;
+
+/// The workspace's root folder.
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Path of a plugin component built by `scripts/build-plugins`.
+pub fn plugin_path(name: &str) -> PathBuf {
+    let path = workspace_root().join("target/plugins").join(format!("{name}.wasm"));
+    assert!(
+        path.exists(),
+        "{} is missing: build the plugins first with scripts/build-plugins (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// The `acemq-host` binary built in the dev profile (by `scripts/build-plugins`).
+pub fn host_binary() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let path = target.join("debug/acemq-host");
+    assert!(
+        path.exists(),
+        "{} is missing: build it with `cargo build -p acemq-host` (scripts/build-plugins does)",
+        path.display()
+    );
+    path
+}
+
+/// An `acemq-host run` child process with its config in a temporary folder.
+pub struct HostProcess {
+    child: Child,
+    /// Every line the host wrote to stderr so far.
+    log: Arc<Mutex<Vec<String>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl HostProcess {
+    /// Writes `config` to a file and starts `acemq-host run` on it; returns
+    /// once it logged `consuming` for `consumers` consumers.
+    pub fn start(config: &str, consumers: usize) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("host.toml");
+        std::fs::write(&path, config)?;
+        let mut child = Command::new(host_binary())
+            .args(["run", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .env_remove("ACEMQ_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("cannot start acemq-host")?;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().expect("log poisoned").push(line);
+            }
+        });
+        let mut host = Self { child, log, _dir: dir };
+        host.wait_for_log("consuming", consumers, Duration::from_secs(60))?;
+        Ok(host)
+    }
+
+    /// Waits until `needle` appeared on `count` lines of the host's log.
+    pub fn wait_for_log(&mut self, needle: &str, count: usize, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.log_lines().iter().filter(|l| l.contains(needle)).count() >= count {
+                return Ok(());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!("acemq-host exited ({status}) before logging {needle:?}:\n{}", self.log_text());
+            }
+            if Instant::now() > deadline {
+                bail!("acemq-host did not log {needle:?} within {timeout:?}:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().expect("log poisoned").clone()
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log_lines().join("\n")
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub fn terminate(mut self, timeout: Duration) -> Result<ExitStatus> {
+        let pid = libc::pid_t::try_from(self.child.id())?;
+        // SAFETY: plain kill(2) on our own child's pid.
+        if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+            bail!("cannot signal acemq-host: {}", std::io::Error::last_os_error());
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                // Give the reader thread a moment to collect the last lines.
+                std::thread::sleep(Duration::from_millis(50));
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                bail!("acemq-host did not exit within {timeout:?} of SIGTERM:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The host running inside the test process, for access to its metrics.
+pub struct InProcessHost {
+    pub metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl InProcessHost {
+    /// Prepares (config, topology, plugins) and starts the host on the
+    /// current tokio runtime; returns once its topology is applied and its
+    /// consumers are subscribed.
+    pub async fn start(config: &str) -> Result<Self> {
+        let loaded = LoadedConfig::parse(Path::new("test-host.toml"), config.to_string())
+            .map_err(|e| anyhow!("{e}"))?;
+        let consumers = loaded.config.consumers.iter().map(|c| c.queue.get_ref().clone()).collect::<Vec<_>>();
+        let prepared = tokio::task::spawn_blocking(move || app::prepare(loaded)).await??;
+        let metrics = Arc::new(Metrics::new());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(app::run(prepared, shutdown.clone(), metrics.clone()));
+        let host = Self { metrics, shutdown, task };
+        host.wait_until_consuming(&consumers).await?;
+        Ok(host)
+    }
+
+    async fn wait_until_consuming(&self, queues: &[String]) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let broker = crate::shared_broker();
+        for queue in queues {
+            loop {
+                if self.task.is_finished() {
+                    bail!("the host stopped before it consumed from {queue}");
+                }
+                let info = broker.queue_info(queue).unwrap_or_default();
+                if info["consumers"].as_u64().unwrap_or(0) > 0 {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("the host did not start consuming from {queue} within 30 s");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Shuts the host down as SIGTERM would and waits for it.
+    pub async fn stop(self) -> Result<()> {
+        self.shutdown.cancel();
+        self.task.await?
+    }
+}

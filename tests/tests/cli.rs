@@ -1,0 +1,163 @@
+//! Bad input at the command line: every refusal names what was wrong and
+//! exits non-zero before anything is consumed.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use acemq_tests::host::{host_binary, plugin_path, workspace_root};
+
+fn acemq_host(args: &[&str], config: Option<&str>) -> (Output, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new(host_binary());
+    command.args(args).env_remove("ACEMQ_URL").env("RUST_LOG", "info");
+    if let Some(config) = config {
+        let path = dir.path().join("host.toml");
+        std::fs::write(&path, config).unwrap();
+        command.arg("--config").arg(&path);
+    }
+    (command.output().unwrap(), dir)
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn consumer_config(plugin: &Path) -> String {
+    format!(
+        "[broker]\nurl = \"amqp://guest:guest@127.0.0.1:1/%2f\"\n\n[[consumers]]\nqueue = \"q\"\nplugin = \"{}\"\n",
+        plugin.display()
+    )
+}
+
+#[test]
+fn a_malformed_config_names_the_file_line_and_key() {
+    let (output, _dir) = acemq_host(&["validate"], Some("[broker]\nurl = \"amqp://x\"\n\n[host]\ndrain_timeot = \"5s\"\n"));
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains("host.toml:5:"), "{err}");
+    assert!(err.contains("drain_timeot"), "{err}");
+}
+
+#[test]
+fn a_missing_config_file_is_named() {
+    let output = Command::new(host_binary())
+        .args(["run", "--config", "/nonexistent/acemq.toml"])
+        .output()
+        .unwrap();
+    let err = stderr(&output);
+    assert_ne!(output.status.code(), Some(0));
+    assert!(err.contains("/nonexistent/acemq.toml") && err.contains("cannot read"), "{err}");
+}
+
+#[test]
+fn a_missing_plugin_file_is_refused_before_connecting() {
+    let (output, _dir) = acemq_host(&["run"], Some(&consumer_config(Path::new("/nonexistent/p.wasm"))));
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains("/nonexistent/p.wasm") && err.contains("cannot read it"), "{err}");
+    assert!(!err.contains("connect"), "it must not have tried the broker: {err}");
+}
+
+#[test]
+fn garbage_a_core_module_and_a_wrong_world_are_each_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.wasm");
+    std::fs::write(&garbage, b"this is not wasm").unwrap();
+    let core = dir.path().join("core.wasm");
+    // The smallest valid core module: magic and version.
+    std::fs::write(&core, [0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00]).unwrap();
+    let codec = plugin_path("msgpack-codec");
+
+    for (plugin, expected) in [
+        (&garbage, "is not a WebAssembly component"),
+        (&core, "is a core WebAssembly module, not a component"),
+        (&codec, "does not export the handler world"),
+    ] {
+        let (output, _dir) = acemq_host(&["validate"], Some(&consumer_config(plugin)));
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{err}");
+        assert!(err.contains(&plugin.display().to_string()), "{err}");
+        assert!(err.contains(expected), "expected {expected:?} in: {err}");
+    }
+}
+
+#[test]
+fn an_unreachable_broker_is_retried_then_gives_up_without_showing_the_password() {
+    let config = format!(
+        "[broker]\nurl = \"amqp://guest:s3cret@127.0.0.1:1/%2f\"\nconnect_timeout = \"2s\"\n\n[[consumers]]\nqueue = \"q\"\nplugin = \"{}\"\n",
+        plugin_path("echo").display()
+    );
+    let started = Instant::now();
+    let (output, _dir) = acemq_host(&["run"], Some(&config));
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(started.elapsed() >= Duration::from_secs(1), "it gave up without retrying");
+    assert!(err.contains("cannot reach the broker yet"), "{err}");
+    assert!(err.contains("could not connect to the broker at amqp://guest:***@127.0.0.1:1/%2f"), "{err}");
+    assert!(!err.contains("s3cret"), "the password leaked: {err}");
+}
+
+#[test]
+fn plan_prints_every_declaration_of_the_example_config() {
+    let example = workspace_root().join("host/examples/orders.toml");
+    let output = Command::new(host_binary())
+        .args(["plan", "--config"])
+        .arg(&example)
+        .output()
+        .unwrap();
+    let plan = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", stderr(&output));
+    for line in [
+        "declare exchange orders (topic, durable)",
+        "declare queue orders.new (quorum, durable, x-dead-letter-exchange='acemq.dlx', x-dead-letter-routing-key='orders.new.dlq', x-queue-type='quorum')",
+        "declare queue orders.new.dlq (classic, durable)",
+        "declare queue orders.new.parked (classic, durable)",
+        "declare binding orders.new (from orders on order.*)",
+    ] {
+        assert!(plan.contains(line), "missing {line:?} in:\n{plan}");
+    }
+}
+
+#[test]
+fn plan_reports_every_problem_of_an_invalid_topology() {
+    let config = r#"
+[[exchanges]]
+name = "events"
+
+[[queues]]
+name = "a"
+
+[[queues]]
+name = "a"
+
+[[bindings]]
+queue = "missing"
+exchange = "events"
+routing_key = "x"
+"#;
+    let (output, _dir) = acemq_host(&["plan"], Some(config));
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), stderr(&output));
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    for problem in [
+        "exchange 'events' has no kind",
+        "declares queue 'a' twice",
+        "names queue 'missing', which this topology does not declare",
+    ] {
+        assert!(text.contains(problem), "missing {problem:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn inspect_describes_a_plugin() {
+    let output = Command::new(host_binary())
+        .args(["plugin", "inspect"])
+        .arg(plugin_path("order-router"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(text.contains("world:   acemq:plugin/handler-plugin@0.1.0"), "{text}");
+    assert!(text.contains("exports: acemq:plugin/handler@0.1.0"), "{text}");
+    assert!(text.contains("sha256:  "), "{text}");
+}

@@ -1,0 +1,223 @@
+//! The walking skeleton end to end: the order-router plugin in the host,
+//! against a real RabbitMQ.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use acemq_tests::host::{HostProcess, plugin_path};
+use acemq_tests::{shared_broker, unique_name};
+use lapin::BasicProperties;
+use lapin::types::AMQPValue;
+
+/// Names of one test's topology, unique so tests can share the broker.
+struct Names {
+    orders_exchange: String,
+    events_exchange: String,
+    orders_queue: String,
+    accepted_queue: String,
+}
+
+impl Names {
+    fn new() -> Self {
+        Self {
+            orders_exchange: unique_name("orders"),
+            events_exchange: unique_name("orders.events"),
+            orders_queue: unique_name("orders.new"),
+            accepted_queue: unique_name("orders.accepted"),
+        }
+    }
+
+    fn config(&self, extra: &str) -> String {
+        format!(
+            r#"
+[broker]
+url = "{url}"
+connect_timeout = "10s"
+
+[[exchanges]]
+name = "{orders}"
+kind = "topic"
+
+[[exchanges]]
+name = "{events}"
+kind = "topic"
+
+[[queues]]
+name = "{orders_q}"
+dead_letter = true
+
+[[queues]]
+name = "{accepted_q}"
+
+[[bindings]]
+queue = "{orders_q}"
+exchange = "{orders}"
+routing_key = "order.*"
+
+[[bindings]]
+queue = "{accepted_q}"
+exchange = "{events}"
+routing_key = "order.accepted"
+
+[[consumers]]
+queue = "{orders_q}"
+plugin = "{plugin}"
+publish_to = ["{events}"]
+{extra}
+
+[consumers.config]
+events_exchange = "{events}"
+"#,
+            url = shared_broker().amqp_url(),
+            orders = self.orders_exchange,
+            events = self.events_exchange,
+            orders_q = self.orders_queue,
+            accepted_q = self.accepted_queue,
+            plugin = plugin_path("order-router").display(),
+        )
+    }
+}
+
+fn json_properties() -> BasicProperties {
+    BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+}
+
+fn text(value: Option<&AMQPValue>) -> Option<String> {
+    match value? {
+        AMQPValue::LongString(s) => Some(s.to_string()),
+        AMQPValue::ShortString(s) => Some(s.to_string()),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_valid_order_produces_an_event_and_an_invalid_one_is_dead_lettered_with_its_reason() {
+    let broker = shared_broker();
+    let names = Names::new();
+    let host = HostProcess::start(&names.config(""), 1).expect("host starts");
+
+    broker
+        .publish(
+            &names.orders_exchange,
+            "order.created",
+            br#"{"id":"o-1","customer":"ada","total":12.5}"#,
+            json_properties().with_message_id("input-1".into()),
+        )
+        .await
+        .unwrap();
+    broker
+        .publish(
+            &names.orders_exchange,
+            "order.created",
+            br#"{"id":"o-2","customer":"bob"}"#,
+            json_properties().with_message_id("input-2".into()),
+        )
+        .await
+        .unwrap();
+
+    let events = broker
+        .drain(&names.accepted_queue, 1, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(events.len(), 1, "host log:\n{}", host.log_text());
+    let event: serde_json::Value = serde_json::from_slice(&events[0].body).unwrap();
+    assert_eq!(event["id"], "o-1");
+    assert_eq!(event["customer"], "ada");
+    assert_eq!(events[0].routing_key, "order.accepted");
+    // A new AceMQ message caused by the input: its own id, the input as cause.
+    assert_eq!(text(events[0].header("x-acemq-causation")).as_deref(), Some("input-1"));
+    assert_eq!(text(events[0].header("x-acemq-type")).as_deref(), Some("order.accepted"));
+    assert_eq!(events[0].message_id, text(events[0].header("x-acemq-id")));
+
+    let dlq = format!("{}.dlq", names.orders_queue);
+    let dead = broker.drain(&dlq, 1, Duration::from_secs(20)).await.unwrap();
+    assert_eq!(dead.len(), 1, "host log:\n{}", host.log_text());
+    assert_eq!(dead[0].body_str(), r#"{"id":"o-2","customer":"bob"}"#);
+    assert_eq!(dead[0].message_id.as_deref(), Some("input-2"));
+    let reason = text(dead[0].header("x-acemq-error")).expect("x-acemq-error is set");
+    assert!(
+        reason.starts_with("the handler rejected it: ") && reason.contains("missing field `total`"),
+        "{reason}"
+    );
+
+    // Nothing is left behind, nothing was published twice.
+    assert_eq!(broker.message_count(&names.orders_queue).await.unwrap(), 0);
+    assert_eq!(broker.message_count(&names.accepted_queue).await.unwrap(), 0);
+    let status = host.terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_with_messages_in_flight_loses_nothing() {
+    const ORDERS: usize = 2000;
+    let broker = shared_broker();
+    let names = Names::new();
+    let config = names.config("prefetch = 50\nconcurrency = 2");
+
+    // Declare everything and stop, so the orders wait in the queue.
+    let host = HostProcess::start(&config, 1).expect("host starts");
+    host.terminate(Duration::from_secs(30)).unwrap();
+
+    // Every third order is invalid, so both the event path and the
+    // dead-letter path are in flight when the signal comes.
+    let orders: Vec<(Vec<u8>, BasicProperties)> = (0..ORDERS)
+        .map(|i| {
+            let body = if i % 3 == 0 {
+                format!(r#"{{"id":"o-{i}","customer":"c"}}"#)
+            } else {
+                format!(r#"{{"id":"o-{i}","customer":"c","total":{}}}"#, i + 1)
+            };
+            (body.into_bytes(), json_properties())
+        })
+        .collect();
+    broker
+        .publish_many(&names.orders_exchange, "order.created", orders)
+        .await
+        .unwrap();
+
+    let host = HostProcess::start(&config, 1).expect("host starts");
+    broker
+        .wait_for_message_count(&names.accepted_queue, 100, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let status = host.terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "exit after SIGTERM: {status}");
+    let left = broker.message_count(&names.orders_queue).await.unwrap() as usize;
+    assert!(left > 0, "the signal came after everything was handled; the test proves nothing");
+
+    // A second run finishes the rest.
+    let host = HostProcess::start(&config, 1).expect("host restarts");
+    let dlq = format!("{}.dlq", names.orders_queue);
+    let invalid = ORDERS.div_ceil(3);
+    broker
+        .wait_for_message_count(&names.accepted_queue, (ORDERS - invalid) as u32, Duration::from_secs(60))
+        .await
+        .unwrap();
+    broker
+        .wait_for_message_count(&dlq, invalid as u32, Duration::from_secs(60))
+        .await
+        .unwrap();
+    host.terminate(Duration::from_secs(30)).unwrap();
+
+    // Every order ended in exactly one place, exactly once.
+    let events = broker
+        .drain(&names.accepted_queue, ORDERS, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let dead = broker.drain(&dlq, ORDERS, Duration::from_secs(10)).await.unwrap();
+    let mut seen = BTreeSet::new();
+    for event in &events {
+        let v: serde_json::Value = serde_json::from_slice(&event.body).unwrap();
+        assert!(seen.insert(v["id"].as_str().unwrap().to_string()), "duplicate event {v}");
+    }
+    for message in &dead {
+        let v: serde_json::Value = serde_json::from_slice(&message.body).unwrap();
+        assert!(seen.insert(v["id"].as_str().unwrap().to_string()), "duplicate dead letter {v}");
+    }
+    assert_eq!(events.len(), ORDERS - invalid);
+    assert_eq!(dead.len(), invalid);
+    assert_eq!(seen.len(), ORDERS, "lost: {}", ORDERS - seen.len());
+    assert_eq!(broker.message_count(&names.orders_queue).await.unwrap(), 0);
+}
