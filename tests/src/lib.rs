@@ -16,5 +16,6 @@
 //! ```
 
 pub mod broker;
+pub mod host;
 
 pub use broker::{Broker, ReceivedMessage, shared_broker, unique_name};
