@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use acemq_host::config::Isolation;
 use acemq_host::dispatch::{self, DeliveryFacts};
 use acemq_host::envelope::{self, Envelope};
-use acemq_host::plugin::{ConsumerContext, EngineSettings, HandlerVersion, Input, Limits, PluginEngine};
+use acemq_host::plugin::{
+    ConsumerContext, EngineSettings, HandlerVersion, Input, Limits, PluginEngine,
+};
 use acemq_host::retry::RetryPolicy;
 use criterion::{Criterion, criterion_group, criterion_main};
 use lapin::BasicProperties;
@@ -45,11 +47,17 @@ fn version(engine: &PluginEngine, isolation: Isolation) -> Arc<HandlerVersion> {
 /// A delivery as the broker would hand it over: an AceMQ envelope and a
 /// trace header, 1 KB of body.
 fn delivery() -> (BasicProperties, Vec<u8>) {
-    let envelope = Envelope::new("order.created", envelope::default_origin(), 1_700_000_000_000);
+    let envelope = Envelope::new(
+        "order.created",
+        envelope::default_origin(),
+        1_700_000_000_000,
+    );
     let mut app = FieldTable::default();
     app.insert(
         "traceparent".into(),
-        AMQPValue::LongString(LongString::from("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")),
+        AMQPValue::LongString(LongString::from(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )),
     );
     let properties = BasicProperties::default()
         .with_content_type("application/json".into())
@@ -57,7 +65,12 @@ fn delivery() -> (BasicProperties, Vec<u8>) {
     (properties, vec![b'x'; 1024])
 }
 
-fn dispatch_one(version: &HandlerVersion, properties: &BasicProperties, body: &[u8], policy: &RetryPolicy) {
+fn dispatch_one(
+    version: &HandlerVersion,
+    properties: &BasicProperties,
+    body: &[u8],
+    policy: &RetryPolicy,
+) {
     let envelope = Envelope::read(properties, "order.created", 1_700_000_000_001);
     let headers = envelope::split_headers(properties);
     let input = Input {
@@ -120,7 +133,9 @@ fn bench(c: &mut Criterion) {
     let reuse = median_micros(&pooled, 15, 20_000);
     let per_message = median_micros(&fresh, 15, 2_000);
     println!();
-    println!("dispatch of a no-op handler (1 KB body, envelope + trace header), median of 15 rounds:");
+    println!(
+        "dispatch of a no-op handler (1 KB body, envelope + trace header), median of 15 rounds:"
+    );
     println!("  reuse instance : {reuse:8.2} µs/message   (target <= 2 µs)");
     println!("  fresh instance : {per_message:8.2} µs/message   (target <= 10 µs)");
     println!("  fresh / reuse  : {:8.2}x", per_message / reuse);

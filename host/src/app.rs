@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::consumer::{self, ConsumerEnv, ConsumerSpec};
 use crate::broker::{self, Publisher};
 use crate::config::{ConsumerConfig, LoadedConfig};
-use crate::plugin::{ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits, PluginEngine};
+use crate::plugin::{
+    ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits, PluginEngine,
+};
 use crate::retry::RetryPolicy;
 use crate::telemetry::{Metrics, PluginVersionLabels};
 use crate::topology::{self, Topology};
@@ -41,9 +43,8 @@ pub struct PreparedConsumer {
 /// Checks the config, builds the topology and loads every plugin, without
 /// touching the network.
 pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
-    let topology = Topology::from_config(&config.config).map_err(|problems| {
-        anyhow::anyhow!("{}: {problems}", config.path.display())
-    })?;
+    let topology = Topology::from_config(&config.config)
+        .map_err(|problems| anyhow::anyhow!("{}: {problems}", config.path.display()))?;
     let engine = Arc::new(PluginEngine::new(engine_settings(&config))?);
     let mut consumers = Vec::new();
     for (index, consumer) in config.config.consumers.iter().enumerate() {
@@ -64,8 +65,17 @@ fn engine_settings(config: &LoadedConfig) -> EngineSettings {
     let instances: usize = consumers.iter().map(|c| c.concurrency * 2 + 2).sum();
     EngineSettings {
         max_instances: u32::try_from(instances.max(16)).unwrap_or(u32::MAX),
-        max_memory_bytes: consumers.iter().map(|c| c.max_memory_bytes).max().unwrap_or(64 << 20),
-        cache_dir: config.config.host.plugin_cache_dir.as_ref().map(|dir| config.resolve(dir)),
+        max_memory_bytes: consumers
+            .iter()
+            .map(|c| c.max_memory_bytes)
+            .max()
+            .unwrap_or(64 << 20),
+        cache_dir: config
+            .config
+            .host
+            .plugin_cache_dir
+            .as_ref()
+            .map(|dir| config.resolve(dir)),
         fuel_metering: false,
     }
 }
@@ -80,8 +90,12 @@ fn prepare_consumer(
     let policy = match &consumer.retry {
         Some(name) => {
             let policy_config = &config.config.retry[name.get_ref()];
-            RetryPolicy::from_config(name.get_ref(), policy_config)
-                .map_err(|e| config.error_at(Some(name.span().start), format!("consumers[{index}].retry: {e}")))?
+            RetryPolicy::from_config(name.get_ref(), policy_config).map_err(|e| {
+                config.error_at(
+                    Some(name.span().start),
+                    format!("consumers[{index}].retry: {e}"),
+                )
+            })?
         }
         // The contract's default policy is none(): a retry dead-letters.
         None => RetryPolicy::none(),
@@ -118,12 +132,21 @@ fn prepare_consumer(
 }
 
 /// Runs the host until `shutdown` is cancelled or a consumer fails.
-pub async fn run(prepared: Prepared, shutdown: CancellationToken, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+pub async fn run(
+    prepared: Prepared,
+    shutdown: CancellationToken,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<()> {
     let config = &prepared.config;
     let url = config.broker_url()?;
     let broker_config = &config.config.broker;
     let connection = Arc::new(
-        broker::connect(&url, &broker_config.connection_name, broker_config.connect_timeout).await?,
+        broker::connect(
+            &url,
+            &broker_config.connection_name,
+            broker_config.connect_timeout,
+        )
+        .await?,
     );
     topology::apply(&connection, &prepared.topology)
         .await

@@ -13,7 +13,11 @@ use crate::topology::{self, Topology};
 use crate::{app, plugin};
 
 #[derive(Debug, Parser)]
-#[command(name = "acemq-host", version, about = "Runs RabbitMQ consumers whose logic is WebAssembly components")]
+#[command(
+    name = "acemq-host",
+    version,
+    about = "Runs RabbitMQ consumers whose logic is WebAssembly components"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -85,7 +89,10 @@ fn run(config_path: PathBuf) -> ExitCode {
         Ok(prepared) => prepared,
         Err(e) => return fail(EXIT_INVALID, &e),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => return fail(1, &e),
     };
@@ -138,15 +145,19 @@ fn validate(config_path: PathBuf) -> ExitCode {
 fn componentize(input: &std::path::Path, output: &std::path::Path) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let core = std::fs::read(input).with_context(|| format!("cannot read {}", input.display()))?;
-    let component = plugin::componentize::componentize(&core).with_context(|| format!("{}", input.display()))?;
-    std::fs::write(output, component).with_context(|| format!("cannot write {}", output.display()))?;
+    let component = plugin::componentize::componentize(&core)
+        .with_context(|| format!("{}", input.display()))?;
+    std::fs::write(output, component)
+        .with_context(|| format!("cannot write {}", output.display()))?;
     Ok(())
 }
 
 async fn stop_on_signals(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
-    else {
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
         tracing::error!("cannot listen for SIGINT/SIGTERM");
         return;
     };
@@ -154,14 +165,18 @@ async fn stop_on_signals(shutdown: CancellationToken) {
         _ = interrupt.recv() => "SIGINT",
         _ = terminate.recv() => "SIGTERM",
     };
-    tracing::info!(signal = name, "shutting down: no new deliveries, finishing the running ones");
+    tracing::info!(
+        signal = name,
+        "shutting down: no new deliveries, finishing the running ones"
+    );
     shutdown.cancel();
 }
 
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter)
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();

@@ -459,7 +459,10 @@ mod tests {
         let err = parse("[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nretry = \"fast\"\n")
             .unwrap_err();
         assert_eq!(err.line, Some(4));
-        assert!(err.message.contains("no retry policy named 'fast'"), "{err}");
+        assert!(
+            err.message.contains("no retry policy named 'fast'"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -21,9 +21,17 @@ pub enum Settlement {
     /// queue with the attempt advanced, then ack.
     RetryInConsumer { delay: Duration, reason: String },
     /// Republish to the rung queue (it dead-letters back after its TTL), then ack.
-    RetryInBroker { rung: String, delay: Duration, reason: String },
+    RetryInBroker {
+        rung: String,
+        delay: Duration,
+        reason: String,
+    },
     /// Republish to `{queue}.dlq` with `x-acemq-error`, then ack.
-    DeadLetter { queue: String, reason: String, outcome: Outcome },
+    DeadLetter {
+        queue: String,
+        reason: String,
+        outcome: Outcome,
+    },
     /// Republish to `{queue}.parked` with `x-acemq-error`, then ack.
     Park { queue: String, reason: String },
 }
@@ -57,7 +65,9 @@ impl Settlement {
     pub fn outcome(&self) -> Outcome {
         match self {
             Settlement::Accept { .. } => Outcome::Acked,
-            Settlement::RetryInConsumer { .. } | Settlement::RetryInBroker { .. } => Outcome::Retried,
+            Settlement::RetryInConsumer { .. } | Settlement::RetryInBroker { .. } => {
+                Outcome::Retried
+            }
             Settlement::DeadLetter { outcome, .. } => *outcome,
             Settlement::Park { .. } => Outcome::Parked,
         }
@@ -116,7 +126,11 @@ pub fn undecodable(queue: &str, why: &str) -> Settlement {
 /// Outputs that could not be published turn an accept into a failure, which
 /// the policy handles like a retry (outputs are at-least-once).
 pub fn outputs_failed(facts: DeliveryFacts<'_>, why: &str, policy: &RetryPolicy) -> Settlement {
-    retry_or_give_up(facts, format!("publishing its outputs failed: {why}"), policy)
+    retry_or_give_up(
+        facts,
+        format!("publishing its outputs failed: {why}"),
+        policy,
+    )
 }
 
 fn retry_or_give_up(facts: DeliveryFacts<'_>, reason: String, policy: &RetryPolicy) -> Settlement {
@@ -129,7 +143,11 @@ fn retry_or_give_up(facts: DeliveryFacts<'_>, reason: String, policy: &RetryPoli
             delay,
             place: WaitPlace::Broker,
         } => match naming::retry_queue(facts.queue, delay) {
-            Ok(rung) => Settlement::RetryInBroker { rung, delay, reason },
+            Ok(rung) => Settlement::RetryInBroker {
+                rung,
+                delay,
+                reason,
+            },
             // Policies with such delays are refused when the config loads;
             // should one get here anyway, waiting in the consumer loses nothing.
             Err(_) => Settlement::RetryInConsumer { delay, reason },
@@ -156,7 +174,11 @@ mod tests {
     use crate::plugin::FaultKind;
 
     fn envelope(attempt: u32, first_seen_ms: u64) -> Envelope {
-        let mut e = Envelope::read(&lapin::BasicProperties::default(), "order.created", first_seen_ms);
+        let mut e = Envelope::read(
+            &lapin::BasicProperties::default(),
+            "order.created",
+            first_seen_ms,
+        );
         e.attempt = attempt;
         e.first_seen_ms = first_seen_ms;
         e
@@ -173,7 +195,12 @@ mod tests {
     #[test]
     fn accept_carries_the_outputs() {
         let e = envelope(1, 0);
-        let s = decide(facts(&e, 0), Ok(Verdict::Accept), vec![], &RetryPolicy::none());
+        let s = decide(
+            facts(&e, 0),
+            Ok(Verdict::Accept),
+            vec![],
+            &RetryPolicy::none(),
+        );
         assert_eq!(s, Settlement::Accept { outputs: vec![] });
         assert_eq!(s.outcome(), Outcome::Acked);
     }
@@ -181,7 +208,12 @@ mod tests {
     #[test]
     fn retry_without_a_policy_is_dead_lettered_as_exhausted() {
         let e = envelope(1, 0);
-        let s = decide(facts(&e, 0), Ok(Verdict::Retry("db down".into())), vec![], &RetryPolicy::none());
+        let s = decide(
+            facts(&e, 0),
+            Ok(Verdict::Retry("db down".into())),
+            vec![],
+            &RetryPolicy::none(),
+        );
         assert_eq!(
             s,
             Settlement::DeadLetter {
@@ -196,10 +228,22 @@ mod tests {
     fn short_waits_stay_in_the_consumer_and_long_ones_use_a_rung() {
         let policy = RetryPolicy::exponential(6, Duration::from_secs(10), Duration::from_secs(300));
         let e = envelope(1, 0);
-        let s = decide(facts(&e, 0), Ok(Verdict::Retry("x".into())), vec![], &policy);
-        assert!(matches!(s, Settlement::RetryInConsumer { delay, .. } if delay == Duration::from_secs(10)));
+        let s = decide(
+            facts(&e, 0),
+            Ok(Verdict::Retry("x".into())),
+            vec![],
+            &policy,
+        );
+        assert!(
+            matches!(s, Settlement::RetryInConsumer { delay, .. } if delay == Duration::from_secs(10))
+        );
         let e = envelope(3, 0);
-        let s = decide(facts(&e, 0), Ok(Verdict::Retry("x".into())), vec![], &policy);
+        let s = decide(
+            facts(&e, 0),
+            Ok(Verdict::Retry("x".into())),
+            vec![],
+            &policy,
+        );
         assert_eq!(
             s,
             Settlement::RetryInBroker {
@@ -215,23 +259,45 @@ mod tests {
     fn exhaustion_names_the_attempts() {
         let policy = RetryPolicy::fixed(3, Duration::from_secs(1));
         let e = envelope(3, 0);
-        let s = decide(facts(&e, 0), Ok(Verdict::Retry("still down".into())), vec![], &policy);
-        assert!(matches!(&s, Settlement::DeadLetter { reason, .. } if reason == "exhausted 3 attempts: still down"), "{s:?}");
+        let s = decide(
+            facts(&e, 0),
+            Ok(Verdict::Retry("still down".into())),
+            vec![],
+            &policy,
+        );
+        assert!(
+            matches!(&s, Settlement::DeadLetter { reason, .. } if reason == "exhausted 3 attempts: still down"),
+            "{s:?}"
+        );
     }
 
     #[test]
     fn age_limit_gives_up_early() {
-        let policy = RetryPolicy::fixed(5, Duration::from_secs(1)).give_up_after(Duration::from_secs(120));
+        let policy =
+            RetryPolicy::fixed(5, Duration::from_secs(1)).give_up_after(Duration::from_secs(120));
         let e = envelope(1, 1_000);
-        let s = decide(facts(&e, 121_000), Ok(Verdict::Retry("slow".into())), vec![], &policy);
-        assert!(matches!(&s, Settlement::DeadLetter { reason, outcome: Outcome::DeadLettered, .. }
-            if reason.starts_with("exceeded the maximum message age of 2m")), "{s:?}");
+        let s = decide(
+            facts(&e, 121_000),
+            Ok(Verdict::Retry("slow".into())),
+            vec![],
+            &policy,
+        );
+        assert!(
+            matches!(&s, Settlement::DeadLetter { reason, outcome: Outcome::DeadLettered, .. }
+            if reason.starts_with("exceeded the maximum message age of 2m")),
+            "{s:?}"
+        );
     }
 
     #[test]
     fn reject_and_park_use_the_contract_wording() {
         let e = envelope(1, 0);
-        let s = decide(facts(&e, 0), Ok(Verdict::Reject("missing field `total`".into())), vec![], &RetryPolicy::none());
+        let s = decide(
+            facts(&e, 0),
+            Ok(Verdict::Reject("missing field `total`".into())),
+            vec![],
+            &RetryPolicy::none(),
+        );
         assert_eq!(
             s,
             Settlement::DeadLetter {
@@ -240,7 +306,12 @@ mod tests {
                 outcome: Outcome::Rejected
             }
         );
-        let s = decide(facts(&e, 0), Ok(Verdict::Park(String::new())), vec![], &RetryPolicy::none());
+        let s = decide(
+            facts(&e, 0),
+            Ok(Verdict::Park(String::new())),
+            vec![],
+            &RetryPolicy::none(),
+        );
         assert_eq!(
             s,
             Settlement::Park {
@@ -258,7 +329,9 @@ mod tests {
             reason: "deadline of 2s exceeded".into(),
         };
         let s = decide(facts(&e, 0), Err(fault), vec![], &RetryPolicy::none());
-        assert!(matches!(&s, Settlement::DeadLetter { reason, .. } if reason == "exhausted 1 attempt: deadline of 2s exceeded"));
+        assert!(
+            matches!(&s, Settlement::DeadLetter { reason, .. } if reason == "exhausted 1 attempt: deadline of 2s exceeded")
+        );
     }
 
     #[test]

@@ -32,7 +32,10 @@ pub struct QueueWhere {
 pub struct Place(pub &'static str);
 
 impl EncodeLabelSet for Place {
-    fn encode(&self, encoder: &mut prometheus_client::encoding::LabelSetEncoder<'_>) -> std::fmt::Result {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelSetEncoder<'_>,
+    ) -> std::fmt::Result {
         use prometheus_client::encoding::EncodeLabel;
         ("where", self.0).encode(encoder.encode_label())
     }
@@ -122,9 +125,21 @@ impl Metrics {
         };
         {
             let mut r = metrics.registry.lock().expect("registry poisoned");
-            r.register("acemq_consume", "Deliveries settled, by outcome", metrics.consume_total.clone());
-            r.register("acemq_consume_in_flight", "Deliveries being handled", metrics.in_flight.clone());
-            r.register("acemq_messages_retried", "Retries, by where the wait happens", metrics.retried_total.clone());
+            r.register(
+                "acemq_consume",
+                "Deliveries settled, by outcome",
+                metrics.consume_total.clone(),
+            );
+            r.register(
+                "acemq_consume_in_flight",
+                "Deliveries being handled",
+                metrics.in_flight.clone(),
+            );
+            r.register(
+                "acemq_messages_retried",
+                "Retries, by where the wait happens",
+                metrics.retried_total.clone(),
+            );
             r.register(
                 "acemq_messages_dead_lettered",
                 "Messages set aside to .dlq or .parked",
@@ -140,10 +155,26 @@ impl Metrics {
                 "Retries that found no rung queue and waited in the consumer",
                 metrics.rung_missing.clone(),
             );
-            r.register("acemq_plugin_faults", "Handler calls that failed, by fault", metrics.plugin_faults.clone());
-            r.register("acemq_plugin_swaps", "Plugin hot-swap attempts, by result", metrics.plugin_swaps.clone());
-            r.register("acemq_plugin_version", "The plugin version serving a consumer", metrics.plugin_version.clone());
-            r.register("acemq_plugin_fuel", "Fuel burned by handler calls", metrics.plugin_fuel.clone());
+            r.register(
+                "acemq_plugin_faults",
+                "Handler calls that failed, by fault",
+                metrics.plugin_faults.clone(),
+            );
+            r.register(
+                "acemq_plugin_swaps",
+                "Plugin hot-swap attempts, by result",
+                metrics.plugin_swaps.clone(),
+            );
+            r.register(
+                "acemq_plugin_version",
+                "The plugin version serving a consumer",
+                metrics.plugin_version.clone(),
+            );
+            r.register(
+                "acemq_plugin_fuel",
+                "Fuel burned by handler calls",
+                metrics.plugin_fuel.clone(),
+            );
         }
         metrics
     }
@@ -190,7 +221,8 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let registry = self.registry.lock().expect("registry poisoned");
-        prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
+        prometheus_client::encoding::text::encode(&mut out, &registry)
+            .expect("writing to a String cannot fail");
         out
     }
 }
@@ -205,8 +237,14 @@ mod tests {
         m.consumed("orders.new", "acked");
         m.retried("orders.new", "broker");
         let text = m.render();
-        assert!(text.contains("acemq_consume_total{queue=\"orders.new\",outcome=\"acked\"} 1"), "{text}");
-        assert!(text.contains("acemq_messages_retried_total{queue=\"orders.new\",where=\"broker\"} 1"), "{text}");
+        assert!(
+            text.contains("acemq_consume_total{queue=\"orders.new\",outcome=\"acked\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("acemq_messages_retried_total{queue=\"orders.new\",where=\"broker\"} 1"),
+            "{text}"
+        );
         assert_eq!(m.consumed_count("orders.new", "acked"), 1);
     }
 }

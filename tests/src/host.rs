@@ -25,7 +25,9 @@ pub fn workspace_root() -> PathBuf {
 
 /// Path of a plugin component built by `scripts/build-plugins`.
 pub fn plugin_path(name: &str) -> PathBuf {
-    let path = workspace_root().join("target/plugins").join(format!("{name}.wasm"));
+    let path = workspace_root()
+        .join("target/plugins")
+        .join(format!("{name}.wasm"));
     assert!(
         path.exists(),
         "{} is missing: build the plugins first with scripts/build-plugins (scripts/test does)",
@@ -81,7 +83,11 @@ impl HostProcess {
                 sink.lock().expect("log poisoned").push(line);
             }
         });
-        let mut host = Self { child, log, _dir: dir };
+        let mut host = Self {
+            child,
+            log,
+            _dir: dir,
+        };
         host.wait_for_log("consuming", consumers, Duration::from_secs(60))?;
         Ok(host)
     }
@@ -90,14 +96,26 @@ impl HostProcess {
     pub fn wait_for_log(&mut self, needle: &str, count: usize, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            if self.log_lines().iter().filter(|l| l.contains(needle)).count() >= count {
+            if self
+                .log_lines()
+                .iter()
+                .filter(|l| l.contains(needle))
+                .count()
+                >= count
+            {
                 return Ok(());
             }
             if let Some(status) = self.child.try_wait()? {
-                bail!("acemq-host exited ({status}) before logging {needle:?}:\n{}", self.log_text());
+                bail!(
+                    "acemq-host exited ({status}) before logging {needle:?}:\n{}",
+                    self.log_text()
+                );
             }
             if Instant::now() > deadline {
-                bail!("acemq-host did not log {needle:?} within {timeout:?}:\n{}", self.log_text());
+                bail!(
+                    "acemq-host did not log {needle:?} within {timeout:?}:\n{}",
+                    self.log_text()
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -116,7 +134,10 @@ impl HostProcess {
         let pid = libc::pid_t::try_from(self.child.id())?;
         // SAFETY: plain kill(2) on our own child's pid.
         if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
-            bail!("cannot signal acemq-host: {}", std::io::Error::last_os_error());
+            bail!(
+                "cannot signal acemq-host: {}",
+                std::io::Error::last_os_error()
+            );
         }
         let deadline = Instant::now() + timeout;
         loop {
@@ -127,7 +148,10 @@ impl HostProcess {
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
-                bail!("acemq-host did not exit within {timeout:?} of SIGTERM:\n{}", self.log_text());
+                bail!(
+                    "acemq-host did not exit within {timeout:?} of SIGTERM:\n{}",
+                    self.log_text()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -155,34 +179,59 @@ impl InProcessHost {
     pub async fn start(config: &str) -> Result<Self> {
         let loaded = LoadedConfig::parse(Path::new("test-host.toml"), config.to_string())
             .map_err(|e| anyhow!("{e}"))?;
-        let consumers = loaded.config.consumers.iter().map(|c| c.queue.get_ref().clone()).collect::<Vec<_>>();
+        let consumers = loaded
+            .config
+            .consumers
+            .iter()
+            .map(|c| c.queue.get_ref().clone())
+            .collect::<Vec<_>>();
         let prepared = tokio::task::spawn_blocking(move || app::prepare(loaded)).await??;
         let metrics = Arc::new(Metrics::new());
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(app::run(prepared, shutdown.clone(), metrics.clone()));
-        let host = Self { metrics, shutdown, task };
+        let host = Self {
+            metrics,
+            shutdown,
+            task,
+        };
         host.wait_until_consuming(&consumers).await?;
         Ok(host)
     }
 
     async fn wait_until_consuming(&self, queues: &[String]) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let broker = crate::shared_broker();
+        let connection = crate::shared_broker().connect().await?;
         for queue in queues {
+            // A passive declare reports the consumer count exactly; the
+            // management API's figure is a sample that lags.
             loop {
                 if self.task.is_finished() {
                     bail!("the host stopped before it consumed from {queue}");
                 }
-                let info = broker.queue_info(queue).unwrap_or_default();
-                if info["consumers"].as_u64().unwrap_or(0) > 0 {
+                // A channel per try: a passive declare of a queue that does
+                // not exist yet closes its channel.
+                let channel = connection.create_channel().await?;
+                let declared = channel
+                    .queue_declare(
+                        queue.as_str().into(),
+                        lapin::options::QueueDeclareOptions {
+                            passive: true,
+                            ..Default::default()
+                        },
+                        lapin::types::FieldTable::default(),
+                    )
+                    .await;
+                if matches!(&declared, Ok(q) if q.consumer_count() > 0) {
+                    let _ = channel.close(200, "done".into()).await;
                     break;
                 }
                 if Instant::now() > deadline {
                     bail!("the host did not start consuming from {queue} within 30 s");
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+        let _ = connection.close(200, "done".into()).await;
         Ok(())
     }
 

@@ -10,7 +10,10 @@ use acemq_tests::host::{host_binary, plugin_path, workspace_root};
 fn acemq_host(args: &[&str], config: Option<&str>) -> (Output, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let mut command = Command::new(host_binary());
-    command.args(args).env_remove("ACEMQ_URL").env("RUST_LOG", "info");
+    command
+        .args(args)
+        .env_remove("ACEMQ_URL")
+        .env("RUST_LOG", "info");
     if let Some(config) = config {
         let path = dir.path().join("host.toml");
         std::fs::write(&path, config).unwrap();
@@ -32,7 +35,10 @@ fn consumer_config(plugin: &Path) -> String {
 
 #[test]
 fn a_malformed_config_names_the_file_line_and_key() {
-    let (output, _dir) = acemq_host(&["validate"], Some("[broker]\nurl = \"amqp://x\"\n\n[host]\ndrain_timeot = \"5s\"\n"));
+    let (output, _dir) = acemq_host(
+        &["validate"],
+        Some("[broker]\nurl = \"amqp://x\"\n\n[host]\ndrain_timeot = \"5s\"\n"),
+    );
     let err = stderr(&output);
     assert_eq!(output.status.code(), Some(2), "{err}");
     assert!(err.contains("host.toml:5:"), "{err}");
@@ -47,16 +53,28 @@ fn a_missing_config_file_is_named() {
         .unwrap();
     let err = stderr(&output);
     assert_ne!(output.status.code(), Some(0));
-    assert!(err.contains("/nonexistent/acemq.toml") && err.contains("cannot read"), "{err}");
+    assert!(
+        err.contains("/nonexistent/acemq.toml") && err.contains("cannot read"),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_missing_plugin_file_is_refused_before_connecting() {
-    let (output, _dir) = acemq_host(&["run"], Some(&consumer_config(Path::new("/nonexistent/p.wasm"))));
+    let (output, _dir) = acemq_host(
+        &["run"],
+        Some(&consumer_config(Path::new("/nonexistent/p.wasm"))),
+    );
     let err = stderr(&output);
     assert_eq!(output.status.code(), Some(2), "{err}");
-    assert!(err.contains("/nonexistent/p.wasm") && err.contains("cannot read it"), "{err}");
-    assert!(!err.contains("connect"), "it must not have tried the broker: {err}");
+    assert!(
+        err.contains("/nonexistent/p.wasm") && err.contains("cannot read it"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("connect"),
+        "it must not have tried the broker: {err}"
+    );
 }
 
 #[test]
@@ -92,9 +110,15 @@ fn an_unreachable_broker_is_retried_then_gives_up_without_showing_the_password()
     let (output, _dir) = acemq_host(&["run"], Some(&config));
     let err = stderr(&output);
     assert_eq!(output.status.code(), Some(1), "{err}");
-    assert!(started.elapsed() >= Duration::from_secs(1), "it gave up without retrying");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "it gave up without retrying"
+    );
     assert!(err.contains("cannot reach the broker yet"), "{err}");
-    assert!(err.contains("could not connect to the broker at amqp://guest:***@127.0.0.1:1/%2f"), "{err}");
+    assert!(
+        err.contains("could not connect to the broker at amqp://guest:***@127.0.0.1:1/%2f"),
+        "{err}"
+    );
     assert!(!err.contains("s3cret"), "the password leaked: {err}");
 }
 
@@ -137,7 +161,11 @@ exchange = "events"
 routing_key = "x"
 "#;
     let (output, _dir) = acemq_host(&["plan"], Some(config));
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), stderr(&output));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        stderr(&output)
+    );
     assert_eq!(output.status.code(), Some(2), "{text}");
     for problem in [
         "exchange 'events' has no kind",
@@ -157,7 +185,13 @@ fn inspect_describes_a_plugin() {
         .unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}", stderr(&output));
-    assert!(text.contains("world:   acemq:plugin/handler-plugin@0.1.0"), "{text}");
-    assert!(text.contains("exports: acemq:plugin/handler@0.1.0"), "{text}");
+    assert!(
+        text.contains("world:   acemq:plugin/handler-plugin@0.1.0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("exports: acemq:plugin/handler@0.1.0"),
+        "{text}"
+    );
     assert!(text.contains("sha256:  "), "{text}");
 }

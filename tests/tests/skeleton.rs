@@ -127,12 +127,21 @@ async fn a_valid_order_produces_an_event_and_an_invalid_one_is_dead_lettered_wit
     assert_eq!(event["customer"], "ada");
     assert_eq!(events[0].routing_key, "order.accepted");
     // A new AceMQ message caused by the input: its own id, the input as cause.
-    assert_eq!(text(events[0].header("x-acemq-causation")).as_deref(), Some("input-1"));
-    assert_eq!(text(events[0].header("x-acemq-type")).as_deref(), Some("order.accepted"));
+    assert_eq!(
+        text(events[0].header("x-acemq-causation")).as_deref(),
+        Some("input-1")
+    );
+    assert_eq!(
+        text(events[0].header("x-acemq-type")).as_deref(),
+        Some("order.accepted")
+    );
     assert_eq!(events[0].message_id, text(events[0].header("x-acemq-id")));
 
     let dlq = format!("{}.dlq", names.orders_queue);
-    let dead = broker.drain(&dlq, 1, Duration::from_secs(20)).await.unwrap();
+    let dead = broker
+        .drain(&dlq, 1, Duration::from_secs(20))
+        .await
+        .unwrap();
     assert_eq!(dead.len(), 1, "host log:\n{}", host.log_text());
     assert_eq!(dead[0].body_str(), r#"{"id":"o-2","customer":"bob"}"#);
     assert_eq!(dead[0].message_id.as_deref(), Some("input-2"));
@@ -144,7 +153,10 @@ async fn a_valid_order_produces_an_event_and_an_invalid_one_is_dead_lettered_wit
 
     // Nothing is left behind, nothing was published twice.
     assert_eq!(broker.message_count(&names.orders_queue).await.unwrap(), 0);
-    assert_eq!(broker.message_count(&names.accepted_queue).await.unwrap(), 0);
+    assert_eq!(
+        broker.message_count(&names.accepted_queue).await.unwrap(),
+        0
+    );
     let status = host.terminate(Duration::from_secs(30)).unwrap();
     assert!(status.success(), "{status}");
 }
@@ -185,14 +197,21 @@ async fn sigterm_with_messages_in_flight_loses_nothing() {
     let status = host.terminate(Duration::from_secs(30)).unwrap();
     assert!(status.success(), "exit after SIGTERM: {status}");
     let left = broker.message_count(&names.orders_queue).await.unwrap() as usize;
-    assert!(left > 0, "the signal came after everything was handled; the test proves nothing");
+    assert!(
+        left > 0,
+        "the signal came after everything was handled; the test proves nothing"
+    );
 
     // A second run finishes the rest.
     let host = HostProcess::start(&config, 1).expect("host restarts");
     let dlq = format!("{}.dlq", names.orders_queue);
     let invalid = ORDERS.div_ceil(3);
     broker
-        .wait_for_message_count(&names.accepted_queue, (ORDERS - invalid) as u32, Duration::from_secs(60))
+        .wait_for_message_count(
+            &names.accepted_queue,
+            (ORDERS - invalid) as u32,
+            Duration::from_secs(60),
+        )
         .await
         .unwrap();
     broker
@@ -206,15 +225,24 @@ async fn sigterm_with_messages_in_flight_loses_nothing() {
         .drain(&names.accepted_queue, ORDERS, Duration::from_secs(10))
         .await
         .unwrap();
-    let dead = broker.drain(&dlq, ORDERS, Duration::from_secs(10)).await.unwrap();
+    let dead = broker
+        .drain(&dlq, ORDERS, Duration::from_secs(10))
+        .await
+        .unwrap();
     let mut seen = BTreeSet::new();
     for event in &events {
         let v: serde_json::Value = serde_json::from_slice(&event.body).unwrap();
-        assert!(seen.insert(v["id"].as_str().unwrap().to_string()), "duplicate event {v}");
+        assert!(
+            seen.insert(v["id"].as_str().unwrap().to_string()),
+            "duplicate event {v}"
+        );
     }
     for message in &dead {
         let v: serde_json::Value = serde_json::from_slice(&message.body).unwrap();
-        assert!(seen.insert(v["id"].as_str().unwrap().to_string()), "duplicate dead letter {v}");
+        assert!(
+            seen.insert(v["id"].as_str().unwrap().to_string()),
+            "duplicate dead letter {v}"
+        );
     }
     assert_eq!(events.len(), ORDERS - invalid);
     assert_eq!(dead.len(), invalid);

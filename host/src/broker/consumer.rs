@@ -10,14 +10,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::publisher::{PublishError, Publication, Publisher};
+use super::publisher::{Publication, PublishError, Publisher};
 use crate::dispatch::{self, DeliveryFacts, Settlement};
 use crate::envelope::{self, AppHeaders, Envelope};
 use crate::plugin::{HandlerSlot, Input, Outgoing};
@@ -67,18 +69,28 @@ struct Incoming {
 impl Incoming {
     fn read(delivery: &Delivery) -> Self {
         Self {
-            envelope: Envelope::read(&delivery.properties, delivery.routing_key.as_str(), now_ms()),
+            envelope: Envelope::read(
+                &delivery.properties,
+                delivery.routing_key.as_str(),
+                now_ms(),
+            ),
             headers: envelope::split_headers(&delivery.properties),
         }
     }
 }
 
 /// Subscribes and consumes until shutdown or until the subscription fails.
-pub async fn run(connection: &Connection, spec: ConsumerSpec, env: ConsumerEnv) -> anyhow::Result<ConsumerReport> {
+pub async fn run(
+    connection: &Connection,
+    spec: ConsumerSpec,
+    env: ConsumerEnv,
+) -> anyhow::Result<ConsumerReport> {
     let queue = spec.queue.clone();
     let channel = connection.create_channel().await?;
     // Quorum queues and streams refuse global QoS: prefetch is per consumer.
-    channel.basic_qos(spec.prefetch, BasicQosOptions { global: false }).await?;
+    channel
+        .basic_qos(spec.prefetch, BasicQosOptions { global: false })
+        .await?;
     let tag = format!("acemq-host.{}.{}", queue, uuid::Uuid::new_v4().simple());
     let mut deliveries = channel
         .basic_consume(
@@ -92,7 +104,10 @@ pub async fn run(connection: &Connection, spec: ConsumerSpec, env: ConsumerEnv) 
     tracing::info!(queue = %queue, prefetch = spec.prefetch, concurrency = spec.concurrency, "consuming");
 
     let permits = Arc::new(Semaphore::new(spec.concurrency));
-    let ctx = Arc::new(Context { spec, env: env.clone() });
+    let ctx = Arc::new(Context {
+        spec,
+        env: env.clone(),
+    });
     let mut running = JoinSet::new();
     let mut report = ConsumerReport::default();
     let mut failure = None;
@@ -122,12 +137,16 @@ pub async fn run(connection: &Connection, spec: ConsumerSpec, env: ConsumerEnv) 
                 });
             }
             Some(Err(e)) => {
-                failure = Some(anyhow::anyhow!("consuming from queue '{queue}' failed: {e}"));
+                failure = Some(anyhow::anyhow!(
+                    "consuming from queue '{queue}' failed: {e}"
+                ));
                 break;
             }
             None => {
                 if !env.shutdown.is_cancelled() {
-                    failure = Some(anyhow::anyhow!("the broker cancelled the consumer of queue '{queue}'"));
+                    failure = Some(anyhow::anyhow!(
+                        "the broker cancelled the consumer of queue '{queue}'"
+                    ));
                 }
                 break;
             }
@@ -136,10 +155,15 @@ pub async fn run(connection: &Connection, spec: ConsumerSpec, env: ConsumerEnv) 
     }
 
     // Stop deliveries, then give back what arrived but never started.
-    if let Err(e) = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await {
+    if let Err(e) = channel
+        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        .await
+    {
         tracing::warn!(queue = %queue, error = %e, "cancelling the consumer failed");
     }
-    while let Ok(Some(Ok(delivery))) = tokio::time::timeout(Duration::from_millis(200), deliveries.next()).await {
+    while let Ok(Some(Ok(delivery))) =
+        tokio::time::timeout(Duration::from_millis(200), deliveries.next()).await
+    {
         requeue(&delivery).await;
         report.requeued_unstarted += 1;
     }
@@ -171,7 +195,12 @@ pub async fn run(connection: &Connection, spec: ConsumerSpec, env: ConsumerEnv) 
 async fn handle(ctx: &Context, delivery: Delivery, permit: tokio::sync::OwnedSemaphorePermit) {
     let metrics = &ctx.env.metrics;
     let queue = ctx.spec.queue.as_str();
-    let gauge = metrics.in_flight.get_or_create(&QueueLabel { queue: queue.to_string() }).clone();
+    let gauge = metrics
+        .in_flight
+        .get_or_create(&QueueLabel {
+            queue: queue.to_string(),
+        })
+        .clone();
     gauge.inc();
 
     let incoming = Incoming::read(&delivery);
@@ -187,7 +216,11 @@ async fn handle(ctx: &Context, delivery: Delivery, permit: tokio::sync::OwnedSem
             routing_key: delivery.routing_key.as_str(),
             redelivered: delivery.redelivered,
             stream_offset: incoming.headers.stream_offset,
-            content_type: delivery.properties.content_type().as_ref().map(|c| c.as_str()),
+            content_type: delivery
+                .properties
+                .content_type()
+                .as_ref()
+                .map(|c| c.as_str()),
             headers: &incoming.headers.visible,
             body: &delivery.data,
         };
@@ -218,14 +251,24 @@ async fn handle(ctx: &Context, delivery: Delivery, permit: tokio::sync::OwnedSem
         tracing::warn!(queue, message_id = %incoming.envelope.id, version = %invocation.version, fault = %fault, "handler failed");
     }
     if let Some(fuel) = invocation.fuel {
-        metrics.plugin_fuel.get_or_create(&QueueLabel { queue: queue.to_string() }).inc_by(fuel);
+        metrics
+            .plugin_fuel
+            .get_or_create(&QueueLabel {
+                queue: queue.to_string(),
+            })
+            .inc_by(fuel);
     }
     let facts = DeliveryFacts {
         queue,
         envelope: &incoming.envelope,
         now_ms: now_ms(),
     };
-    let settlement = dispatch::decide(facts, invocation.result, invocation.outputs, &ctx.spec.policy);
+    let settlement = dispatch::decide(
+        facts,
+        invocation.result,
+        invocation.outputs,
+        &ctx.spec.policy,
+    );
     settle(ctx, &delivery, &incoming, settlement).await;
     gauge.dec();
 }
@@ -242,7 +285,12 @@ async fn settle(ctx: &Context, delivery: &Delivery, incoming: &Incoming, settlem
                 .map(|o| output_publication(&incoming.envelope, o))
                 .collect();
             let published = match publications {
-                Ok(publications) => ctx.env.publisher.publish_all(publications).await.map_err(|e| e.to_string()),
+                Ok(publications) => ctx
+                    .env
+                    .publisher
+                    .publish_all(publications)
+                    .await
+                    .map_err(|e| e.to_string()),
                 Err(refused) => Err(refused),
             };
             match published {
@@ -267,8 +315,16 @@ async fn settle(ctx: &Context, delivery: &Delivery, incoming: &Incoming, settlem
         Settlement::RetryInConsumer { delay, reason } => {
             retry_after_consumer_wait(ctx, delivery, incoming, delay, &reason).await;
         }
-        Settlement::RetryInBroker { rung, delay, reason } => {
-            let properties = envelope::retry_properties(&delivery.properties, &incoming.envelope, &incoming.headers.table);
+        Settlement::RetryInBroker {
+            rung,
+            delay,
+            reason,
+        } => {
+            let properties = envelope::retry_properties(
+                &delivery.properties,
+                &incoming.envelope,
+                &incoming.headers.table,
+            );
             match republish(ctx, &rung, delivery, properties).await {
                 Ok(()) => {
                     ack(delivery).await;
@@ -295,11 +351,26 @@ async fn settle(ctx: &Context, delivery: &Delivery, incoming: &Incoming, settlem
                 }
             }
         }
-        Settlement::DeadLetter { queue: target, reason, outcome } => {
+        Settlement::DeadLetter {
+            queue: target,
+            reason,
+            outcome,
+        } => {
             set_aside(ctx, delivery, incoming, &target, &reason, outcome).await;
         }
-        Settlement::Park { queue: target, reason } => {
-            set_aside(ctx, delivery, incoming, &target, &reason, dispatch::Outcome::Parked).await;
+        Settlement::Park {
+            queue: target,
+            reason,
+        } => {
+            set_aside(
+                ctx,
+                delivery,
+                incoming,
+                &target,
+                &reason,
+                dispatch::Outcome::Parked,
+            )
+            .await;
         }
     }
 }
@@ -307,7 +378,13 @@ async fn settle(ctx: &Context, delivery: &Delivery, incoming: &Incoming, settlem
 /// Holds the delivery unacked for the jittered delay, then republishes it to
 /// its own queue with the attempt advanced. Shutdown during the wait requeues
 /// it without advancing the attempt.
-async fn retry_after_consumer_wait(ctx: &Context, delivery: &Delivery, incoming: &Incoming, delay: Duration, reason: &str) {
+async fn retry_after_consumer_wait(
+    ctx: &Context,
+    delivery: &Delivery,
+    incoming: &Incoming,
+    delay: Duration,
+    reason: &str,
+) {
     let queue = ctx.spec.queue.as_str();
     let wait = ctx.spec.policy.jittered(delay, rand::random::<f64>());
     tokio::select! {
@@ -317,12 +394,18 @@ async fn retry_after_consumer_wait(ctx: &Context, delivery: &Delivery, incoming:
             return;
         }
     }
-    let properties = envelope::retry_properties(&delivery.properties, &incoming.envelope, &incoming.headers.table);
+    let properties = envelope::retry_properties(
+        &delivery.properties,
+        &incoming.envelope,
+        &incoming.headers.table,
+    );
     match republish(ctx, queue, delivery, properties).await {
         Ok(()) => {
             ack(delivery).await;
             ctx.env.metrics.retried(queue, "consumer");
-            ctx.env.metrics.consumed(queue, dispatch::Outcome::Retried.as_str());
+            ctx.env
+                .metrics
+                .consumed(queue, dispatch::Outcome::Retried.as_str());
             tracing::info!(queue, message_id = %incoming.envelope.id, wait = %humantime::format_duration(wait), reason, "retried after waiting in the consumer");
         }
         Err(e) => {
@@ -343,11 +426,20 @@ async fn set_aside(
     outcome: dispatch::Outcome,
 ) {
     let queue = ctx.spec.queue.as_str();
-    let properties = envelope::set_aside_properties(&delivery.properties, &incoming.envelope, &incoming.headers.table, reason);
+    let properties = envelope::set_aside_properties(
+        &delivery.properties,
+        &incoming.envelope,
+        &incoming.headers.table,
+        reason,
+    );
     match republish(ctx, target, delivery, properties).await {
         Ok(()) => {
             ack(delivery).await;
-            let word = if outcome == dispatch::Outcome::Parked { "parked" } else { "dead_lettered" };
+            let word = if outcome == dispatch::Outcome::Parked {
+                "parked"
+            } else {
+                "dead_lettered"
+            };
             ctx.env.metrics.set_aside(queue, word);
             ctx.env.metrics.consumed(queue, outcome.as_str());
             tracing::warn!(queue, message_id = %incoming.envelope.id, to = target, reason, "set aside");
@@ -368,7 +460,12 @@ async fn set_aside(
 }
 
 /// Republishes the delivery's own body through the default exchange.
-async fn republish(ctx: &Context, target_queue: &str, delivery: &Delivery, properties: BasicProperties) -> Result<(), PublishError> {
+async fn republish(
+    ctx: &Context,
+    target_queue: &str,
+    delivery: &Delivery,
+    properties: BasicProperties,
+) -> Result<(), PublishError> {
     ctx.env
         .publisher
         .publish(Publication {
@@ -382,11 +479,18 @@ async fn republish(ctx: &Context, target_queue: &str, delivery: &Delivery, prope
 
 /// A plugin's output as a new AceMQ message caused by `parent`.
 fn output_publication(parent: &Envelope, output: Outgoing) -> Result<Publication, String> {
-    let message_type = output.message_type.clone().unwrap_or_else(|| output.routing_key.clone());
+    let message_type = output
+        .message_type
+        .clone()
+        .unwrap_or_else(|| output.routing_key.clone());
     let child = Envelope::child_of(parent, message_type, envelope::default_origin(), now_ms());
-    let properties =
-        envelope::outgoing_properties(&child, output.content_type.as_deref(), output.persistent, &output.headers)
-            .map_err(|e| e.to_string())?;
+    let properties = envelope::outgoing_properties(
+        &child,
+        output.content_type.as_deref(),
+        output.persistent,
+        &output.headers,
+    )
+    .map_err(|e| e.to_string())?;
     Ok(Publication {
         exchange: output.exchange,
         routing_key: output.routing_key,
@@ -419,7 +523,9 @@ async fn requeue_counted(ctx: &Context, delivery: &Delivery) {
     requeue(delivery).await;
     let queue = ctx.spec.queue.as_str();
     ctx.env.metrics.retried(queue, "requeued");
-    ctx.env.metrics.consumed(queue, dispatch::Outcome::Retried.as_str());
+    ctx.env
+        .metrics
+        .consumed(queue, dispatch::Outcome::Retried.as_str());
 }
 
 fn now_ms() -> u64 {

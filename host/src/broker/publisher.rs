@@ -12,8 +12,8 @@
 use std::sync::{Arc, Mutex};
 
 use futures::future::join_all;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::Confirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Connection};
 
 /// One message to publish.
@@ -38,7 +38,9 @@ impl Publication {
 /// Why a publish was not confirmed. Wordings follow the contract (§6).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PublishError {
-    #[error("message {id} to exchange '{exchange}' with key '{routing_key}' reached no queue: {reason}")]
+    #[error(
+        "message {id} to exchange '{exchange}' with key '{routing_key}' reached no queue: {reason}"
+    )]
     Unroutable {
         id: String,
         exchange: String,
@@ -54,14 +56,18 @@ pub enum PublishError {
         exchange: String,
         routing_key: String,
     },
-    #[error("message {id} to exchange '{exchange}' with key '{routing_key}' may not have been sent: {reason}")]
+    #[error(
+        "message {id} to exchange '{exchange}' with key '{routing_key}' may not have been sent: {reason}"
+    )]
     Unknown {
         id: String,
         exchange: String,
         routing_key: String,
         reason: String,
     },
-    #[error("{failed} of {total} messages were not confirmed; {confirmed} were. The first failure was: {first}")]
+    #[error(
+        "{failed} of {total} messages were not confirmed; {confirmed} were. The first failure was: {first}"
+    )]
     Batch {
         failed: usize,
         total: usize,
@@ -171,7 +177,9 @@ impl Publisher {
             return Ok(channel);
         }
         let channel = self.connection.create_channel().await?;
-        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
         Ok(channel)
     }
 
@@ -179,7 +187,10 @@ impl Publisher {
         // A channel the broker closed (it happens on a publish to a missing
         // exchange) is dropped rather than pooled.
         if channel.status().connected() {
-            self.idle.lock().expect("publisher pool poisoned").push(channel);
+            self.idle
+                .lock()
+                .expect("publisher pool poisoned")
+                .push(channel);
         }
     }
 }
@@ -195,7 +206,10 @@ fn returned_message_id(ret: &lapin::message::BasicReturnMessage) -> String {
 
 fn batch_result(confirmations: Vec<(usize, Result<(), PublishError>)>) -> Result<(), PublishError> {
     let total = confirmations.len();
-    let mut failures = confirmations.into_iter().filter_map(|(_, r)| r.err()).peekable();
+    let mut failures = confirmations
+        .into_iter()
+        .filter_map(|(_, r)| r.err())
+        .peekable();
     let Some(first) = failures.next() else {
         return Ok(());
     };

@@ -108,7 +108,8 @@ impl PluginEngine {
     /// Reads a plugin file and compiles it, through the disk cache when one is
     /// configured. Errors name the file and say what is wrong with it.
     pub fn compile_file(&self, path: &Path) -> Result<CompiledPlugin, PluginError> {
-        let bytes = std::fs::read(path).map_err(|e| PluginError::new(path, format!("cannot read it: {e}")))?;
+        let bytes = std::fs::read(path)
+            .map_err(|e| PluginError::new(path, format!("cannot read it: {e}")))?;
         self.compile_bytes(path, &bytes)
     }
 
@@ -134,7 +135,9 @@ impl PluginEngine {
                         from_cache: true,
                     });
                 }
-                Err(e) => tracing::warn!(cache = %cached.display(), error = %e, "ignoring an unusable compiled-plugin cache entry"),
+                Err(e) => {
+                    tracing::warn!(cache = %cached.display(), error = %e, "ignoring an unusable compiled-plugin cache entry")
+                }
             }
         }
         let component = Component::new(&self.engine, bytes)
@@ -157,7 +160,9 @@ impl PluginEngine {
         let dir = self.settings.cache_dir.as_ref()?;
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.engine.precompile_compatibility_hash().hash(&mut hasher);
+        self.engine
+            .precompile_compatibility_hash()
+            .hash(&mut hasher);
         Some(dir.join(format!("{sha256}-{:016x}.cwasm", hasher.finish())))
     }
 }
@@ -237,7 +242,10 @@ fn check_is_component(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
         if bytes.is_empty() {
             "is empty, not a WebAssembly component".to_string()
         } else {
-            format!("is not a WebAssembly component (it starts with bytes {})", head.join(" "))
+            format!(
+                "is not a WebAssembly component (it starts with bytes {})",
+                head.join(" ")
+            )
         },
     ))
 }
@@ -258,7 +266,10 @@ mod tests {
     fn garbage_and_core_modules_are_named_as_such() {
         let err = check_is_component(Path::new("x.wasm"), b"hello world").unwrap_err();
         assert!(err.to_string().contains("x.wasm"), "{err}");
-        assert!(err.to_string().contains("not a WebAssembly component"), "{err}");
+        assert!(
+            err.to_string().contains("not a WebAssembly component"),
+            "{err}"
+        );
         let core = [0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00];
         let err = check_is_component(Path::new("m.wasm"), &core).unwrap_err();
         assert!(err.to_string().contains("core WebAssembly module"), "{err}");

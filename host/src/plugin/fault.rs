@@ -78,13 +78,19 @@ pub fn classify(
     let (kind, reason) = match trap {
         Some(Trap::Interrupt) => (
             FaultKind::Deadline,
-            format!("deadline of {} exceeded", humantime::format_duration(deadline)),
+            format!(
+                "deadline of {} exceeded",
+                humantime::format_duration(deadline)
+            ),
         ),
         Some(Trap::StackOverflow) => (
             FaultKind::StackOverflow,
             "stack overflow: the plugin exhausted its call stack".to_string(),
         ),
-        Some(Trap::OutOfFuel) => (FaultKind::OutOfFuel, "the plugin ran out of fuel".to_string()),
+        Some(Trap::OutOfFuel) => (
+            FaultKind::OutOfFuel,
+            "the plugin ran out of fuel".to_string(),
+        ),
         _ if evidence.refused_memory.is_some() => (
             FaultKind::OutOfMemory,
             format!(
@@ -107,7 +113,10 @@ pub fn classify(
 pub fn instantiation_failed(error: &wasmtime::Error) -> Fault {
     Fault {
         kind: FaultKind::Instantiation,
-        reason: format!("the plugin could not be instantiated: {}", first_line(error)),
+        reason: format!(
+            "the plugin could not be instantiated: {}",
+            first_line(error)
+        ),
     }
 }
 
@@ -119,7 +128,11 @@ fn is_panic(evidence: &CallEvidence) -> bool {
 }
 
 fn first_line(error: &wasmtime::Error) -> String {
-    format!("{error:#}").lines().next().unwrap_or_default().to_string()
+    format!("{error:#}")
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
 
 #[cfg(test)]
@@ -132,7 +145,12 @@ mod tests {
 
     #[test]
     fn deadline_names_the_limit() {
-        let f = classify(&trap(Trap::Interrupt), &CallEvidence::default(), Duration::from_secs(2), 0);
+        let f = classify(
+            &trap(Trap::Interrupt),
+            &CallEvidence::default(),
+            Duration::from_secs(2),
+            0,
+        );
         assert_eq!(f.kind, FaultKind::Deadline);
         assert_eq!(f.reason, "deadline of 2s exceeded");
     }
@@ -143,7 +161,12 @@ mod tests {
             refused_memory: Some(128 << 20),
             last_error_log: None,
         };
-        let f = classify(&trap(Trap::UnreachableCodeReached), &evidence, Duration::from_secs(1), 64 << 20);
+        let f = classify(
+            &trap(Trap::UnreachableCodeReached),
+            &evidence,
+            Duration::from_secs(1),
+            64 << 20,
+        );
         assert_eq!(f.kind, FaultKind::OutOfMemory);
         assert!(f.reason.starts_with("out of memory:"), "{}", f.reason);
     }
@@ -154,17 +177,32 @@ mod tests {
             refused_memory: None,
             last_error_log: Some("panic: boom at src/lib.rs:3:5".into()),
         };
-        let f = classify(&trap(Trap::UnreachableCodeReached), &evidence, Duration::from_secs(1), 0);
+        let f = classify(
+            &trap(Trap::UnreachableCodeReached),
+            &evidence,
+            Duration::from_secs(1),
+            0,
+        );
         assert_eq!(f.kind, FaultKind::Panic);
         assert_eq!(f.reason, "panic: boom at src/lib.rs:3:5");
     }
 
     #[test]
     fn other_traps_keep_wasmtimes_words() {
-        let f = classify(&trap(Trap::UnreachableCodeReached), &CallEvidence::default(), Duration::from_secs(1), 0);
+        let f = classify(
+            &trap(Trap::UnreachableCodeReached),
+            &CallEvidence::default(),
+            Duration::from_secs(1),
+            0,
+        );
         assert_eq!(f.kind, FaultKind::Trap);
         assert_eq!(f.reason, "trap: wasm `unreachable` instruction executed");
-        let f = classify(&trap(Trap::StackOverflow), &CallEvidence::default(), Duration::from_secs(1), 0);
+        let f = classify(
+            &trap(Trap::StackOverflow),
+            &CallEvidence::default(),
+            Duration::from_secs(1),
+            0,
+        );
         assert_eq!(f.kind, FaultKind::StackOverflow);
     }
 }

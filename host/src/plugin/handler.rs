@@ -52,7 +52,11 @@ pub struct Invocation {
 
 impl HandlerVersion {
     /// Compiles, type-checks and warms a handler plugin file.
-    pub fn load(engine: &PluginEngine, path: &Path, context: Arc<ConsumerContext>) -> Result<Arc<Self>, PluginError> {
+    pub fn load(
+        engine: &PluginEngine,
+        path: &Path,
+        context: Arc<ConsumerContext>,
+    ) -> Result<Arc<Self>, PluginError> {
         let compiled = engine.compile_file(path)?;
         Self::from_compiled(engine, compiled, context)
     }
@@ -65,13 +69,17 @@ impl HandlerVersion {
     ) -> Result<Arc<Self>, PluginError> {
         let path = compiled.path.clone();
         let mut linker: Linker<HostState> = Linker::new(engine.engine());
-        HandlerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
-            .map_err(|e| PluginError::new(&path, format!("cannot link the host interface: {e:#}")))?;
+        HandlerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(|e| {
+            PluginError::new(&path, format!("cannot link the host interface: {e:#}"))
+        })?;
         // instantiate_pre checks every import against what the linker offers:
         // a plugin importing WASI, or another version of the contract, fails here.
-        let instance_pre = linker
-            .instantiate_pre(&compiled.component)
-            .map_err(|e| PluginError::new(&path, format!("is not a handler plugin of this host: {}", chain(&e))))?;
+        let instance_pre = linker.instantiate_pre(&compiled.component).map_err(|e| {
+            PluginError::new(
+                &path,
+                format!("is not a handler plugin of this host: {}", chain(&e)),
+            )
+        })?;
         // HandlerPluginPre::new checks the exports of the handler-plugin world.
         let pre = HandlerPluginPre::new(instance_pre).map_err(|e| {
             PluginError::new(
@@ -94,9 +102,9 @@ impl HandlerVersion {
         });
         // Warm: one real instantiation proves the start-up code runs, and
         // leaves an instance ready for the first message.
-        let warm = version
-            .instantiate()
-            .map_err(|e| PluginError::new(&path, format!("cannot be instantiated: {}", chain(&e))))?;
+        let warm = version.instantiate().map_err(|e| {
+            PluginError::new(&path, format!("cannot be instantiated: {}", chain(&e)))
+        })?;
         version.idle.lock().expect("idle pool poisoned").push(warm);
         Ok(version)
     }
@@ -135,10 +143,16 @@ impl HandlerVersion {
         let limits = &self.context.limits;
         warm.store
             .set_epoch_deadline(PluginEngine::deadline_ticks(limits.deadline));
-        let fuel_before = self.fuel_metering.then(|| warm.store.get_fuel().unwrap_or(0));
+        let fuel_before = self
+            .fuel_metering
+            .then(|| warm.store.get_fuel().unwrap_or(0));
         let message = to_wit_message(input);
-        let result = warm.plugin.acemq_plugin_handler().call_handle(&mut warm.store, &message);
-        let fuel = fuel_before.map(|before| before.saturating_sub(warm.store.get_fuel().unwrap_or(0)));
+        let result = warm
+            .plugin
+            .acemq_plugin_handler()
+            .call_handle(&mut warm.store, &message);
+        let fuel =
+            fuel_before.map(|before| before.saturating_sub(warm.store.get_fuel().unwrap_or(0)));
         match result {
             Ok(outcome) => {
                 let outputs = std::mem::take(&mut warm.store.data_mut().call.outputs);
@@ -242,12 +256,20 @@ fn to_wit_message(input: &Input<'_>) -> types::Message {
             stream_offset: input.stream_offset,
         },
         content_type: input.content_type.map(str::to_string),
-        headers: input.headers.iter().map(|(k, v)| (k.clone(), to_wit(v))).collect(),
+        headers: input
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), to_wit(v)))
+            .collect(),
         body: input.body.to_vec(),
     }
 }
 
 /// Every cause of an error on one line, outermost first.
 fn chain(error: &wasmtime::Error) -> String {
-    error.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ")
+    error
+        .chain()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(": ")
 }

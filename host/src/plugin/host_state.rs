@@ -63,10 +63,18 @@ impl HostState {
             return Err(format!(
                 "publishing to exchange '{}' is not allowed for this consumer (publish_to = [{}])",
                 msg.exchange,
-                allowed.iter().map(|e| format!("'{e}'")).collect::<Vec<_>>().join(", ")
+                allowed
+                    .iter()
+                    .map(|e| format!("'{e}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
-        let headers: Vec<(String, HeaderValue)> = msg.headers.into_iter().map(|(k, v)| (k, from_wit(v))).collect();
+        let headers: Vec<(String, HeaderValue)> = msg
+            .headers
+            .into_iter()
+            .map(|(k, v)| (k, from_wit(v)))
+            .collect();
         envelope::check_plugin_headers(&headers).map_err(|e| e.to_string())?;
         if self.call.outputs.len() >= limits.max_outputs {
             return Err(format!(
@@ -102,8 +110,12 @@ impl host::Host for HostState {
         let queue = self.context.queue.as_str();
         let id = self.call.message_id.as_str();
         match level {
-            host::Level::Trace => tracing::trace!(target: "plugin", queue, message_id = id, "{text}"),
-            host::Level::Debug => tracing::debug!(target: "plugin", queue, message_id = id, "{text}"),
+            host::Level::Trace => {
+                tracing::trace!(target: "plugin", queue, message_id = id, "{text}")
+            }
+            host::Level::Debug => {
+                tracing::debug!(target: "plugin", queue, message_id = id, "{text}")
+            }
             host::Level::Info => tracing::info!(target: "plugin", queue, message_id = id, "{text}"),
             host::Level::Warn => tracing::warn!(target: "plugin", queue, message_id = id, "{text}"),
             host::Level::Error => {
@@ -138,7 +150,10 @@ pub struct MemoryLimiter {
 
 impl MemoryLimiter {
     fn new(limit: usize) -> Self {
-        Self { limit, refused: None }
+        Self {
+            limit,
+            refused: None,
+        }
     }
 }
 
@@ -146,7 +161,12 @@ impl MemoryLimiter {
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 
 impl ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if desired > self.limit {
             self.refused = Some(desired);
             return Ok(false);
@@ -154,7 +174,12 @@ impl ResourceLimiter for MemoryLimiter {
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= MAX_TABLE_ELEMENTS)
     }
 }

@@ -27,7 +27,8 @@ pub struct PluginFacts {
 }
 
 pub fn inspect_file(path: &Path) -> Result<String, PluginError> {
-    let bytes = std::fs::read(path).map_err(|e| PluginError::new(path, format!("cannot read it: {e}")))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| PluginError::new(path, format!("cannot read it: {e}")))?;
     let facts = inspect_bytes(path, &bytes)?;
     Ok(render(path, &facts))
 }
@@ -45,7 +46,10 @@ pub fn inspect_bytes(path: &Path, bytes: &[u8]) -> Result<PluginFacts, PluginErr
     let decoded = wit_component::decode(bytes)
         .map_err(|e| PluginError::new(path, format!("is not a valid component: {e:#}")))?;
     let DecodedWasm::Component(resolve, world_id) = decoded else {
-        return Err(PluginError::new(path, "holds a WIT package, not a component"));
+        return Err(PluginError::new(
+            path,
+            "holds a WIT package, not a component",
+        ));
     };
     let world = &resolve.worlds[world_id];
     let name_of = |key: &wit_parser::WorldKey| resolve.name_world_key(key);
@@ -80,7 +84,9 @@ fn classify(imports: &[String], exports: &[String]) -> Result<&'static str, Stri
     if exports.iter().any(|e| e == CODEC_EXPORT) {
         return Ok("codec-plugin");
     }
-    Err(format!("exports neither {HANDLER_EXPORT} nor {CODEC_EXPORT}"))
+    Err(format!(
+        "exports neither {HANDLER_EXPORT} nor {CODEC_EXPORT}"
+    ))
 }
 
 fn render(path: &Path, facts: &PluginFacts) -> String {
@@ -96,7 +102,13 @@ fn render(path: &Path, facts: &PluginFacts) -> String {
             let _ = writeln!(out, "world:   none of this host's ({why})");
         }
     }
-    let list = |items: &[String]| if items.is_empty() { "(none)".to_string() } else { items.join(", ") };
+    let list = |items: &[String]| {
+        if items.is_empty() {
+            "(none)".to_string()
+        } else {
+            items.join(", ")
+        }
+    };
     let _ = writeln!(out, "imports: {}", list(&facts.imports));
     let _ = writeln!(out, "exports: {}", list(&facts.exports));
     out
@@ -112,9 +124,16 @@ mod tests {
 
     #[test]
     fn worlds_are_told_apart() {
-        assert_eq!(classify(&names(&[HOST_IMPORT]), &names(&[HANDLER_EXPORT])), Ok("handler-plugin"));
+        assert_eq!(
+            classify(&names(&[HOST_IMPORT]), &names(&[HANDLER_EXPORT])),
+            Ok("handler-plugin")
+        );
         assert_eq!(classify(&[], &names(&[CODEC_EXPORT])), Ok("codec-plugin"));
-        let err = classify(&names(&["wasi:cli/environment@0.2.0"]), &names(&[HANDLER_EXPORT])).unwrap_err();
+        let err = classify(
+            &names(&["wasi:cli/environment@0.2.0"]),
+            &names(&[HANDLER_EXPORT]),
+        )
+        .unwrap_err();
         assert!(err.contains("wasi:cli/environment@0.2.0"), "{err}");
         let err = classify(&[], &names(&["other:thing/iface"])).unwrap_err();
         assert!(err.contains("exports neither"), "{err}");
@@ -123,7 +142,11 @@ mod tests {
     #[test]
     fn garbage_and_core_modules_are_refused_with_reasons() {
         let err = inspect_bytes(Path::new("g.wasm"), b"garbage").unwrap_err();
-        assert!(err.to_string().contains("g.wasm: is not a WebAssembly component"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("g.wasm: is not a WebAssembly component"),
+            "{err}"
+        );
         let core = [0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00];
         let err = inspect_bytes(Path::new("m.wasm"), &core).unwrap_err();
         assert!(err.to_string().contains("core WebAssembly module"), "{err}");

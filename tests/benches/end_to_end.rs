@@ -1,0 +1,375 @@
+//! End to end: the host consuming with a no-op plugin against a bare lapin
+//! consume-and-ack loop, at the same prefetch, on the same broker
+//! (ARCHITECTURE.md §6: host >= 0.9x bare; CPU per message reported beside it).
+//!
+//! ```text
+//! scripts/build-plugins && cargo bench -p acemq-tests --bench end_to_end
+//! ACEMQ_BENCH_MESSAGES=2000 ACEMQ_BENCH_ROUNDS=1 cargo bench -p acemq-tests --bench end_to_end
+//! ```
+//!
+//! A throwaway RabbitMQ node is started (or `ACEMQ_TEST_URL` is used). Each
+//! round publishes N persistent messages to a fresh quorum queue with
+//! `loadgen publish`, then drains it with `loadgen consume-bare` or
+//! `loadgen consume-host` as a child process, once each, alternating which
+//! goes first so drift (broker WAL, page cache, other load) cancels out. The
+//! rate is the consumer's own (connect to last ack); CPU is the child's
+//! user+system time from `wait4` (whole process: start-up, plugin load and
+//! shutdown included) and, beside it, the child's own reading over the
+//! consume span only.
+//!
+//! Settings (environment): `ACEMQ_BENCH_MESSAGES` (20000), `ACEMQ_BENCH_SIZE`
+//! bytes (1000), `ACEMQ_BENCH_CONFIRM` window (500), `ACEMQ_BENCH_PREFETCH`
+//! (200), `ACEMQ_BENCH_ROUNDS` (3), `ACEMQ_BENCH_CONCURRENCY` of the host
+//! consumer (1, the config default), `ACEMQ_BENCH_QUEUE_TYPE` (quorum).
+//!
+//! Prints figures and asserts nothing: broker and clients share the
+//! machine's cores, so expect ±20 % between runs; compare the medians.
+
+use std::io::Read as _;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use acemq_tests::host::plugin_path;
+use acemq_tests::{Broker, unique_name};
+
+const TARGET_RATIO: f64 = 0.9;
+
+struct Settings {
+    messages: u64,
+    size: usize,
+    confirm: usize,
+    prefetch: u16,
+    rounds: usize,
+    concurrency: usize,
+    queue_type: String,
+}
+
+impl Settings {
+    fn from_env() -> Result<Self> {
+        Ok(Self {
+            messages: env_or("ACEMQ_BENCH_MESSAGES", 20_000)?,
+            size: env_or("ACEMQ_BENCH_SIZE", 1000)?,
+            confirm: env_or("ACEMQ_BENCH_CONFIRM", 500)?,
+            prefetch: env_or("ACEMQ_BENCH_PREFETCH", 200)?,
+            rounds: env_or("ACEMQ_BENCH_ROUNDS", 3)?,
+            concurrency: env_or("ACEMQ_BENCH_CONCURRENCY", 1)?,
+            queue_type: env_or("ACEMQ_BENCH_QUEUE_TYPE", "quorum".to_string())?,
+        })
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    match std::env::var(name) {
+        Ok(text) if !text.trim().is_empty() => text
+            .trim()
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{name}={text:?}: {e}")),
+        _ => Ok(default),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Bare,
+    Host,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Bare => "bare",
+            Mode::Host => "host",
+        }
+    }
+}
+
+/// One consumer run.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    /// Messages per second, as measured by the consumer (connect to last ack).
+    rate: f64,
+    /// Whole-process CPU (wait4) per message, µs.
+    cpu_process_us: f64,
+    /// CPU over the consume span only (the child's own getrusage), µs.
+    cpu_consume_us: f64,
+    /// Wall time of the child process, start to exit.
+    wall: Duration,
+}
+
+struct Bench {
+    settings: Settings,
+    broker: Broker,
+    runtime: tokio::runtime::Runtime,
+    loadgen: PathBuf,
+    plugin: PathBuf,
+    cache: tempfile::TempDir,
+}
+
+fn main() -> Result<()> {
+    // `cargo bench` passes `--bench` (and any filter); there is nothing to filter.
+    let settings = Settings::from_env()?;
+    let plugin = plugin_path("echo");
+    let broker = match std::env::var("ACEMQ_TEST_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    {
+        Some(url) => Broker::external(&url, std::env::var("ACEMQ_TEST_MGMT_URL").ok().as_deref())?,
+        None => {
+            eprintln!("end_to_end: starting a throwaway RabbitMQ node");
+            Broker::start()?
+        }
+    };
+    let bench = Bench {
+        settings,
+        broker,
+        runtime: tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        loadgen: PathBuf::from(env!("CARGO_BIN_EXE_loadgen")),
+        plugin,
+        cache: tempfile::tempdir()?,
+    };
+    let s = &bench.settings;
+    println!(
+        "end_to_end: {} queue, {} x {} B persistent messages, confirm window {}, prefetch {}, host concurrency {}, {} rounds",
+        s.queue_type, s.messages, s.size, s.confirm, s.prefetch, s.concurrency, s.rounds
+    );
+    println!(
+        "end_to_end: broker, publisher and consumer share this machine ({} CPUs)",
+        cpus()
+    );
+
+    // Warm-up, not counted: fills the compiled-plugin cache, starts the
+    // broker's quorum machinery and the page cache.
+    let warm = bench.settings.messages.min(2_000);
+    for mode in [Mode::Bare, Mode::Host] {
+        bench.round_of(mode, warm).context("warm-up")?;
+    }
+
+    let mut rows = Vec::new();
+    for round in 0..bench.settings.rounds {
+        // Alternate who goes first, to cancel drift between the two.
+        let order = if round % 2 == 0 {
+            [Mode::Bare, Mode::Host]
+        } else {
+            [Mode::Host, Mode::Bare]
+        };
+        let mut bare = None;
+        let mut host = None;
+        for mode in order {
+            let run = bench.round_of(mode, bench.settings.messages)?;
+            match mode {
+                Mode::Bare => bare = Some(run),
+                Mode::Host => host = Some(run),
+            }
+        }
+        let (bare, host) = (bare.expect("ran"), host.expect("ran"));
+        println!(
+            "round {} ({} first): bare {:>7.0} msg/s, host {:>7.0} msg/s, host/bare {:.3}; \
+             CPU µs/msg process bare {:.1} host {:.1}, consume span bare {:.1} host {:.1}; \
+             child wall bare {:.2} s host {:.2} s",
+            round + 1,
+            order[0].name(),
+            bare.rate,
+            host.rate,
+            host.rate / bare.rate,
+            bare.cpu_process_us,
+            host.cpu_process_us,
+            bare.cpu_consume_us,
+            host.cpu_consume_us,
+            bare.wall.as_secs_f64(),
+            host.wall.as_secs_f64(),
+        );
+        rows.push((bare, host));
+    }
+
+    let median_of = |f: &dyn Fn(&(Run, Run)) -> f64| median(rows.iter().map(f).collect());
+    let ratio = median_of(&|(b, h)| h.rate / b.rate);
+    println!(
+        "median of {}: bare {:.0} msg/s, host {:.0} msg/s, host/bare {:.3} (target >= {TARGET_RATIO}: {}); \
+         CPU µs/msg process bare {:.1} host {:.1}, consume span bare {:.1} host {:.1}",
+        rows.len(),
+        median_of(&|(b, _)| b.rate),
+        median_of(&|(_, h)| h.rate),
+        ratio,
+        if ratio >= TARGET_RATIO {
+            "met"
+        } else {
+            "NOT met"
+        },
+        median_of(&|(b, _)| b.cpu_process_us),
+        median_of(&|(_, h)| h.cpu_process_us),
+        median_of(&|(b, _)| b.cpu_consume_us),
+        median_of(&|(_, h)| h.cpu_consume_us),
+    );
+    Ok(())
+}
+
+impl Bench {
+    /// Fills a fresh queue with `messages`, drains it with `mode`, deletes it.
+    fn round_of(&self, mode: Mode, messages: u64) -> Result<Run> {
+        let s = &self.settings;
+        let queue = unique_name(&format!("bench.{}", mode.name()));
+        let url = self.broker.amqp_url();
+        let published = self.loadgen(&[
+            "publish",
+            "--url",
+            url,
+            "--queue",
+            &queue,
+            "-C",
+            &messages.to_string(),
+            "-s",
+            &s.size.to_string(),
+            "-c",
+            &s.confirm.to_string(),
+            "--queue-type",
+            &s.queue_type,
+        ])?;
+        let publish_rate = field(&published.stdout, "rate")?;
+        eprintln!("end_to_end: {queue}: published {messages} at {publish_rate:.0} msg/s");
+
+        let count = messages.to_string();
+        let prefetch = s.prefetch.to_string();
+        let mut args = vec![
+            "",
+            "--url",
+            url,
+            "--queue",
+            &queue,
+            "-C",
+            &count,
+            "--prefetch",
+            &prefetch,
+        ];
+        let concurrency = s.concurrency.to_string();
+        let plugin = self.plugin.to_string_lossy();
+        let cache = self.cache.path().to_string_lossy();
+        match mode {
+            Mode::Bare => args[0] = "consume-bare",
+            Mode::Host => {
+                args[0] = "consume-host";
+                args.extend([
+                    "--plugin",
+                    &plugin,
+                    "--concurrency",
+                    &concurrency,
+                    "--plugin-cache-dir",
+                    &cache,
+                ]);
+            }
+        }
+        let consumed = self.loadgen(&args)?;
+        self.runtime.block_on(self.broker.delete_queue(&queue))?;
+        let run = Run {
+            rate: field(&consumed.stdout, "rate")?,
+            cpu_process_us: consumed.cpu.as_secs_f64() * 1e6 / messages as f64,
+            cpu_consume_us: field(&consumed.stdout, "cpu_us_per_msg")?,
+            wall: consumed.wall,
+        };
+        eprintln!(
+            "end_to_end: {queue}: {} consumed at {:.0} msg/s, {:.1} µs CPU/msg",
+            mode.name(),
+            run.rate,
+            run.cpu_process_us
+        );
+        Ok(run)
+    }
+
+    fn loadgen(&self, args: &[&str]) -> Result<Child> {
+        let mut command = Command::new(&self.loadgen);
+        command
+            .args(args)
+            .env_remove("ACEMQ_URL")
+            .env_remove("ACEMQ_LOADGEN_URL");
+        run_measured(command).with_context(|| format!("loadgen {}", args.join(" ")))
+    }
+}
+
+/// What a finished child printed, and what it cost.
+struct Child {
+    stdout: String,
+    wall: Duration,
+    cpu: Duration,
+}
+
+/// Runs a child to completion and reads its user+system CPU time from the
+/// kernel as it is reaped (`wait4`): exact, and covers every thread.
+fn run_measured(mut command: Command) -> Result<Child> {
+    let started = Instant::now();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut stdout = String::new();
+    // Until EOF: the child closes its stdout when it exits.
+    child
+        .stdout
+        .take()
+        .expect("piped")
+        .read_to_string(&mut stdout)?;
+    let pid = libc::pid_t::try_from(child.id())?;
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value; wait4 only writes to the
+    // two out-pointers, which live across the call.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: as above; `pid` is our own unreaped child (std's `Child`
+        // is never waited on, so nothing else reaps it).
+        let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if reaped == pid {
+            break;
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::Interrupted {
+            bail!("wait4: {error}");
+        }
+    }
+    let wall = started.elapsed();
+    let status = ExitStatus::from_raw(status);
+    if !status.success() {
+        bail!("exited with {status}; stdout:\n{stdout}");
+    }
+    let time = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    Ok(Child {
+        stdout,
+        wall,
+        cpu: time(usage.ru_utime) + time(usage.ru_stime),
+    })
+}
+
+/// `key=value` from the `RESULT` line of a loadgen's output.
+fn field(stdout: &str, key: &str) -> Result<f64> {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .with_context(|| format!("no RESULT line in:\n{stdout}"))?;
+    let value = line
+        .split_whitespace()
+        .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+        .with_context(|| format!("no {key}= in {line:?}"))?;
+    value.parse().with_context(|| format!("{key}={value:?}"))
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
