@@ -176,7 +176,7 @@ macro_rules! export_codec {
 
 /// Everything a handler usually needs: `use acemq_guest::prelude::*;`.
 ///
-/// Brings [`Result`](crate::Result) into scope; it still takes an error type
+/// Brings [`Result`] into scope; it still takes an error type
 /// (`Result<T, E>`), so other code in the plugin is unaffected. The logging
 /// macros are not included (their names are common); call them as
 /// `acemq_guest::info!` or import them.

@@ -50,6 +50,27 @@ pub fn host_binary() -> PathBuf {
     path
 }
 
+/// How to start an [`HostProcess`].
+#[derive(Debug, Clone)]
+pub struct HostOptions {
+    /// Consumers to wait for (`consuming` log lines) before returning.
+    pub consumers: usize,
+    /// Passed as `ACEMQ_URL`.
+    pub url: Option<String>,
+    /// Print each log line as it arrives, after this prefix.
+    pub echo: Option<String>,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        Self {
+            consumers: 1,
+            url: None,
+            echo: None,
+        }
+    }
+}
+
 /// An `acemq-host run` child process with its config in a temporary folder.
 pub struct HostProcess {
     child: Child,
@@ -65,21 +86,40 @@ impl HostProcess {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("host.toml");
         std::fs::write(&path, config)?;
-        let mut child = Command::new(host_binary())
+        Self::start_with(
+            &path,
+            dir,
+            &HostOptions {
+                consumers,
+                ..HostOptions::default()
+            },
+        )
+    }
+
+    /// Starts `acemq-host run --config PATH`; `dir` lives as long as the host.
+    pub fn start_with(path: &Path, dir: tempfile::TempDir, options: &HostOptions) -> Result<Self> {
+        let mut command = Command::new(host_binary());
+        command
             .args(["run", "--config"])
-            .arg(&path)
+            .arg(path)
             .env("RUST_LOG", "info")
             .env_remove("ACEMQ_URL")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("cannot start acemq-host")?;
+            .stderr(Stdio::piped());
+        if let Some(url) = &options.url {
+            command.env("ACEMQ_URL", url);
+        }
+        let mut child = command.spawn().context("cannot start acemq-host")?;
         let stderr = child.stderr.take().expect("stderr is piped");
         let log = Arc::new(Mutex::new(Vec::new()));
         let sink = log.clone();
+        let echo = options.echo.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(prefix) = &echo {
+                    println!("{prefix}{line}");
+                }
                 sink.lock().expect("log poisoned").push(line);
             }
         });
@@ -88,7 +128,7 @@ impl HostProcess {
             log,
             _dir: dir,
         };
-        host.wait_for_log("consuming", consumers, Duration::from_secs(60))?;
+        host.wait_for_log("consuming", options.consumers, Duration::from_secs(60))?;
         Ok(host)
     }
 
