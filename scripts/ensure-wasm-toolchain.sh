@@ -3,10 +3,11 @@
 # cargo-web (/usr/bin/rustc, /usr/bin/cargo), the matching std sources
 # (rust-web-src, for -Zbuild-std) and lld-22 (/usr/bin/wasm-ld-22).
 #
-# Why: on the build machines rustup cannot download a wasm32 target (its
-# server is unreachable), but Debian's packages are. scripts/build-plugins
-# uses this toolchain only when the rustup one has no wasm32-unknown-unknown
-# target. See design/TOOLCHAIN.md.
+# Why: on the build machines (Debian 12) rustup cannot download a wasm32
+# target (its server is unreachable), but Debian's packages are reachable.
+# Debian ships no prebuilt wasm std, so scripts/build-plugins builds std from
+# rust-web-src (-Zbuild-std) and links with wasm-ld-22. It uses this
+# toolchain only when the rustup one has no wasm32-unknown-unknown target.
 #
 # Idempotent: does nothing (and needs no network or root) when the packages
 # are installed with matching versions. Installs through apt only; it never

@@ -1,4 +1,4 @@
-//! Write [acemq-host] plugins in Rust.
+//! Write acemq-host plugins in Rust.
 //!
 //! A handler plugin decides what happens to each message a consumer receives
 //! (accept, retry, reject, park) and what it publishes. The host does
@@ -66,9 +66,10 @@
 //! its derives). Build it for `wasm32-unknown-unknown` and turn the core
 //! module into a component; in this repository `scripts/build-plugins` does
 //! both for every crate in `plugins/` and writes `target/plugins/NAME.wasm`.
-//! Use `panic = "abort"` in the release profile: a panic then traps, the
-//! host fails the delivery with a `trap: ...` reason, and the SDK logs the
-//! panic message through the host just before.
+//! Use `panic = "abort"` in the release profile: a panic then traps (the
+//! instance is discarded), and the delivery fails with the reason
+//! `panic: <message> at <file>:<line>:<col>`, which the SDK logs through the
+//! host just before the trap.
 //!
 //! # Testing
 //!
@@ -79,8 +80,6 @@
 //!
 //! A codec plugin implements [`Codec`] and is exported with
 //! [`export_codec!`].
-//!
-//! [acemq-host]: https://example.invalid/acemq-host
 
 #[doc(hidden)]
 pub mod bindings;

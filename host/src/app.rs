@@ -15,8 +15,10 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::consumer::{self, ConsumerEnv, ConsumerSpec};
 use crate::broker::{self, Publisher};
 use crate::config::{ConsumerConfig, LoadedConfig};
+use crate::plugin::swap::{PluginSpec, Reloader};
 use crate::plugin::{
-    ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits, PluginEngine,
+    CodecSet, CodecVersion, ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits,
+    PluginEngine,
 };
 use crate::retry::RetryPolicy;
 use crate::telemetry::{Metrics, PluginVersionLabels};
@@ -27,6 +29,8 @@ pub struct Prepared {
     pub config: LoadedConfig,
     pub topology: Topology,
     pub engine: Arc<PluginEngine>,
+    /// Codecs shared by every consumer, in config order.
+    pub codecs: Arc<CodecSet>,
     pub consumers: Vec<PreparedConsumer>,
 }
 
@@ -46,6 +50,7 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
     let topology = Topology::from_config(&config.config)
         .map_err(|problems| anyhow::anyhow!("{}: {problems}", config.path.display()))?;
     let engine = Arc::new(PluginEngine::new(engine_settings(&config))?);
+    let codecs = Arc::new(load_codecs(&config, &engine)?);
     let mut consumers = Vec::new();
     for (index, consumer) in config.config.consumers.iter().enumerate() {
         consumers.push(prepare_consumer(&config, &engine, index, consumer)?);
@@ -54,8 +59,29 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
         config,
         topology,
         engine,
+        codecs,
         consumers,
     })
+}
+
+fn load_codecs(config: &LoadedConfig, engine: &PluginEngine) -> anyhow::Result<CodecSet> {
+    let mut codecs = CodecSet::new();
+    for (index, codec) in config.config.codecs.iter().enumerate() {
+        if codec.content_types.is_empty() {
+            return Err(config
+                .error_at(
+                    Some(codec.plugin.span().start),
+                    format!("codecs[{index}].content_types: must name at least one content type"),
+                )
+                .into());
+        }
+        let path = config.resolve(codec.plugin.get_ref());
+        let version = CodecVersion::load(engine, &path, Limits::default())
+            .with_context(|| format!("codecs[{index}]"))?;
+        tracing::info!(plugin = %path.display(), sha256 = %version.sha256, content_types = ?codec.content_types, "codec loaded");
+        codecs.add(&codec.content_types, version);
+    }
+    Ok(codecs)
 }
 
 fn engine_settings(config: &LoadedConfig) -> EngineSettings {
@@ -138,6 +164,22 @@ pub async fn run(
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<()> {
     let config = &prepared.config;
+    // Hot swap and the admin endpoint (plugin/swap.rs, admin.rs). The admin
+    // address is bound first, so one in use fails the start before anything
+    // is declared or consumed.
+    let admin_listener = match &config.config.host.admin_listen {
+        Some(address) => Some(crate::admin::bind(address).await?),
+        None => None,
+    };
+    let reloader = Arc::new(Reloader::new(
+        prepared.engine.clone(),
+        metrics.clone(),
+        prepared.consumers.iter().map(|c| PluginSpec {
+            queue: c.queue.clone(),
+            path: c.plugin_path.clone(),
+            slot: c.handler.clone(),
+        }),
+    ));
     let url = config.broker_url()?;
     let broker_config = &config.config.broker;
     let connection = Arc::new(
@@ -179,11 +221,25 @@ pub async fn run(
             concurrency: consumer.concurrency,
             policy: consumer.policy,
             handler: consumer.handler,
+            codecs: prepared.codecs.clone(),
         };
         let env = env.clone();
         let connection = connection.clone();
         consumers.spawn(async move { consumer::run(&connection, spec, env).await });
     }
+    // File watcher and SIGHUP stop reloading when shutdown begins; the admin
+    // endpoint serves (health DOWN) until the consumers have drained.
+    let reloads_stop = shutdown.child_token();
+    let reloads = reloader.start(reloads_stop.clone());
+    let admin_stop = CancellationToken::new();
+    let admin = admin_listener.map(|listener| {
+        let admin = crate::admin::Admin {
+            reloader: reloader.clone(),
+            metrics: metrics.clone(),
+            shutdown: shutdown.clone(),
+        };
+        crate::admin::spawn(listener, Arc::new(admin), admin_stop.clone())
+    });
 
     let mut first_failure = None;
     while let Some(joined) = consumers.join_next().await {
@@ -195,6 +251,12 @@ pub async fn run(
             shutdown.cancel();
             first_failure.get_or_insert(e);
         }
+    }
+    reloads_stop.cancel();
+    admin_stop.cancel();
+    let _ = reloads.await;
+    if let Some(admin) = admin {
+        let _ = admin.await;
     }
     if let Err(e) = connection.close(200, "acemq-host stopped".into()).await {
         tracing::debug!(error = %e, "closing the connection");

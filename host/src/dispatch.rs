@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::envelope::Envelope;
-use crate::plugin::{Fault, Outgoing, Verdict};
+use crate::plugin::{CodecSet, Conversion, Fault, HandlerSlot, Input, Outgoing, Verdict};
 use crate::retry::{Decision, RetryPolicy, WaitPlace};
 use crate::topology::naming;
 
@@ -111,6 +111,103 @@ pub fn decide(
             queue: naming::parked_queue(facts.queue),
             reason: format!("the handler parked it: {}", or_no_reason(reason)),
         },
+    }
+}
+
+/// What running the plugins on one delivery came to.
+#[derive(Debug)]
+pub enum Step {
+    /// Every codec claiming the content type refused the body; no handler ran.
+    Undecodable(String),
+    /// The handler ran (or failed), and its outputs were encoded.
+    Handled {
+        result: Result<Verdict, Fault>,
+        outputs: Vec<Outgoing>,
+    },
+    /// The handler accepted, but a codec refused to encode one of its outputs.
+    OutputsRefused(String),
+}
+
+/// The plugins' part of one delivery, with the version that handled it.
+#[derive(Debug)]
+pub struct Handled {
+    pub step: Step,
+    /// SHA-256 of the handler version, empty when no handler ran.
+    pub version: String,
+    pub fuel: Option<u64>,
+}
+
+/// Runs codecs and the handler for one delivery: decode, handle, encode the
+/// outputs. Blocking (wasm calls): run it off the async runtime's workers.
+pub fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, input: &Input<'_>) -> Handled {
+    let decoded = codecs.decode(input.content_type, input.body);
+    let (content_type, body) = match &decoded {
+        Conversion::Unclaimed => (input.content_type, input.body),
+        Conversion::Converted { content_type, body } => {
+            (Some(content_type.as_str()), body.as_slice())
+        }
+        Conversion::Refused(why) => {
+            return Handled {
+                step: Step::Undecodable(why.clone()),
+                version: String::new(),
+                fuel: None,
+            };
+        }
+    };
+    let invocation = handler.invoke(&Input {
+        content_type,
+        body,
+        ..input.clone()
+    });
+    let step = match invocation.result {
+        Ok(Verdict::Accept) => match encode_outputs(codecs, invocation.outputs) {
+            Ok(outputs) => Step::Handled {
+                result: Ok(Verdict::Accept),
+                outputs,
+            },
+            Err(why) => Step::OutputsRefused(why),
+        },
+        result => Step::Handled {
+            result,
+            outputs: Vec::new(),
+        },
+    };
+    Handled {
+        step,
+        version: invocation.version,
+        fuel: invocation.fuel,
+    }
+}
+
+fn encode_outputs(codecs: &CodecSet, outputs: Vec<Outgoing>) -> Result<Vec<Outgoing>, String> {
+    if codecs.is_empty() {
+        return Ok(outputs);
+    }
+    outputs
+        .into_iter()
+        .map(
+            |mut output| match codecs.encode(output.content_type.as_deref(), &output.body) {
+                Conversion::Unclaimed => Ok(output),
+                Conversion::Converted { content_type, body } => {
+                    output.content_type = Some(content_type);
+                    output.body = body;
+                    Ok(output)
+                }
+                Conversion::Refused(why) => Err(format!(
+                    "an output to '{}' could not be encoded: {why}",
+                    output.exchange
+                )),
+            },
+        )
+        .collect()
+}
+
+/// The settlement for what the plugins came to.
+pub fn settle(facts: DeliveryFacts<'_>, step: Step, policy: &RetryPolicy) -> Settlement {
+    match step {
+        Step::Undecodable(why) => undecodable(facts.queue, &why),
+        Step::OutputsRefused(why) => retry_or_give_up(facts, why, policy),
+        Step::Handled { result, outputs } => decide(facts, result, outputs, policy),
     }
 }
 

@@ -7,6 +7,7 @@
 //! Everything that needs no broker ([`topology`], [`retry`], [`envelope`],
 //! the decisions in [`dispatch`]) is a pure function over plain data.
 
+pub mod admin;
 pub mod app;
 pub mod broker;
 pub mod cli;

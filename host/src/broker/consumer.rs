@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::publisher::{Publication, PublishError, Publisher};
 use crate::dispatch::{self, DeliveryFacts, Settlement};
 use crate::envelope::{self, AppHeaders, Envelope};
-use crate::plugin::{HandlerSlot, Input, Outgoing};
+use crate::plugin::{CodecSet, HandlerSlot, Input, Outgoing};
 use crate::retry::RetryPolicy;
 use crate::telemetry::{Metrics, PluginFaultLabels, QueueLabel, QueueRung, QueueTarget};
 
@@ -33,6 +33,7 @@ pub struct ConsumerSpec {
     pub concurrency: usize,
     pub policy: RetryPolicy,
     pub handler: Arc<HandlerSlot>,
+    pub codecs: Arc<CodecSet>,
 }
 
 /// Shared by every consumer of the host.
@@ -205,6 +206,7 @@ async fn handle(ctx: &Context, delivery: Delivery, permit: tokio::sync::OwnedSem
 
     let incoming = Incoming::read(&delivery);
     let handler = ctx.spec.handler.clone();
+    let codecs = ctx.spec.codecs.clone();
     let queue_name = ctx.spec.queue.clone();
     // Handler calls are synchronous wasm: run them where they cannot stall
     // the runtime's workers (a call may run up to its deadline).
@@ -224,12 +226,12 @@ async fn handle(ctx: &Context, delivery: Delivery, permit: tokio::sync::OwnedSem
             headers: &incoming.headers.visible,
             body: &delivery.data,
         };
-        let invocation = handler.invoke(&input);
-        (invocation, incoming, delivery)
+        let handled = dispatch::run_plugins(&handler, &codecs, &input);
+        (handled, incoming, delivery)
     })
     .await;
     drop(permit);
-    let (invocation, incoming, delivery) = match called {
+    let (handled, incoming, delivery) = match called {
         Ok(done) => done,
         Err(join_error) => {
             // The host's own code panicked around the call; the delivery was
@@ -240,7 +242,10 @@ async fn handle(ctx: &Context, delivery: Delivery, permit: tokio::sync::OwnedSem
             return;
         }
     };
-    if let Err(fault) = &invocation.result {
+    if let dispatch::Step::Handled {
+        result: Err(fault), ..
+    } = &handled.step
+    {
         metrics
             .plugin_faults
             .get_or_create(&PluginFaultLabels {
@@ -248,9 +253,9 @@ async fn handle(ctx: &Context, delivery: Delivery, permit: tokio::sync::OwnedSem
                 fault: fault.kind.label().to_string(),
             })
             .inc();
-        tracing::warn!(queue, message_id = %incoming.envelope.id, version = %invocation.version, fault = %fault, "handler failed");
+        tracing::warn!(queue, message_id = %incoming.envelope.id, version = %handled.version, fault = %fault, "handler failed");
     }
-    if let Some(fuel) = invocation.fuel {
+    if let Some(fuel) = handled.fuel {
         metrics
             .plugin_fuel
             .get_or_create(&QueueLabel {
@@ -263,12 +268,7 @@ async fn handle(ctx: &Context, delivery: Delivery, permit: tokio::sync::OwnedSem
         envelope: &incoming.envelope,
         now_ms: now_ms(),
     };
-    let settlement = dispatch::decide(
-        facts,
-        invocation.result,
-        invocation.outputs,
-        &ctx.spec.policy,
-    );
+    let settlement = dispatch::settle(facts, handled.step, &ctx.spec.policy);
     settle(ctx, &delivery, &incoming, settlement).await;
     gauge.dec();
 }

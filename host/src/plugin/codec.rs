@@ -1,1 +1,243 @@
-//! Codec plugins (the `codec-plugin` world).
+//! Codec plugins (the `codec-plugin` world) and composite decoding.
+//!
+//! A `[[codecs]]` entry names a component and the content types it claims.
+//! On consume, the codecs claiming a message's content type are tried in
+//! config order; the first that decodes it wins, and if all refuse, the
+//! refusals are listed in one reason (contract §9: composite decoding). A
+//! message whose content type no codec claims reaches the handler as is.
+//! On publish, an output whose content type a codec claims is encoded the
+//! same way.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use wasmtime::Store;
+use wasmtime::component::Linker;
+
+use super::bindings::codec_world::{CodecPlugin, CodecPluginPre};
+use super::engine::PluginEngine;
+use super::fault;
+use super::host_state::MemoryLimiter;
+use super::{Limits, PluginError};
+
+/// The store data of a codec instance: codecs import nothing, so only limits.
+struct CodecState {
+    limiter: MemoryLimiter,
+}
+
+struct WarmCodec {
+    store: Store<CodecState>,
+    plugin: CodecPlugin,
+}
+
+/// One loaded codec component.
+pub struct CodecVersion {
+    pub name: String,
+    pub sha256: String,
+    engine: wasmtime::Engine,
+    pre: CodecPluginPre<CodecState>,
+    limits: Limits,
+    idle: Mutex<Vec<WarmCodec>>,
+}
+
+/// Which way a body is converted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Decode,
+    Encode,
+}
+
+impl CodecVersion {
+    /// Compiles, type-checks against the codec world, and warms a codec.
+    pub fn load(
+        engine: &PluginEngine,
+        path: &Path,
+        limits: Limits,
+    ) -> Result<Arc<Self>, PluginError> {
+        let compiled = engine.compile_file(path)?;
+        let linker: Linker<CodecState> = Linker::new(engine.engine());
+        let instance_pre = linker.instantiate_pre(&compiled.component).map_err(|e| {
+            PluginError::new(path, format!("is not a codec plugin of this host: {e:#}"))
+        })?;
+        let pre = CodecPluginPre::new(instance_pre).map_err(|e| {
+            PluginError::new(
+                path,
+                format!("does not export the codec world (acemq:plugin/codec@0.1.0): {e:#}"),
+            )
+        })?;
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.display().to_string());
+        let codec = Arc::new(Self {
+            name,
+            sha256: compiled.sha256,
+            engine: engine.engine().clone(),
+            pre,
+            limits,
+            idle: Mutex::new(Vec::new()),
+        });
+        let warm = codec
+            .instantiate()
+            .map_err(|e| PluginError::new(path, format!("cannot be instantiated: {e:#}")))?;
+        codec.idle.lock().expect("codec pool poisoned").push(warm);
+        Ok(codec)
+    }
+
+    fn instantiate(&self) -> wasmtime::Result<WarmCodec> {
+        let limit = usize::try_from(self.limits.max_memory_bytes).unwrap_or(usize::MAX);
+        let mut store = Store::new(
+            &self.engine,
+            CodecState {
+                limiter: MemoryLimiter::new(limit),
+            },
+        );
+        store.limiter(|state| &mut state.limiter);
+        store.set_epoch_deadline(PluginEngine::deadline_ticks(self.limits.deadline));
+        let plugin = self.pre.instantiate(&mut store)?;
+        Ok(WarmCodec { store, plugin })
+    }
+
+    /// Converts one body; `Err` is the codec's refusal or its fault.
+    fn convert(
+        &self,
+        direction: Direction,
+        content_type: &str,
+        body: &[u8],
+    ) -> Result<(String, Vec<u8>), String> {
+        let pooled = self.idle.lock().expect("codec pool poisoned").pop();
+        let mut warm = match pooled.map(Ok).unwrap_or_else(|| self.instantiate()) {
+            Ok(warm) => warm,
+            Err(e) => return Err(fault::instantiation_failed(&e).reason),
+        };
+        warm.store.data_mut().limiter.refused = None;
+        warm.store
+            .set_epoch_deadline(PluginEngine::deadline_ticks(self.limits.deadline));
+        let codec = warm.plugin.acemq_plugin_codec();
+        let result = match direction {
+            Direction::Decode => codec.call_decode(&mut warm.store, content_type, body),
+            Direction::Encode => codec.call_encode(&mut warm.store, content_type, body),
+        };
+        match result {
+            Ok(answer) => {
+                self.idle.lock().expect("codec pool poisoned").push(warm);
+                answer
+            }
+            Err(e) => {
+                let evidence = fault::CallEvidence {
+                    refused_memory: warm.store.data().limiter.refused,
+                    last_error_log: None,
+                };
+                Err(fault::classify(
+                    &e,
+                    &evidence,
+                    self.limits.deadline,
+                    self.limits.max_memory_bytes,
+                )
+                .reason)
+            }
+        }
+    }
+}
+
+/// What the codecs made of a body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Conversion {
+    /// No codec claims the content type: use the body as it is.
+    Unclaimed,
+    /// A codec converted it.
+    Converted { content_type: String, body: Vec<u8> },
+    /// Every claimant refused; the reason lists each refusal.
+    Refused(String),
+}
+
+/// The codecs of a host, in config order, with the content types each claims.
+#[derive(Default, Clone)]
+pub struct CodecSet {
+    entries: Vec<(Vec<String>, Arc<CodecVersion>)>,
+}
+
+impl CodecSet {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a codec claiming `content_types` (matched without parameters,
+    /// ignoring case).
+    pub fn add(&mut self, content_types: &[String], codec: Arc<CodecVersion>) {
+        let claimed = content_types.iter().map(|c| media_type(c)).collect();
+        self.entries.push((claimed, codec));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Decodes a delivery's body for the handler.
+    pub fn decode(&self, content_type: Option<&str>, body: &[u8]) -> Conversion {
+        self.convert(Direction::Decode, content_type, body)
+    }
+
+    /// Encodes a handler's output for the wire.
+    pub fn encode(&self, content_type: Option<&str>, body: &[u8]) -> Conversion {
+        self.convert(Direction::Encode, content_type, body)
+    }
+
+    fn convert(&self, direction: Direction, content_type: Option<&str>, body: &[u8]) -> Conversion {
+        let Some(content_type) = content_type else {
+            return Conversion::Unclaimed;
+        };
+        let wanted = media_type(content_type);
+        let claimants: Vec<&Arc<CodecVersion>> = self
+            .entries
+            .iter()
+            .filter(|(claimed, _)| claimed.contains(&wanted))
+            .map(|(_, codec)| codec)
+            .collect();
+        if claimants.is_empty() {
+            return Conversion::Unclaimed;
+        }
+        let mut refusals = Vec::new();
+        for codec in claimants {
+            match codec.convert(direction, content_type, body) {
+                Ok((content_type, body)) => return Conversion::Converted { content_type, body },
+                Err(why) => refusals.push(format!("{}: {why}", codec.name)),
+            }
+        }
+        Conversion::Refused(refusals.join("; "))
+    }
+}
+
+/// `Application/MsgPack; charset=x` -> `application/msgpack`.
+fn media_type(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn media_types_ignore_parameters_and_case() {
+        assert_eq!(
+            media_type("Application/MsgPack; charset=binary"),
+            "application/msgpack"
+        );
+        assert_eq!(media_type("text/plain"), "text/plain");
+    }
+
+    #[test]
+    fn nothing_is_claimed_without_codecs_or_content_type() {
+        let set = CodecSet::new();
+        assert_eq!(
+            set.decode(Some("application/msgpack"), b"x"),
+            Conversion::Unclaimed
+        );
+        assert_eq!(set.decode(None, b"x"), Conversion::Unclaimed);
+    }
+}

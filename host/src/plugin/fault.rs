@@ -103,7 +103,15 @@ pub fn classify(
             FaultKind::Panic,
             evidence.last_error_log.clone().unwrap_or_default(),
         ),
-        Some(trap) => (FaultKind::Trap, format!("trap: {trap}")),
+        Some(trap) => {
+            // wasmtime's Display says "wasm trap: ..."; say "trap: ..." once.
+            let text = trap.to_string();
+            let text = text
+                .strip_prefix("wasm trap: ")
+                .unwrap_or(&text)
+                .to_string();
+            (FaultKind::Trap, format!("trap: {text}"))
+        }
         None => (FaultKind::Trap, format!("trap: {}", first_line(error))),
     };
     Fault { kind, reason }

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use arc_swap::ArcSwap;
 use wasmtime::Store;
@@ -29,6 +29,8 @@ pub struct HandlerVersion {
     pub sha256: String,
     pub size: usize,
     pub from_cache: bool,
+    /// When this version finished loading (shown by the admin endpoint).
+    pub loaded_at: SystemTime,
     engine: wasmtime::Engine,
     fuel_metering: bool,
     pre: HandlerPluginPre<HostState>,
@@ -94,6 +96,7 @@ impl HandlerVersion {
             sha256: compiled.sha256,
             size: compiled.size,
             from_cache: compiled.from_cache,
+            loaded_at: SystemTime::now(),
             engine: engine.engine().clone(),
             fuel_metering: engine.fuel_metering(),
             pre,
@@ -107,6 +110,12 @@ impl HandlerVersion {
         })?;
         version.idle.lock().expect("idle pool poisoned").push(warm);
         Ok(version)
+    }
+
+    /// What the consumer allows its plugin: hot swap loads the next version
+    /// with the same context.
+    pub fn context(&self) -> &Arc<ConsumerContext> {
+        &self.context
     }
 
     /// A short form of the hash for log lines.

@@ -149,7 +149,7 @@ pub struct MemoryLimiter {
 }
 
 impl MemoryLimiter {
-    fn new(limit: usize) -> Self {
+    pub fn new(limit: usize) -> Self {
         Self {
             limit,
             refused: None,

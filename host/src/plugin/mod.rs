@@ -12,12 +12,14 @@ mod fault;
 mod handler;
 mod host_state;
 pub mod inspect;
+pub mod swap;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use codec::{CodecSet, CodecVersion, Conversion};
 pub use engine::{CompiledPlugin, EPOCH_TICK, EngineSettings, PluginEngine};
 pub use fault::{Fault, FaultKind};
 pub use handler::{HandlerSlot, HandlerVersion, Invocation};

@@ -1,0 +1,690 @@
+//! Hot swap: replacing a consumer's handler plugin while the host runs
+//! (ARCHITECTURE.md §5).
+//!
+//! A reload reads the plugin file, and unless its SHA-256 is the one already
+//! serving, compiles it on a blocking thread, type-checks it against the
+//! `handler-plugin` world and warms one instance ([`HandlerVersion`] does all
+//! three); only then does it swap the consumer's [`HandlerSlot`]. A version
+//! that fails any step is refused, with a logged reason naming the file, and
+//! the old version keeps serving. A swap touches nothing but the slot: the
+//! AMQP consumer stays subscribed, no delivery is requeued, and a delivery
+//! already running finishes on the version it started with (it holds its own
+//! `Arc` of that version).
+//!
+//! Three triggers, all ending in [`Reloader::reload`]:
+//! - a change to the plugin file, seen by watching its folder (so writing in
+//!   place and renaming a new file over it are both seen), debounced so a
+//!   file still being written is read once, complete;
+//! - SIGHUP, which reloads every consumer;
+//! - `POST /plugins/reload` on the admin endpoint (`admin.rs`).
+//!
+//! Reloads of one consumer are serialised, so two triggers at once load the
+//! file once: the second finds its hash already serving.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
+use notify::{RecommendedWatcher, RecursiveMode, Watcher as _};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{HandlerSlot, HandlerVersion, PluginEngine, PluginError};
+use crate::telemetry::{Metrics, PluginSwapLabels, PluginVersionLabels};
+
+/// How long a plugin file must stay quiet after a change before it is read.
+const SETTLE: Duration = Duration::from_millis(75);
+/// The same, while the last thing seen was a write not yet followed by the
+/// writer closing the file (Linux reports closes): a slow copy is still going.
+const SETTLE_OPEN_FOR_WRITING: Duration = Duration::from_millis(500);
+
+/// What asked for a reload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    FileChanged,
+    Signal,
+    Admin,
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Cause::FileChanged => "file change",
+            Cause::Signal => "SIGHUP",
+            Cause::Admin => "admin request",
+        })
+    }
+}
+
+/// A reload request: why, and since when (the swap's latency is measured
+/// from here to the new version serving).
+#[derive(Debug, Clone, Copy)]
+pub struct Trigger {
+    pub cause: Cause,
+    pub at: Instant,
+}
+
+impl Trigger {
+    pub fn now(cause: Cause) -> Self {
+        Self {
+            cause,
+            at: Instant::now(),
+        }
+    }
+}
+
+/// How one consumer's reload ended.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// The new version serves every delivery from now on.
+    Swapped {
+        from: String,
+        to: String,
+        /// From the trigger to the new version serving.
+        took: Duration,
+        from_cache: bool,
+    },
+    /// The file holds the version already serving: nothing to do.
+    Unchanged { sha256: String },
+    /// The file cannot serve; `serving` still does.
+    Refused {
+        /// The refused file's hash, when it could be read.
+        sha256: Option<String>,
+        reason: String,
+        serving: String,
+    },
+}
+
+impl Outcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Swapped { .. } => "swapped",
+            Outcome::Unchanged { .. } => "unchanged",
+            Outcome::Refused { .. } => "refused",
+        }
+    }
+
+    pub fn is_refused(&self) -> bool {
+        matches!(self, Outcome::Refused { .. })
+    }
+}
+
+/// One consumer's reload result.
+#[derive(Debug, Clone)]
+pub struct ReloadReport {
+    pub queue: String,
+    pub path: PathBuf,
+    pub outcome: Outcome,
+}
+
+impl ReloadReport {
+    /// The report as the admin endpoint shows it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut json = serde_json::json!({
+            "queue": self.queue,
+            "path": self.path.display().to_string(),
+            "result": self.outcome.label(),
+        });
+        let fields = json.as_object_mut().expect("an object");
+        match &self.outcome {
+            Outcome::Swapped {
+                from,
+                to,
+                took,
+                from_cache,
+            } => {
+                fields.insert("from".into(), from.as_str().into());
+                fields.insert("to".into(), to.as_str().into());
+                fields.insert("sha256".into(), to.as_str().into());
+                fields.insert("took_ms".into(), millis(*took).into());
+                fields.insert("from_cache".into(), (*from_cache).into());
+            }
+            Outcome::Unchanged { sha256 } => {
+                fields.insert("sha256".into(), sha256.as_str().into());
+            }
+            Outcome::Refused {
+                sha256,
+                reason,
+                serving,
+            } => {
+                fields.insert("refused_sha256".into(), sha256.clone().into());
+                fields.insert("reason".into(), reason.as_str().into());
+                fields.insert("sha256".into(), serving.as_str().into());
+            }
+        }
+        json
+    }
+}
+
+/// A refused reload, kept for the admin endpoint.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    pub at: SystemTime,
+    pub cause: Cause,
+    pub sha256: Option<String>,
+    pub reason: String,
+}
+
+/// A consumer's plugin as the admin endpoint shows it.
+#[derive(Debug, Clone)]
+pub struct PluginStatus {
+    pub queue: String,
+    pub path: PathBuf,
+    pub sha256: String,
+    pub size: usize,
+    pub loaded_at: SystemTime,
+    pub from_cache: bool,
+    pub last_refused: Option<Refusal>,
+}
+
+impl PluginStatus {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "queue": self.queue,
+            "path": self.path.display().to_string(),
+            "sha256": self.sha256,
+            "size": self.size,
+            "loaded_at": humantime::format_rfc3339_millis(self.loaded_at).to_string(),
+            "from_cache": self.from_cache,
+            "last_refused": self.last_refused.as_ref().map(|r| serde_json::json!({
+                "at": humantime::format_rfc3339_millis(r.at).to_string(),
+                "trigger": r.cause.to_string(),
+                "sha256": r.sha256,
+                "reason": r.reason,
+            })),
+        })
+    }
+}
+
+/// A consumer whose plugin can be reloaded.
+pub struct PluginSpec {
+    pub queue: String,
+    pub path: PathBuf,
+    pub slot: Arc<HandlerSlot>,
+}
+
+struct Entry {
+    queue: String,
+    path: PathBuf,
+    slot: Arc<HandlerSlot>,
+    /// Held for the whole of a reload: one reload per consumer at a time.
+    reloading: tokio::sync::Mutex<()>,
+    last_refused: Mutex<Option<Refusal>>,
+}
+
+/// A consumer name that matches no consumer.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("no consumer reads queue '{0}'")]
+pub struct UnknownQueue(pub String);
+
+/// Reloads consumers' handler plugins, on request and on file changes.
+pub struct Reloader {
+    engine: Arc<PluginEngine>,
+    metrics: Arc<Metrics>,
+    entries: Vec<Entry>,
+}
+
+impl Reloader {
+    pub fn new(
+        engine: Arc<PluginEngine>,
+        metrics: Arc<Metrics>,
+        specs: impl IntoIterator<Item = PluginSpec>,
+    ) -> Self {
+        let entries = specs
+            .into_iter()
+            .map(|spec| Entry {
+                queue: spec.queue,
+                path: spec.path,
+                slot: spec.slot,
+                reloading: tokio::sync::Mutex::new(()),
+                last_refused: Mutex::new(None),
+            })
+            .collect();
+        Self {
+            engine,
+            metrics,
+            entries,
+        }
+    }
+
+    /// Every consumer's current plugin.
+    pub fn status(&self) -> Vec<PluginStatus> {
+        self.entries
+            .iter()
+            .map(|entry| {
+                let current = entry.slot.current();
+                PluginStatus {
+                    queue: entry.queue.clone(),
+                    path: entry.path.clone(),
+                    sha256: current.sha256.clone(),
+                    size: current.size,
+                    loaded_at: current.loaded_at,
+                    from_cache: current.from_cache,
+                    last_refused: entry.last_refused.lock().expect("poisoned").clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Reloads the plugin of the consumer of `queue`, or of every consumer.
+    pub async fn reload(
+        &self,
+        queue: Option<&str>,
+        trigger: Trigger,
+    ) -> Result<Vec<ReloadReport>, UnknownQueue> {
+        let chosen: Vec<usize> = (0..self.entries.len())
+            .filter(|&i| queue.is_none_or(|q| self.entries[i].queue == q))
+            .collect();
+        if let Some(queue) = queue
+            && chosen.is_empty()
+        {
+            return Err(UnknownQueue(queue.to_string()));
+        }
+        Ok(self.reload_entries(&chosen, trigger).await)
+    }
+
+    async fn reload_entries(&self, chosen: &[usize], trigger: Trigger) -> Vec<ReloadReport> {
+        let mut reports = Vec::with_capacity(chosen.len());
+        for &index in chosen {
+            reports.push(self.reload_entry(&self.entries[index], trigger).await);
+        }
+        reports
+    }
+
+    async fn reload_entry(&self, entry: &Entry, trigger: Trigger) -> ReloadReport {
+        let _one_at_a_time = entry.reloading.lock().await;
+        let (serving, context) = {
+            let current = entry.slot.current();
+            (current.sha256.clone(), current.context().clone())
+        };
+        let engine = self.engine.clone();
+        let path = entry.path.clone();
+        let serving_sha = serving.clone();
+        // Reading, hashing, compiling and warming are blocking work (the
+        // compile takes milliseconds to seconds): off the runtime's workers.
+        let loaded = tokio::task::spawn_blocking(move || {
+            let bytes = std::fs::read(&path).map_err(|e| {
+                (
+                    None,
+                    PluginError::new(&path, format!("cannot read it: {e}")),
+                )
+            })?;
+            let sha256 = hex::encode(Sha256::digest(&bytes));
+            if sha256 == serving_sha {
+                return Ok(None);
+            }
+            let started = Instant::now();
+            let compiled = engine
+                .compile_bytes(&path, &bytes)
+                .map_err(|e| (Some(sha256.clone()), e))?;
+            let version = HandlerVersion::from_compiled(&engine, compiled, context)
+                .map_err(|e| (Some(sha256), e))?;
+            Ok(Some((version, started.elapsed())))
+        })
+        .await
+        .unwrap_or_else(|join_error| {
+            Err((
+                None,
+                PluginError::new(&entry.path, format!("loading it panicked: {join_error}")),
+            ))
+        });
+
+        let outcome = match loaded {
+            Ok(None) => Outcome::Unchanged { sha256: serving },
+            Ok(Some((version, load_time))) => self.swap_in(entry, version, load_time, trigger),
+            Err((sha256, error)) => self.refuse(entry, sha256, error, serving, trigger),
+        };
+        if let Outcome::Unchanged { sha256 } = &outcome {
+            // A file event that changed nothing (a touch, our own rewrite of
+            // the same bytes) is routine; an explicit request is worth a line.
+            if trigger.cause == Cause::FileChanged {
+                tracing::debug!(queue = %entry.queue, plugin = %entry.path.display(), sha256 = %sha256, trigger = %trigger.cause, "plugin unchanged");
+            } else {
+                tracing::info!(queue = %entry.queue, plugin = %entry.path.display(), sha256 = %sha256, trigger = %trigger.cause, "plugin unchanged; nothing to swap");
+            }
+        }
+        ReloadReport {
+            queue: entry.queue.clone(),
+            path: entry.path.clone(),
+            outcome,
+        }
+    }
+
+    fn swap_in(
+        &self,
+        entry: &Entry,
+        version: Arc<HandlerVersion>,
+        load_time: Duration,
+        trigger: Trigger,
+    ) -> Outcome {
+        let to = version.sha256.clone();
+        let from_cache = version.from_cache;
+        // The swap itself: every delivery that loads the slot from here on
+        // gets the new version; running ones keep their own `Arc` of the old.
+        let old = entry.slot.swap(version);
+        let took = trigger.at.elapsed();
+        let from = old.sha256.clone();
+        drop(old);
+        let gauge = |sha256: &str| {
+            self.metrics
+                .plugin_version
+                .get_or_create(&PluginVersionLabels {
+                    queue: entry.queue.clone(),
+                    sha256: sha256.to_string(),
+                })
+                .clone()
+        };
+        gauge(&from).set(0);
+        gauge(&to).set(1);
+        self.count(entry, "swapped");
+        tracing::info!(
+            queue = %entry.queue,
+            plugin = %entry.path.display(),
+            from = %from,
+            to = %to,
+            trigger = %trigger.cause,
+            took_ms = millis(took),
+            load_ms = millis(load_time),
+            from_cache,
+            "plugin swapped"
+        );
+        Outcome::Swapped {
+            from,
+            to,
+            took,
+            from_cache,
+        }
+    }
+
+    fn refuse(
+        &self,
+        entry: &Entry,
+        sha256: Option<String>,
+        error: PluginError,
+        serving: String,
+        trigger: Trigger,
+    ) -> Outcome {
+        let reason = error.to_string();
+        self.count(entry, "refused");
+        tracing::warn!(
+            queue = %entry.queue,
+            plugin = %entry.path.display(),
+            refused_sha256 = sha256.as_deref().unwrap_or("-"),
+            serving = %serving,
+            trigger = %trigger.cause,
+            reason = %reason,
+            "plugin refused; the current version keeps serving"
+        );
+        *entry.last_refused.lock().expect("poisoned") = Some(Refusal {
+            at: SystemTime::now(),
+            cause: trigger.cause,
+            sha256: sha256.clone(),
+            reason: reason.clone(),
+        });
+        Outcome::Refused {
+            sha256,
+            reason,
+            serving,
+        }
+    }
+
+    fn count(&self, entry: &Entry, result: &str) {
+        self.metrics
+            .plugin_swaps
+            .get_or_create(&PluginSwapLabels {
+                queue: entry.queue.clone(),
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    /// Starts the automatic triggers: the file watcher and SIGHUP. They stop
+    /// when `stop` is cancelled; await the handle to know they have.
+    ///
+    /// Neither is essential: if the watcher cannot start (no inotify
+    /// watches left, say), that is logged and SIGHUP and the admin endpoint
+    /// still reload.
+    pub fn start(self: &Arc<Self>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let reloader = self.clone();
+        let (events, watched) = mpsc::unbounded_channel();
+        let watcher = reloader.watch(events);
+        tokio::spawn(async move {
+            // Kept alive for as long as the loop runs; dropping it stops it.
+            let _watcher = watcher;
+            reloader.trigger_loop(watched, stop).await;
+        })
+    }
+
+    /// Watches the folder of every plugin file (a file replaced by a rename
+    /// is a new inode: only its folder sees that) and sends the indexes of
+    /// the consumers whose file an event touched.
+    fn watch(&self, events: mpsc::UnboundedSender<FileEvent>) -> Option<RecommendedWatcher> {
+        // Watched file path -> the consumers it serves. Keys are built from
+        // the watched folder exactly as the watcher builds event paths.
+        let mut files: HashMap<PathBuf, Vec<usize>> = HashMap::new();
+        let mut folders = BTreeSet::new();
+        for (index, entry) in self.entries.iter().enumerate() {
+            let Some(name) = entry.path.file_name() else {
+                continue;
+            };
+            let folder = match entry.path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            let folder = std::fs::canonicalize(&folder).unwrap_or(folder);
+            files.entry(folder.join(name)).or_default().push(index);
+            folders.insert(folder);
+        }
+        let handler = move |event: notify::Result<notify::Event>| {
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::warn!(error = %e, "plugin file watcher");
+                    return;
+                }
+            };
+            // The watcher lost events (its queue overflowed): look at every file.
+            let consumers: Vec<usize> = if event.need_rescan() {
+                files.values().flatten().copied().collect()
+            } else if is_change(&event.kind) {
+                event
+                    .paths
+                    .iter()
+                    .filter_map(|p| files.get(p))
+                    .flatten()
+                    .copied()
+                    .collect()
+            } else {
+                return;
+            };
+            if !consumers.is_empty() {
+                let _ = events.send(FileEvent {
+                    consumers,
+                    at: Instant::now(),
+                    writing: matches!(event.kind, EventKind::Modify(ModifyKind::Data(_))),
+                });
+            }
+        };
+        let mut watcher = match notify::recommended_watcher(handler) {
+            Ok(watcher) => watcher,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot watch plugin files; reload them with SIGHUP or POST /plugins/reload");
+                return None;
+            }
+        };
+        for folder in &folders {
+            match watcher.watch(folder, RecursiveMode::NonRecursive) {
+                Ok(()) => tracing::debug!(folder = %folder.display(), "watching plugin files"),
+                Err(e) => tracing::error!(
+                    folder = %folder.display(),
+                    error = %e,
+                    "cannot watch this folder's plugin files; reload them with SIGHUP or POST /plugins/reload"
+                ),
+            }
+        }
+        Some(watcher)
+    }
+
+    async fn trigger_loop(
+        &self,
+        mut watched: mpsc::UnboundedReceiver<FileEvent>,
+        stop: CancellationToken,
+    ) {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangup = match signal(SignalKind::hangup()) {
+            Ok(hangup) => Some(hangup),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; plugins reload on file changes and POST /plugins/reload only");
+                None
+            }
+        };
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
+                Some(()) = recv_signal(&mut hangup) => {
+                    tracing::info!("SIGHUP: reloading every plugin");
+                    let all: Vec<usize> = (0..self.entries.len()).collect();
+                    self.reload_entries(&all, Trigger::now(Cause::Signal)).await;
+                }
+                Some(first) = watched.recv() => {
+                    let Some((consumers, at)) = settle(first, &mut watched, &stop).await else {
+                        break;
+                    };
+                    let trigger = Trigger { cause: Cause::FileChanged, at };
+                    self.reload_entries(&consumers, trigger).await;
+                }
+            }
+        }
+    }
+}
+
+/// What the watcher saw happen to some consumers' plugin file.
+#[derive(Debug)]
+struct FileEvent {
+    consumers: Vec<usize>,
+    at: Instant,
+    /// Data was written and the writer may not have closed the file yet.
+    writing: bool,
+}
+
+/// Changes worth a reload: anything that can change the bytes at the path
+/// (written, created, renamed over or away, removed, closed after writing).
+/// Opening and reading are not: the reload's own read would loop forever.
+fn is_change(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_) => true,
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) | EventKind::Any | EventKind::Other => false,
+    }
+}
+
+/// Debounce: collects events until the files have been quiet for
+/// [`SETTLE`] (longer while one is still open for writing). Returns the
+/// consumers touched and when the first event came, or `None` on stop.
+async fn settle(
+    first: FileEvent,
+    watched: &mut mpsc::UnboundedReceiver<FileEvent>,
+    stop: &CancellationToken,
+) -> Option<(Vec<usize>, Instant)> {
+    let at = first.at;
+    let mut writing = first.writing;
+    let mut consumers: BTreeSet<usize> = first.consumers.into_iter().collect();
+    loop {
+        let quiet = if writing {
+            SETTLE_OPEN_FOR_WRITING
+        } else {
+            SETTLE
+        };
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return None,
+            next = watched.recv() => match next {
+                Some(event) => {
+                    writing = event.writing;
+                    consumers.extend(event.consumers);
+                }
+                None => break,
+            },
+            _ = tokio::time::sleep(quiet) => break,
+        }
+    }
+    Some((consumers.into_iter().collect(), at))
+}
+
+async fn recv_signal(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match signal {
+        Some(signal) => signal.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn millis(duration: Duration) -> f64 {
+    (duration.as_secs_f64() * 1e6).round() / 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{CreateKind, DataChange, RenameMode};
+
+    #[test]
+    fn reads_and_opens_are_not_changes() {
+        assert!(!is_change(&EventKind::Access(AccessKind::Open(
+            AccessMode::Any
+        ))));
+        assert!(!is_change(&EventKind::Access(AccessKind::Close(
+            AccessMode::Read
+        ))));
+        assert!(is_change(&EventKind::Access(AccessKind::Close(
+            AccessMode::Write
+        ))));
+        assert!(is_change(&EventKind::Modify(ModifyKind::Name(
+            RenameMode::To
+        ))));
+        assert!(is_change(&EventKind::Modify(ModifyKind::Data(
+            DataChange::Any
+        ))));
+        assert!(is_change(&EventKind::Create(CreateKind::File)));
+    }
+
+    #[tokio::test]
+    async fn settle_merges_a_burst_and_waits_longer_for_an_open_writer() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        let start = Instant::now();
+        let event = |consumers: Vec<usize>, writing| FileEvent {
+            consumers,
+            at: Instant::now(),
+            writing,
+        };
+        tx.send(event(vec![1], true)).unwrap();
+        tx.send(event(vec![0, 1], false)).unwrap();
+        let first = event(vec![2], true);
+        let first_at = first.at;
+        let (consumers, at) = settle(first, &mut rx, &stop).await.unwrap();
+        assert_eq!(consumers, vec![0, 1, 2]);
+        assert_eq!(at, first_at);
+        // The last event closed the file: the short quiet period applies.
+        assert!(
+            start.elapsed() < SETTLE_OPEN_FOR_WRITING,
+            "{:?}",
+            start.elapsed()
+        );
+
+        let start = Instant::now();
+        let (_, _) = settle(event(vec![0], true), &mut rx, &stop).await.unwrap();
+        assert!(start.elapsed() >= SETTLE_OPEN_FOR_WRITING);
+
+        stop.cancel();
+        assert!(
+            settle(event(vec![0], false), &mut rx, &stop)
+                .await
+                .is_none()
+        );
+    }
+}

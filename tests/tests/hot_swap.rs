@@ -1,0 +1,554 @@
+//! Hot swap against a real broker (ARCHITECTURE.md §5): a handler plugin
+//! replaced while messages flow loses nothing, handles nothing twice, never
+//! cancels the consumer, and switches versions at one point; a broken or
+//! wrong-world file is refused and the serving version keeps serving.
+//!
+//! The host runs as a real process (`acemq-host run`), so SIGHUP and its log
+//! are the real ones; its admin endpoint is on a free loopback port. The
+//! plugin file lives in a temporary folder as `handler.wasm`, and versions
+//! are deployed as a deploy tool would: written beside it, then renamed over
+//! it (or, for the broken ones, written over it in place).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use acemq_tests::host::{HostProcess, plugin_path};
+use acemq_tests::{shared_broker, unique_name};
+use lapin::BasicProperties;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use serde_json::Value;
+
+/// Messages published while the plugin is replaced, over about six seconds.
+const STREAM: u32 = 3000;
+const BATCH: u32 = 25;
+const BATCH_EVERY: Duration = Duration::from_millis(50);
+/// The new version is deployed once this many outputs came from the old one.
+const SWAP_AFTER: u32 = 1000;
+
+/// One test's names, plugin folder and admin address.
+struct Scenario {
+    input: String,
+    out_exchange: String,
+    output: String,
+    dir: tempfile::TempDir,
+    admin: String,
+}
+
+impl Scenario {
+    fn new() -> Self {
+        Self {
+            input: unique_name("swap.in"),
+            out_exchange: unique_name("swap.out"),
+            output: unique_name("swap.stamped"),
+            dir: tempfile::tempdir().unwrap(),
+            admin: format!("127.0.0.1:{}", free_port()),
+        }
+    }
+
+    fn handler(&self) -> PathBuf {
+        self.dir.path().join("handler.wasm")
+    }
+
+    fn config(&self) -> String {
+        format!(
+            r#"
+[broker]
+url = "{url}"
+connect_timeout = "10s"
+
+[host]
+admin_listen = "{admin}"
+
+[[exchanges]]
+name = "{out}"
+kind = "direct"
+
+[[queues]]
+name = "{input}"
+dead_letter = true
+
+[[queues]]
+name = "{output}"
+
+[[bindings]]
+queue = "{output}"
+exchange = "{out}"
+routing_key = "stamped"
+
+[[consumers]]
+queue = "{input}"
+plugin = "{plugin}"
+publish_to = ["{out}"]
+prefetch = 50
+concurrency = 1
+
+[consumers.config]
+out_exchange = "{out}"
+"#,
+            url = shared_broker().amqp_url(),
+            admin = self.admin,
+            out = self.out_exchange,
+            input = self.input,
+            output = self.output,
+            plugin = self.handler().display(),
+        )
+    }
+
+    /// Deploys `plugin` as a deploy tool would: a temporary file in the same
+    /// folder, renamed over `handler.wasm` (atomic: the host never sees half).
+    fn deploy(&self, plugin: &Path) {
+        let tmp = self.dir.path().join(".handler.wasm.tmp");
+        std::fs::copy(plugin, &tmp).unwrap();
+        std::fs::rename(&tmp, self.handler()).unwrap();
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        http("GET", &format!("http://{}{path}", self.admin))
+    }
+
+    fn get_json(&self, path: &str) -> Value {
+        let (status, body) = self.get(path);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    fn post_reload(&self, query: &str) -> (u16, Value) {
+        let (status, body) = http(
+            "POST",
+            &format!("http://{}/plugins/reload{query}", self.admin),
+        );
+        (
+            status,
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}")),
+        )
+    }
+
+    /// The one consumer's entry of `GET /plugins`.
+    fn plugin(&self) -> Value {
+        let plugins = self.get_json("/plugins");
+        assert_eq!(plugins.as_array().unwrap().len(), 1, "{plugins}");
+        plugins[0].clone()
+    }
+
+    fn metric(&self, series: &str) -> Option<f64> {
+        let (status, text) = self.get("/metrics");
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    fn swaps(&self, result: &str) -> f64 {
+        self.metric(&format!(
+            "acemq_plugin_swaps_total{{queue=\"{}\",result=\"{result}\"}}",
+            self.input
+        ))
+        .unwrap_or(0.0)
+    }
+
+    fn version_gauge(&self, sha256: &str) -> Option<f64> {
+        self.metric(&format!(
+            "acemq_plugin_version{{queue=\"{}\",sha256=\"{sha256}\"}}",
+            self.input
+        ))
+    }
+
+    /// Publishes `seqs` to the input queue, all at once, confirmed.
+    async fn publish(&self, seqs: std::ops::Range<u32>) {
+        shared_broker()
+            .publish_many("", &self.input, seqs.map(|i| (body(i), properties(i))))
+            .await
+            .unwrap();
+    }
+
+    /// Drains `count` outputs; returns `seq -> version` after checking each
+    /// output names its input.
+    async fn outputs(&self, count: usize, host: &HostProcess) -> Vec<(u32, String)> {
+        let got = shared_broker()
+            .drain(&self.output, count, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(
+            got.len(),
+            count,
+            "outputs missing; host log:\n{}",
+            host.log_text()
+        );
+        got.iter()
+            .map(|m| {
+                let v: Value = serde_json::from_slice(&m.body).unwrap();
+                let seq: u32 = v["input"].as_str().unwrap().parse().unwrap();
+                assert_eq!(v["input_id"], format!("seq-{seq}"), "{v}");
+                (seq, v["version"].as_str().unwrap().to_string())
+            })
+            .collect()
+    }
+}
+
+fn body(seq: u32) -> Vec<u8> {
+    seq.to_string().into_bytes()
+}
+
+fn properties(seq: u32) -> BasicProperties {
+    BasicProperties::default()
+        .with_content_type("text/plain".into())
+        .with_delivery_mode(2)
+        .with_message_id(format!("seq-{seq}").into())
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// A blocking HTTP call (loopback, milliseconds) without stalling the runtime.
+fn http(method: &str, url: &str) -> (u16, String) {
+    tokio::task::block_in_place(|| {
+        let agent = ureq::Agent::config_builder()
+            .proxy(None)
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .new_agent();
+        let mut response = match method {
+            "GET" => agent.get(url).call(),
+            "POST" => agent.post(url).send_empty(),
+            other => panic!("no {other} here"),
+        }
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+        let status = response.status().as_u16();
+        (status, response.body_mut().read_to_string().unwrap())
+    })
+}
+
+/// Blocking waits on the host's log, off the runtime's workers' duties.
+fn wait_for_log(host: &mut HostProcess, needle: &str, count: usize) {
+    tokio::task::block_in_place(|| {
+        host.wait_for_log(needle, count, Duration::from_secs(60))
+            .unwrap()
+    });
+}
+
+fn log_lines_with(host: &HostProcess, needle: &str) -> Vec<String> {
+    host.log_lines()
+        .into_iter()
+        .filter(|l| l.contains(needle))
+        .collect()
+}
+
+/// The pid of this test process's `acemq-host` child (one at a time in this
+/// binary); `HostProcess` keeps its `Child` to itself.
+fn host_pid() -> libc::pid_t {
+    let me = std::process::id().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...
+        let Some((head, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let ppid = rest.split_whitespace().nth(1);
+        if head.ends_with("(acemq-host") && ppid == Some(me.as_str()) {
+            found.push(head.split_whitespace().next().unwrap().parse().unwrap());
+        }
+    }
+    assert_eq!(found.len(), 1, "acemq-host children: {found:?}");
+    found[0]
+}
+
+/// Publishes `STREAM` numbered messages at a steady pace, confirmed.
+async fn publish_stream(queue: String) {
+    let connection = shared_broker().connect().await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let mut tick = tokio::time::interval(BATCH_EVERY);
+    for start in (0..STREAM).step_by(BATCH as usize) {
+        tick.tick().await;
+        let mut confirms = Vec::new();
+        for seq in start..(start + BATCH).min(STREAM) {
+            confirms.push(
+                channel
+                    .basic_publish(
+                        "".into(),
+                        queue.as_str().into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..Default::default()
+                        },
+                        &body(seq),
+                        properties(seq),
+                    )
+                    .await
+                    .unwrap(),
+            );
+        }
+        for confirm in confirms {
+            assert!(confirm.await.unwrap().is_ack());
+        }
+    }
+    let _ = connection.close(200, "done".into()).await;
+}
+
+/// Samples the queue's consumer count until `stop`; returns the lowest seen.
+async fn watch_consumers(queue: String, stop: Arc<AtomicBool>, samples: Arc<AtomicU32>) -> u32 {
+    let connection = shared_broker().connect().await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let mut lowest = u32::MAX;
+    while !stop.load(Ordering::Relaxed) {
+        let declared = channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        lowest = lowest.min(declared.consumer_count());
+        samples.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = connection.close(200, "done".into()).await;
+    lowest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plugin_swapped_under_load_loses_nothing_and_broken_versions_are_refused() {
+    let broker = shared_broker();
+    let s = Scenario::new();
+    std::fs::copy(plugin_path("stamp-v1"), s.handler()).unwrap();
+    let mut host =
+        tokio::task::block_in_place(|| HostProcess::start(&s.config(), 1)).expect("host starts");
+
+    let v1 = s.plugin();
+    let sha_v1 = v1["sha256"].as_str().unwrap().to_string();
+    assert_eq!(v1["queue"], s.input.as_str());
+    assert_eq!(v1["path"], s.handler().display().to_string());
+    assert_eq!(
+        v1["size"],
+        std::fs::metadata(s.handler()).unwrap().len(),
+        "{v1}"
+    );
+    assert!(v1["last_refused"].is_null(), "{v1}");
+    let health = s.get_json("/health");
+    assert_eq!(health["status"], "UP");
+    assert_eq!(health["consumers"][0]["queue"], s.input.as_str());
+    assert_eq!(health["consumers"][0]["sha256"], sha_v1.as_str());
+
+    // --- v1 -> v2 under a steady stream -------------------------------------
+    let stop_watching = Arc::new(AtomicBool::new(false));
+    let samples = Arc::new(AtomicU32::new(0));
+    let watcher = tokio::spawn(watch_consumers(
+        s.input.clone(),
+        stop_watching.clone(),
+        samples.clone(),
+    ));
+    let publisher = tokio::spawn(publish_stream(s.input.clone()));
+    let handled = broker
+        .wait_for_message_count(&s.output, SWAP_AFTER, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        handled >= SWAP_AFTER,
+        "only {handled} outputs; host log:\n{}",
+        host.log_text()
+    );
+    assert!(
+        !publisher.is_finished(),
+        "the stream ended before the swap; the test proves nothing"
+    );
+    s.deploy(&plugin_path("stamp-v2"));
+    wait_for_log(&mut host, "plugin swapped", 1);
+    publisher.await.unwrap();
+    broker
+        .wait_for_message_count(&s.output, STREAM, Duration::from_secs(60))
+        .await
+        .unwrap();
+    stop_watching.store(true, Ordering::Relaxed);
+    let lowest_consumers = watcher.await.unwrap();
+
+    let outputs = s.outputs(STREAM as usize, &host).await;
+    // Exactly one output per input: none lost, none twice.
+    let mut by_seq = BTreeMap::new();
+    for (seq, version) in &outputs {
+        assert!(
+            by_seq.insert(*seq, version.clone()).is_none(),
+            "input {seq} produced two outputs"
+        );
+    }
+    assert_eq!(
+        by_seq.keys().copied().collect::<Vec<_>>(),
+        (0..STREAM).collect::<Vec<_>>(),
+        "every input produced an output"
+    );
+    // One cut: with concurrency 1 the handler runs the inputs one at a time
+    // in queue order, so in sequence order it is v1 up to the swap, then v2.
+    // (Outputs of neighbouring deliveries are confirmed on different
+    // channels, so their order in the output queue may differ by a place.)
+    let versions: Vec<&str> = by_seq.values().map(String::as_str).collect();
+    let cut = versions.iter().position(|v| *v == "v2").expect("v2 served");
+    assert!(
+        versions[..cut].iter().all(|v| *v == "v1") && versions[cut..].iter().all(|v| *v == "v2"),
+        "versions switch more than once: {:?}",
+        runs(&versions)
+    );
+    assert!(
+        cut >= SWAP_AFTER as usize && cut < STREAM as usize - 100,
+        "the swap came at input {cut} of {STREAM}"
+    );
+    // The consumer stayed attached and nothing went back or aside.
+    assert_eq!(broker.message_count(&s.input).await.unwrap(), 0);
+    assert_eq!(
+        broker
+            .message_count(&format!("{}.dlq", s.input))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(broker.message_count(&s.output).await.unwrap(), 0);
+    assert!(samples.load(Ordering::Relaxed) > 50, "too few samples");
+    assert_eq!(
+        lowest_consumers, 1,
+        "the queue lost its consumer during the swap"
+    );
+    assert_eq!(log_lines_with(&host, ": consuming").len(), 1);
+    assert!(log_lines_with(&host, "consumer stopped").is_empty());
+
+    let v2 = s.plugin();
+    let sha_v2 = v2["sha256"].as_str().unwrap().to_string();
+    assert_ne!(sha_v2, sha_v1);
+    let swapped = log_lines_with(&host, "plugin swapped");
+    assert!(
+        swapped[0].contains(&format!("from={sha_v1}"))
+            && swapped[0].contains(&format!("to={sha_v2}"))
+            && swapped[0].contains("trigger=file change")
+            && swapped[0].contains("took_ms="),
+        "{}",
+        swapped[0]
+    );
+    eprintln!(
+        "hot_swap: v1 served inputs 0..{cut}, v2 {cut}..{STREAM}; {}",
+        swapped[0]
+    );
+    assert_eq!(s.swaps("swapped"), 1.0);
+    assert_eq!(s.version_gauge(&sha_v1), Some(0.0));
+    assert_eq!(s.version_gauge(&sha_v2), Some(1.0));
+    assert_eq!(
+        s.get_json("/health")["consumers"][0]["sha256"],
+        sha_v2.as_str()
+    );
+
+    // --- a broken v3, written in place: refused, v2 keeps serving -----------
+    std::fs::write(s.handler(), b"this is not WebAssembly at all, just bytes").unwrap();
+    wait_for_log(&mut host, "plugin refused", 1);
+    let refused = s.plugin();
+    assert_eq!(refused["sha256"], sha_v2.as_str(), "{refused}");
+    let reason = refused["last_refused"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&s.handler().display().to_string())
+            && reason.contains("not a WebAssembly component"),
+        "{reason}"
+    );
+    let line = &log_lines_with(&host, "plugin refused")[0];
+    assert!(
+        line.contains("not a WebAssembly component") && line.contains(&format!("serving={sha_v2}")),
+        "{line}"
+    );
+    assert_eq!(s.swaps("refused"), 1.0);
+    s.publish(STREAM..STREAM + 20).await;
+    assert!(
+        s.outputs(20, &host).await.iter().all(|(_, v)| v == "v2"),
+        "v2 stopped serving"
+    );
+
+    // --- the wrong world (a codec) copied over it: refused likewise ---------
+    std::fs::copy(plugin_path("msgpack-codec"), s.handler()).unwrap();
+    wait_for_log(&mut host, "plugin refused", 2);
+    let refused = s.plugin();
+    assert_eq!(refused["sha256"], sha_v2.as_str(), "{refused}");
+    let reason = refused["last_refused"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&s.handler().display().to_string()) && reason.contains("handler"),
+        "{reason}"
+    );
+    assert_eq!(s.swaps("refused"), 2.0);
+    s.publish(STREAM + 20..STREAM + 40).await;
+    assert!(
+        s.outputs(20, &host).await.iter().all(|(_, v)| v == "v2"),
+        "v2 stopped serving"
+    );
+
+    // --- explicit reloads of the same wrong file: the endpoint and SIGHUP ---
+    let (status, answer) = s.post_reload("");
+    assert_eq!(status, 422, "{answer}");
+    let result = &answer["results"][0];
+    assert_eq!(result["queue"], s.input.as_str());
+    assert_eq!(result["result"], "refused");
+    assert_eq!(result["sha256"], sha_v2.as_str(), "{result}");
+    assert!(
+        result["reason"].as_str().unwrap().contains("handler"),
+        "{result}"
+    );
+    assert_eq!(s.swaps("refused"), 3.0);
+    let (status, answer) = s.post_reload("?queue=no.such.queue");
+    assert_eq!(status, 404, "{answer}");
+    assert_eq!(s.get("/plugins/reload").0, 405);
+
+    // SAFETY: plain kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(host_pid(), libc::SIGHUP) }, 0);
+    wait_for_log(&mut host, "plugin refused", 4);
+    assert!(
+        log_lines_with(&host, "plugin refused")[3].contains("trigger=SIGHUP"),
+        "{}",
+        host.log_text()
+    );
+    assert_eq!(s.swaps("refused"), 4.0);
+
+    // --- roll back to v1: swapped again; a reload of the same file is a no-op
+    s.deploy(&plugin_path("stamp-v1"));
+    wait_for_log(&mut host, "plugin swapped", 2);
+    s.publish(STREAM + 40..STREAM + 60).await;
+    assert!(
+        s.outputs(20, &host).await.iter().all(|(_, v)| v == "v1"),
+        "v1 is not serving after the rollback"
+    );
+    let (status, answer) = s.post_reload(&format!("?queue={}", s.input));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["results"][0]["result"], "unchanged", "{answer}");
+    assert_eq!(answer["results"][0]["sha256"], sha_v1.as_str(), "{answer}");
+    assert_eq!(s.swaps("swapped"), 2.0);
+    assert_eq!(s.version_gauge(&sha_v1), Some(1.0));
+    assert_eq!(s.version_gauge(&sha_v2), Some(0.0));
+    let plugin = s.plugin();
+    assert_eq!(plugin["sha256"], sha_v1.as_str());
+    // The last refusal stays on show, with its reason and trigger.
+    assert_eq!(plugin["last_refused"]["trigger"], "SIGHUP", "{plugin}");
+
+    // Still one subscription, from start to finish.
+    assert_eq!(log_lines_with(&host, ": consuming").len(), 1);
+    assert_eq!(broker.message_count(&s.input).await.unwrap(), 0);
+    let status = tokio::task::block_in_place(|| host.terminate(Duration::from_secs(30))).unwrap();
+    assert!(status.success(), "{status}");
+}
+
+/// `v1 x 1000, v2 x 2000` style summary of a version sequence.
+fn runs(versions: &[&str]) -> Vec<(String, usize)> {
+    let mut runs: Vec<(String, usize)> = Vec::new();
+    for v in versions {
+        match runs.last_mut() {
+            Some((last, n)) if last == v => *n += 1,
+            _ => runs.push((v.to_string(), 1)),
+        }
+    }
+    runs
+}

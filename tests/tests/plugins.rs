@@ -1,0 +1,279 @@
+//! Untrusted plugins against a real broker: each fault costs one failed
+//! delivery with a reason that names it, never the host, while healthy
+//! messages on the same consumer keep flowing; and codec plugins decode
+//! before the handler and park what they cannot read.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use acemq_host::plugin::{
+    CodecSet, CodecVersion, Conversion, EngineSettings, Limits, PluginEngine,
+};
+use acemq_tests::host::{InProcessHost, plugin_path};
+use acemq_tests::{ReceivedMessage, shared_broker, unique_name};
+use lapin::BasicProperties;
+use lapin::types::AMQPValue;
+
+fn error_of(message: &ReceivedMessage) -> String {
+    match message.header("x-acemq-error") {
+        Some(AMQPValue::LongString(s)) => s.to_string(),
+        other => panic!("x-acemq-error missing or not a string: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_fault_is_named_and_healthy_messages_keep_flowing() {
+    let broker = shared_broker();
+    let queue = unique_name("faults");
+    let out = unique_name("faults.out");
+    let out_queue = unique_name("faults.healthy");
+    let config = format!(
+        r#"
+[broker]
+url = "{url}"
+
+[[exchanges]]
+name = "{out}"
+kind = "direct"
+
+[[queues]]
+name = "{queue}"
+
+[[queues]]
+name = "{out_queue}"
+
+[[bindings]]
+queue = "{out_queue}"
+exchange = "{out}"
+routing_key = "healthy"
+
+[retry.twice]
+kind = "fixed"
+attempts = 2
+initial = "1s"
+
+[[consumers]]
+queue = "{queue}"
+plugin = "{plugin}"
+retry = "twice"
+publish_to = ["{out}"]
+deadline = "500ms"
+max_memory_bytes = 16777216
+
+[consumers.config]
+out_exchange = "{out}"
+"#,
+        url = broker.amqp_url(),
+        plugin = plugin_path("faults").display(),
+    );
+    let host = InProcessHost::start(&config).await.unwrap();
+
+    let faults = ["trap", "panic", "loop", "oom", "recurse", "forbidden"];
+    let mut healthy = 0;
+    for (i, fault) in faults.iter().enumerate() {
+        for body in [
+            format!("healthy {i}a"),
+            fault.to_string(),
+            format!("healthy {i}b"),
+        ] {
+            healthy += usize::from(body.starts_with("healthy"));
+            let properties = BasicProperties::default()
+                .with_content_type("text/plain".into())
+                .with_message_id(body.replace(' ', "-").into());
+            broker
+                .publish("", &queue, body.as_bytes(), properties)
+                .await
+                .unwrap();
+        }
+    }
+
+    let outputs = broker
+        .drain(&out_queue, healthy, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(outputs.len(), healthy, "healthy messages stopped flowing");
+    let dlq = format!("{queue}.dlq");
+    let dead = broker
+        .drain(&dlq, faults.len(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), faults.len());
+    let reasons: BTreeMap<String, String> = dead
+        .iter()
+        .map(|m| (m.body_str().into_owned(), error_of(m)))
+        .collect();
+    let expected = [
+        (
+            "trap",
+            "exhausted 2 attempts: trap: wasm `unreachable` instruction executed",
+        ),
+        (
+            "panic",
+            "exhausted 2 attempts: panic: boom: the faults plugin was asked to panic",
+        ),
+        ("loop", "exhausted 2 attempts: deadline of 500ms exceeded"),
+        (
+            "oom",
+            "exhausted 2 attempts: out of memory: the plugin asked for",
+        ),
+        ("recurse", "exhausted 2 attempts: stack overflow"),
+        (
+            "forbidden",
+            "exhausted 2 attempts: publish to exchange `forbidden.exchange`",
+        ),
+    ];
+    for (fault, prefix) in expected {
+        let reason = &reasons[fault];
+        assert!(reason.starts_with(prefix), "{fault}: {reason}");
+    }
+    assert!(
+        reasons["forbidden"].contains("is not allowed for this consumer"),
+        "{}",
+        reasons["forbidden"]
+    );
+    assert_eq!(broker.message_count(&queue).await.unwrap(), 0);
+    // Every fault was counted by kind, and the host is still consuming.
+    let rendered = host.metrics.render();
+    for kind in [
+        "trap",
+        "panic",
+        "deadline",
+        "out_of_memory",
+        "stack_overflow",
+    ] {
+        assert!(
+            rendered.contains(&format!(
+                "acemq_plugin_faults_total{{queue=\"{queue}\",fault=\"{kind}\"}} 2"
+            )),
+            "{kind} not counted twice:\n{rendered}"
+        );
+    }
+    host.stop().await.unwrap();
+}
+
+fn msgpack_codec() -> CodecSet {
+    let engine = PluginEngine::new(EngineSettings::default()).unwrap();
+    let codec =
+        CodecVersion::load(&engine, &plugin_path("msgpack-codec"), Limits::default()).unwrap();
+    let mut set = CodecSet::new();
+    set.add(&["application/msgpack".to_string()], codec);
+    set
+}
+
+#[test]
+fn the_msgpack_codec_round_trips_and_refuses_garbage_by_name() {
+    let codecs = msgpack_codec();
+    let json = br#"{"id":"o-1","customer":"ada","total":12.5}"#;
+    let Conversion::Converted {
+        content_type,
+        body: packed,
+    } = codecs.encode(Some("application/msgpack"), json)
+    else {
+        panic!("encode refused");
+    };
+    assert_eq!(content_type, "application/msgpack");
+    assert_ne!(packed.as_slice(), json.as_slice());
+    let Conversion::Converted { content_type, body } =
+        codecs.decode(Some("application/msgpack"), &packed)
+    else {
+        panic!("decode refused");
+    };
+    assert_eq!(content_type, "application/json");
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+        serde_json::from_slice::<serde_json::Value>(json).unwrap()
+    );
+    assert_eq!(
+        codecs.decode(Some("text/plain"), b"hi"),
+        Conversion::Unclaimed
+    );
+    let Conversion::Refused(why) = codecs.decode(Some("application/msgpack"), &[0xc1]) else {
+        panic!("garbage was decoded");
+    };
+    assert!(
+        why.starts_with("msgpack-codec: not valid MessagePack"),
+        "{why}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_codec_decodes_before_the_handler_and_undecodable_bodies_are_parked() {
+    let broker = shared_broker();
+    let orders = unique_name("codec.orders");
+    let events = unique_name("codec.events");
+    let events_queue = unique_name("codec.accepted");
+    let config = format!(
+        r#"
+[broker]
+url = "{url}"
+
+[[exchanges]]
+name = "{events}"
+kind = "topic"
+
+[[queues]]
+name = "{orders}"
+dead_letter = true
+
+[[queues]]
+name = "{events_queue}"
+
+[[bindings]]
+queue = "{events_queue}"
+exchange = "{events}"
+routing_key = "order.accepted"
+
+[[codecs]]
+plugin = "{codec}"
+content_types = ["application/msgpack"]
+
+[[consumers]]
+queue = "{orders}"
+plugin = "{router}"
+publish_to = ["{events}"]
+
+[consumers.config]
+events_exchange = "{events}"
+"#,
+        url = broker.amqp_url(),
+        codec = plugin_path("msgpack-codec").display(),
+        router = plugin_path("order-router").display(),
+    );
+    let host = InProcessHost::start(&config).await.unwrap();
+    let Conversion::Converted { body: packed, .. } = msgpack_codec().encode(
+        Some("application/msgpack"),
+        br#"{"id":"m-1","customer":"ada","total":3}"#,
+    ) else {
+        panic!("encode refused");
+    };
+    let msgpack = BasicProperties::default().with_content_type("application/msgpack".into());
+    broker
+        .publish("", &orders, &packed, msgpack.clone())
+        .await
+        .unwrap();
+    broker
+        .publish("", &orders, b"\xc1 not msgpack", msgpack)
+        .await
+        .unwrap();
+
+    let accepted = broker
+        .drain(&events_queue, 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(accepted.len(), 1);
+    let event: serde_json::Value = serde_json::from_slice(&accepted[0].body).unwrap();
+    assert_eq!(event["id"], "m-1");
+
+    let parked = broker
+        .drain(&format!("{orders}.parked"), 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].body.as_slice(), b"\xc1 not msgpack".as_slice());
+    let reason = error_of(&parked[0]);
+    assert!(
+        reason.starts_with("could not be decoded: msgpack-codec: not valid MessagePack"),
+        "{reason}"
+    );
+    host.stop().await.unwrap();
+}
