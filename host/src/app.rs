@@ -102,7 +102,7 @@ fn engine_settings(config: &LoadedConfig) -> EngineSettings {
             .plugin_cache_dir
             .as_ref()
             .map(|dir| config.resolve(dir)),
-        fuel_metering: false,
+        fuel_metering: config.config.host.fuel_metering,
     }
 }
 

@@ -76,6 +76,10 @@ pub struct HostConfig {
     pub admin_listen: Option<String>,
     /// Where compiled plugins are cached; no cache when absent.
     pub plugin_cache_dir: Option<PathBuf>,
+    /// Count the fuel (roughly, instructions) every handler call burns and
+    /// report it as `acemq_plugin_fuel_total`. Costs some speed.
+    #[serde(default)]
+    pub fuel_metering: bool,
 }
 
 impl Default for HostConfig {
@@ -84,6 +88,7 @@ impl Default for HostConfig {
             drain_timeout: defaults::drain_timeout(),
             admin_listen: None,
             plugin_cache_dir: None,
+            fuel_metering: false,
         }
     }
 }

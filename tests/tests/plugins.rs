@@ -32,6 +32,9 @@ async fn each_fault_is_named_and_healthy_messages_keep_flowing() {
 [broker]
 url = "{url}"
 
+[host]
+fuel_metering = true
+
 [[exchanges]]
 name = "{out}"
 kind = "direct"
@@ -148,6 +151,13 @@ out_exchange = "{out}"
             "{kind} not counted twice:\n{rendered}"
         );
     }
+    // Fuel metering is on: the healthy calls' fuel was counted.
+    let fuel_line = rendered
+        .lines()
+        .find(|l| l.starts_with(&format!("acemq_plugin_fuel_total{{queue=\"{queue}\"}}")))
+        .unwrap_or_else(|| panic!("no fuel counted:\n{rendered}"));
+    let fuel: u64 = fuel_line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(fuel > 0, "{fuel_line}");
     host.stop().await.unwrap();
 }
 

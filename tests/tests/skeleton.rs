@@ -162,11 +162,12 @@ async fn a_valid_order_produces_an_event_and_an_invalid_one_is_dead_lettered_wit
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn sigterm_with_messages_in_flight_loses_nothing() {
-    const ORDERS: usize = 2000;
+async fn sigterm_with_a_thousand_messages_in_flight_loses_nothing() {
+    const ORDERS: usize = 3000;
     let broker = shared_broker();
     let names = Names::new();
-    let config = names.config("prefetch = 50\nconcurrency = 2");
+    // Up to 1000 deliveries in flight (unacked) when the signal comes.
+    let config = names.config("prefetch = 1000\nconcurrency = 4");
 
     // Declare everything and stop, so the orders wait in the queue.
     let host = HostProcess::start(&config, 1).expect("host starts");
