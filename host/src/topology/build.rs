@@ -222,7 +222,10 @@ impl<'a> Builder<'a> {
         self.add_queue(QueueDecl {
             name: q.name.clone(),
             queue_type,
-            durable: q.durable,
+            // RabbitMQ keeps an exclusive queue only as long as its
+            // connection, and stores it as transient whatever `durable`
+            // said; the plan says what the broker will hold.
+            durable: q.durable && !q.exclusive,
             exclusive: q.exclusive,
             auto_delete: q.auto_delete,
             arguments,
