@@ -123,8 +123,9 @@ impl Outputs {
             .map(|(at, _)| *at)
     }
 
-    /// The longest gap between consecutive outputs arriving in [from, to).
-    fn longest_gap(&self, from: Instant, to: Instant) -> Duration {
+    /// The longest gap between consecutive outputs arriving in [from, to),
+    /// and the arrival that opened it.
+    fn longest_gap(&self, from: Instant, to: Instant) -> (Duration, Instant) {
         let arrivals = self.arrivals.lock().unwrap();
         let times: Vec<Instant> = arrivals
             .iter()
@@ -133,9 +134,9 @@ impl Outputs {
             .collect();
         times
             .windows(2)
-            .map(|w| w[1] - w[0])
+            .map(|w| (w[1] - w[0], w[0]))
             .max()
-            .unwrap_or_default()
+            .unwrap_or((Duration::ZERO, from))
     }
 
     fn len(&self) -> usize {
@@ -152,6 +153,8 @@ struct Swap {
     centred: usize,
     following: usize,
     gap_around: Duration,
+    /// Where that gap began, in ms from the rename (negative: before it).
+    gap_around_at: f64,
     gap_before: Duration,
 }
 
@@ -262,7 +265,7 @@ out_exchange = "{exchange}"
         Arc::new(Metrics::new()),
     ));
     let connection = broker.connect().await?;
-    wait_until_consuming(&connection, &input, &host).await?;
+    wait_until_consuming(broker, &connection, &input, &host).await?;
 
     let outputs = Arc::new(Outputs::default());
     let stop = CancellationToken::new();
@@ -300,6 +303,7 @@ out_exchange = "{exchange}"
     );
 
     let mut swaps = Vec::new();
+    let mut renames = Vec::new();
     let mut current = 1u8;
     for round in 0..settings.swaps {
         tokio::time::sleep(settings.before).await;
@@ -307,6 +311,7 @@ out_exchange = "{exchange}"
         let old = slot.current().sha256.clone();
         let backlog = backlog(&connection, &input).await?;
         let renamed = deploy(&handler, source)?;
+        renames.push(renamed);
         let swapped = wait_for_swap(&slot, &old, renamed, Duration::from_secs(10)).await?;
         tokio::time::sleep(settings.after).await;
         let first_output = outputs
@@ -320,6 +325,7 @@ out_exchange = "{exchange}"
                 outputs.count_between(centre - half, centre + half) as f64
             })
             .collect();
+        let gap_around = outputs.longest_gap(renamed - second, renamed + second);
         let window_start = renamed - second * BASELINE_SECONDS as u32 - half;
         let swap = Swap {
             to,
@@ -328,13 +334,14 @@ out_exchange = "{exchange}"
             baseline: median(&mut baseline),
             centred: outputs.count_between(renamed - half, renamed + half),
             following: outputs.count_between(renamed, renamed + second),
-            gap_around: outputs.longest_gap(renamed - second, renamed + second),
-            gap_before: outputs.longest_gap(window_start, renamed - half),
+            gap_around: gap_around.0,
+            gap_around_at: signed_ms(gap_around.1, renamed),
+            gap_before: outputs.longest_gap(window_start, renamed - half).0,
         };
         println!(
             "swap {} (to v{}): rename -> slot swapped {:>6.1} ms, -> first v{} output {:>6.1} ms; \
              outputs/s baseline {:.0}, centred second {} ({:.3}), following second {} ({:.3}); \
-             longest gap {:.1} ms (before: {:.1} ms); input backlog {}",
+             longest gap within 1 s {:.1} ms from {:+.0} ms (before: {:.1} ms); input backlog {}",
             round + 1,
             swap.to,
             ms(swap.serving),
@@ -346,6 +353,7 @@ out_exchange = "{exchange}"
             swap.following,
             swap.ratio_following(),
             ms(swap.gap_around),
+            swap.gap_around_at,
             ms(swap.gap_before),
             backlog,
         );
@@ -353,15 +361,53 @@ out_exchange = "{exchange}"
         current = to;
     }
 
+    // The whole run, second by second, with the swaps marked: the figures
+    // above are only as good as the seconds around them are steady.
+    let timeline: Vec<String> = {
+        let arrivals = outputs.arrivals.lock().unwrap();
+        let start = arrivals.first().map(|(at, _)| *at).unwrap_or(measured_from);
+        let mut seconds: Vec<(usize, bool)> = Vec::new();
+        for (at, _) in arrivals.iter() {
+            let second = (*at - start).as_secs() as usize;
+            if seconds.len() <= second {
+                seconds.resize(second + 1, (0, false));
+            }
+            seconds[second].0 += 1;
+        }
+        for swap in &renames {
+            if let Some(second) = swap.checked_duration_since(start)
+                && let Some(entry) = seconds.get_mut(second.as_secs() as usize)
+            {
+                entry.1 = true;
+            }
+        }
+        seconds
+            .iter()
+            .map(|(n, swapped)| format!("{n}{}", if *swapped { "*" } else { "" }))
+            .collect()
+    };
+    println!(
+        "hot_swap: outputs per second from the first (* = a rename in that second): {}",
+        timeline.join(" ")
+    );
+
     stop.cancel();
     publisher.await??;
     consumer.await??;
     shutdown.cancel();
     host.await??;
+    // Clean up on a channel closed before its connection (lapin logs an
+    // error for a connection closed under an open channel).
+    let channel = connection.create_channel().await?;
     for queue in [&input, &output] {
-        broker.delete_queue(queue).await?;
+        channel
+            .queue_delete(queue.as_str().into(), Default::default())
+            .await?;
     }
-    broker.delete_exchange(&exchange).await?;
+    channel
+        .exchange_delete(exchange.as_str().into(), Default::default())
+        .await?;
+    let _ = channel.close(200, "done".into()).await;
     let _ = connection.close(200, "done".into()).await;
 
     let med = |f: &dyn Fn(&Swap) -> f64| median(&mut swaps.iter().map(f).collect::<Vec<_>>());
@@ -413,16 +459,24 @@ async fn wait_for_swap(
 }
 
 async fn wait_until_consuming(
+    broker: &Broker,
     connection: &Connection,
     queue: &str,
     host: &tokio::task::JoinHandle<Result<()>>,
 ) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let channel = connection.create_channel().await?;
     loop {
         if host.is_finished() {
             bail!("the host stopped before it consumed");
         }
+        // The management API first: a passive declare of a queue the host
+        // has not declared yet would close the channel, and lapin logs that
+        // as an error.
+        if tokio::task::block_in_place(|| broker.queue_info(queue)).is_err() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        let channel = connection.create_channel().await?;
         let declared = channel
             .queue_declare(
                 queue.into(),
@@ -433,13 +487,11 @@ async fn wait_until_consuming(
                 FieldTable::default(),
             )
             .await;
-        if let Ok(q) = &declared
-            && q.consumer_count() > 0
-        {
-            return Ok(());
-        }
-        if declared.is_err() {
-            bail!("the host declared no queue {queue}: {declared:?}");
+        if let Ok(q) = &declared {
+            let _ = channel.close(200, "done".into()).await;
+            if q.consumer_count() > 0 {
+                return Ok(());
+            }
         }
         if Instant::now() > deadline {
             bail!("the host did not consume from {queue} within 60 s");
@@ -518,6 +570,7 @@ async fn publish(
     for confirm in previous {
         confirm.await?;
     }
+    let _ = channel.close(200, "done".into()).await;
     let _ = connection.close(200, "done".into()).await;
     Ok(())
 }
@@ -553,6 +606,10 @@ async fn consume_outputs(
         let version = version_of(&delivery.data).context("an output without a version")?;
         outputs.arrivals.lock().unwrap().push((at, version));
     }
+    let _ = channel
+        .basic_cancel("hot-swap-bench".into(), Default::default())
+        .await;
+    let _ = channel.close(200, "done".into()).await;
     let _ = connection.close(200, "done".into()).await;
     Ok(())
 }
@@ -570,6 +627,14 @@ fn version_of(body: &[u8]) -> Option<u8> {
 
 fn ms(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1e3
+}
+
+/// `at - origin` in ms, negative when `at` came first.
+fn signed_ms(at: Instant, origin: Instant) -> f64 {
+    match at.checked_duration_since(origin) {
+        Some(after) => ms(after),
+        None => -ms(origin - at),
+    }
 }
 
 fn met(ok: bool) -> &'static str {

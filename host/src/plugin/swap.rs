@@ -36,10 +36,14 @@ use tokio_util::sync::CancellationToken;
 use super::{HandlerSlot, HandlerVersion, PluginEngine, PluginError};
 use crate::telemetry::{Metrics, PluginSwapLabels, PluginVersionLabels};
 
-/// How long a plugin file must stay quiet after a change before it is read.
+/// How long a plugin file must stay quiet after a change before it is read
+/// (debounce), by what the last event said about the file:
+/// - renamed into place, or closed by its writer: it is complete; wait only
+///   for the rest of the same burst of events;
+const SETTLE_COMPLETE: Duration = Duration::from_millis(10);
+/// - created, removed, attributes changed: something may follow;
 const SETTLE: Duration = Duration::from_millis(75);
-/// The same, while the last thing seen was a write not yet followed by the
-/// writer closing the file (Linux reports closes): a slow copy is still going.
+/// - written but not yet closed (Linux reports closes): a copy is going on.
 const SETTLE_OPEN_FOR_WRITING: Duration = Duration::from_millis(500);
 
 /// What asked for a reload.
@@ -505,7 +509,7 @@ impl Reloader {
                 let _ = events.send(FileEvent {
                     consumers,
                     at: Instant::now(),
-                    writing: matches!(event.kind, EventKind::Modify(ModifyKind::Data(_))),
+                    settle: settle_after(&event.kind),
                 });
             }
         };
@@ -568,8 +572,8 @@ impl Reloader {
 struct FileEvent {
     consumers: Vec<usize>,
     at: Instant,
-    /// Data was written and the writer may not have closed the file yet.
-    writing: bool,
+    /// How long to wait for more, were this the last event.
+    settle: Duration,
 }
 
 /// Changes worth a reload: anything that can change the bytes at the path
@@ -583,29 +587,33 @@ fn is_change(kind: &EventKind) -> bool {
     }
 }
 
-/// Debounce: collects events until the files have been quiet for
-/// [`SETTLE`] (longer while one is still open for writing). Returns the
-/// consumers touched and when the first event came, or `None` on stop.
+fn settle_after(kind: &EventKind) -> Duration {
+    match kind {
+        EventKind::Modify(ModifyKind::Name(_))
+        | EventKind::Access(AccessKind::Close(AccessMode::Write)) => SETTLE_COMPLETE,
+        EventKind::Modify(ModifyKind::Data(_)) => SETTLE_OPEN_FOR_WRITING,
+        _ => SETTLE,
+    }
+}
+
+/// Debounce: collects events until the files have been quiet for as long as
+/// the last event asks ([`settle_after`]). Returns the consumers touched and
+/// when the first event came, or `None` on stop.
 async fn settle(
     first: FileEvent,
     watched: &mut mpsc::UnboundedReceiver<FileEvent>,
     stop: &CancellationToken,
 ) -> Option<(Vec<usize>, Instant)> {
     let at = first.at;
-    let mut writing = first.writing;
+    let mut quiet = first.settle;
     let mut consumers: BTreeSet<usize> = first.consumers.into_iter().collect();
     loop {
-        let quiet = if writing {
-            SETTLE_OPEN_FOR_WRITING
-        } else {
-            SETTLE
-        };
         tokio::select! {
             biased;
             _ = stop.cancelled() => return None,
             next = watched.recv() => match next {
                 Some(event) => {
-                    writing = event.writing;
+                    quiet = event.settle;
                     consumers.extend(event.consumers);
                 }
                 None => break,
@@ -652,37 +660,47 @@ mod tests {
         assert!(is_change(&EventKind::Create(CreateKind::File)));
     }
 
+    #[test]
+    fn a_file_renamed_in_or_closed_is_read_at_once_one_being_written_later() {
+        let renamed = EventKind::Modify(ModifyKind::Name(RenameMode::To));
+        let closed = EventKind::Access(AccessKind::Close(AccessMode::Write));
+        let written = EventKind::Modify(ModifyKind::Data(DataChange::Any));
+        assert_eq!(settle_after(&renamed), SETTLE_COMPLETE);
+        assert_eq!(settle_after(&closed), SETTLE_COMPLETE);
+        assert_eq!(settle_after(&written), SETTLE_OPEN_FOR_WRITING);
+        assert_eq!(settle_after(&EventKind::Create(CreateKind::File)), SETTLE);
+    }
+
     #[tokio::test]
-    async fn settle_merges_a_burst_and_waits_longer_for_an_open_writer() {
+    async fn settle_merges_a_burst_and_waits_as_long_as_the_last_event_asks() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();
-        let start = Instant::now();
-        let event = |consumers: Vec<usize>, writing| FileEvent {
+        let event = |consumers: Vec<usize>, settle| FileEvent {
             consumers,
             at: Instant::now(),
-            writing,
+            settle,
         };
-        tx.send(event(vec![1], true)).unwrap();
-        tx.send(event(vec![0, 1], false)).unwrap();
-        let first = event(vec![2], true);
+        // Written, written, then closed: read soon after the close.
+        let start = Instant::now();
+        tx.send(event(vec![1], SETTLE_OPEN_FOR_WRITING)).unwrap();
+        tx.send(event(vec![0, 1], SETTLE_COMPLETE)).unwrap();
+        let first = event(vec![2], SETTLE_OPEN_FOR_WRITING);
         let first_at = first.at;
         let (consumers, at) = settle(first, &mut rx, &stop).await.unwrap();
         assert_eq!(consumers, vec![0, 1, 2]);
         assert_eq!(at, first_at);
-        // The last event closed the file: the short quiet period applies.
-        assert!(
-            start.elapsed() < SETTLE_OPEN_FOR_WRITING,
-            "{:?}",
-            start.elapsed()
-        );
+        assert!(start.elapsed() < SETTLE, "{:?}", start.elapsed());
 
+        // Written and not closed: waits the long quiet period.
         let start = Instant::now();
-        let (_, _) = settle(event(vec![0], true), &mut rx, &stop).await.unwrap();
+        settle(event(vec![0], SETTLE_OPEN_FOR_WRITING), &mut rx, &stop)
+            .await
+            .unwrap();
         assert!(start.elapsed() >= SETTLE_OPEN_FOR_WRITING);
 
         stop.cancel();
         assert!(
-            settle(event(vec![0], false), &mut rx, &stop)
+            settle(event(vec![0], SETTLE), &mut rx, &stop)
                 .await
                 .is_none()
         );

@@ -2,15 +2,16 @@
 //!
 //! ```text
 //! loadgen publish      --url URL --queue Q -C 20000 -s 1000 -c 500 --queue-type quorum
-//! loadgen consume-bare --url URL --queue Q -C 20000 --prefetch 200
+//! loadgen consume-bare --url URL --queue Q -C 20000 --prefetch 200 [-A 20]
 //! loadgen consume-host --url URL --queue Q -C 20000 --prefetch 200 --plugin target/plugins/echo.wasm
 //! ```
 //!
 //! `publish` declares the queue (durable) and publishes persistent messages
 //! with a window of confirms in flight. The consume modes take exactly `-C`
 //! messages and exit: `consume-bare` is a plain lapin consume-and-ack loop,
-//! the ceiling the host is measured against; `consume-host` runs the
-//! acemq-host library in this process with one consumer on the queue.
+//! the baseline the host is measured against (`-A N` acks with `multiple`
+//! every N messages instead, which is much cheaper in lapin); `consume-host`
+//! runs the acemq-host library in this process with one consumer on the queue.
 //!
 //! Each mode ends with one machine-readable line on stdout:
 //!
@@ -58,7 +59,7 @@ enum Command {
     /// Declare a durable queue and publish persistent messages with windowed confirms.
     Publish(PublishArgs),
     /// Consume N messages with a bare lapin loop (manual ack per message), then exit.
-    ConsumeBare(ConsumeArgs),
+    ConsumeBare(BareArgs),
     /// Consume N messages through the acemq-host library running in this process, then exit.
     ConsumeHost(HostArgs),
 }
@@ -106,6 +107,16 @@ struct ConsumeArgs {
     /// Per-consumer prefetch (PerfTest `-q/--qos`).
     #[arg(long, short = 'q', default_value_t = 200)]
     prefetch: u16,
+}
+
+#[derive(Debug, clap::Args)]
+struct BareArgs {
+    #[command(flatten)]
+    consume: ConsumeArgs,
+    /// Ack with `multiple` every N messages (PerfTest `-A/--multi-ack-every`);
+    /// 1 (the default) acks each message and awaits it, as the host does.
+    #[arg(long, short = 'A', default_value_t = 1)]
+    multi_ack_every: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -252,7 +263,9 @@ async fn check(confirm: lapin::PublisherConfirm) -> Result<()> {
 
 // ------------------------------------------------------------ consume-bare
 
-async fn consume_bare(args: ConsumeArgs) -> Result<()> {
+async fn consume_bare(bare: BareArgs) -> Result<()> {
+    let args = bare.consume;
+    let every = bare.multi_ack_every.max(1);
     let clock = Clock::start();
     let connection = connect(&args.url, "loadgen-consume-bare").await?;
     let channel = connection.create_channel().await?;
@@ -274,9 +287,13 @@ async fn consume_bare(args: ConsumeArgs) -> Result<()> {
             Some(delivery) => delivery?,
             None => bail!("the broker cancelled the consumer after {consumed} messages"),
         };
-        // One ack per message, as the host does.
-        delivery.ack(BasicAckOptions::default()).await?;
         consumed += 1;
+        if every == 1 {
+            // One ack per message, awaited, as the host does.
+            delivery.ack(BasicAckOptions::default()).await?;
+        } else if consumed.is_multiple_of(every) || consumed == args.count {
+            delivery.ack(BasicAckOptions { multiple: true }).await?;
+        }
     }
     let result = clock.stop("bare", consumed);
     shut(&channel, &connection).await;
