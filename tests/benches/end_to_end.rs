@@ -33,6 +33,7 @@
 //! Prints figures and asserts nothing: broker and clients share the
 //! machine's cores, so expect ±20 % between runs; compare the medians.
 
+use acemq_tests::env_or;
 use std::io::Read as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
@@ -74,19 +75,6 @@ impl Settings {
             s.multi_ack = env_or("ACEMQ_BENCH_MULTI_ACK", u64::from(s.prefetch / 10).max(2))?;
             Ok(s)
         })
-    }
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T>
-where
-    T::Err: std::fmt::Display,
-{
-    match std::env::var(name) {
-        Ok(text) if !text.trim().is_empty() => text
-            .trim()
-            .parse()
-            .map_err(|e| anyhow::anyhow!("{name}={text:?}: {e}")),
-        _ => Ok(default),
     }
 }
 

@@ -34,6 +34,7 @@
 //! Prints figures and asserts nothing: broker, host, publisher and this
 //! consumer share the machine's cores, so expect noise; compare medians.
 
+use acemq_tests::env_or;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -84,19 +85,6 @@ impl Settings {
             queue_type: env_or("ACEMQ_BENCH_QUEUE_TYPE", "quorum".to_string())?,
             rate: env_or("ACEMQ_BENCH_RATE", 0.0)?,
         })
-    }
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T>
-where
-    T::Err: std::fmt::Display,
-{
-    match std::env::var(name) {
-        Ok(text) if !text.trim().is_empty() => text
-            .trim()
-            .parse()
-            .map_err(|e| anyhow::anyhow!("{name}={text:?}: {e}")),
-        _ => Ok(default),
     }
 }
 

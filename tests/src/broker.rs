@@ -15,7 +15,7 @@
 mod client;
 mod process;
 
-pub use client::ReceivedMessage;
+pub use client::{ReceivedMessage, passive_declare};
 
 use anyhow::{Context, Result, anyhow, bail};
 use process::{Cli, NodeProcess};

@@ -19,3 +19,18 @@ pub mod broker;
 pub mod host;
 
 pub use broker::{Broker, ReceivedMessage, shared_broker, unique_name};
+
+/// A setting from the environment (benchmarks' knobs), or `default` when
+/// unset or blank; a value that does not parse is an error naming it.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    match std::env::var(name) {
+        Ok(text) if !text.trim().is_empty() => text
+            .trim()
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{name}={text:?}: {e}")),
+        _ => Ok(default),
+    }
+}

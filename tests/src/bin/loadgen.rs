@@ -407,17 +407,7 @@ fn host_config(
 async fn ready_count(url: &str, queue: &str) -> Result<u32> {
     let connection = connect(url, "loadgen-check").await?;
     let channel = connection.create_channel().await?;
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .with_context(|| format!("passive declare of {queue:?}"))?;
+    let declared = acemq_tests::broker::passive_declare(&channel, queue).await?;
     let _ = connection.close(200, "checked".into()).await;
     Ok(declared.message_count())
 }

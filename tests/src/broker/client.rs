@@ -341,7 +341,13 @@ impl Broker {
 }
 
 async fn passive_count(channel: &Channel, queue: &str) -> Result<u32> {
-    let declared = channel
+    Ok(passive_declare(channel, queue).await?.message_count())
+}
+
+/// A passive `queue.declare`: the queue's exact ready and consumer counts.
+/// Fails (and the broker closes `channel`) if the queue does not exist.
+pub async fn passive_declare(channel: &Channel, queue: &str) -> Result<lapin::Queue> {
+    channel
         .queue_declare(
             queue.into(),
             QueueDeclareOptions {
@@ -351,8 +357,7 @@ async fn passive_count(channel: &Channel, queue: &str) -> Result<u32> {
             FieldTable::default(),
         )
         .await
-        .with_context(|| format!("passive declare of queue {queue:?}"))?;
-    Ok(declared.message_count())
+        .with_context(|| format!("passive declare of queue {queue:?}"))
 }
 
 async fn drain_on(
