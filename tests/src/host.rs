@@ -38,6 +38,11 @@ pub fn plugin_path(name: &str) -> PathBuf {
 
 /// The `acemq-host` binary built in the dev profile (by `scripts/build-plugins`).
 pub fn host_binary() -> PathBuf {
+    // ACEMQ_HOST_BINARY runs the tests against another build (a release
+    // build, or a copy kept while the sources change).
+    if let Some(path) = std::env::var_os("ACEMQ_HOST_BINARY") {
+        return PathBuf::from(path);
+    }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"));
@@ -102,7 +107,12 @@ impl HostProcess {
         command
             .args(["run", "--config"])
             .arg(path)
-            .env("RUST_LOG", "info")
+            // ACEMQ_TEST_HOST_LOG raises the host's log level when a test
+            // needs to be diagnosed (for example `acemq_host=debug`).
+            .env(
+                "RUST_LOG",
+                std::env::var("ACEMQ_TEST_HOST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env_remove("ACEMQ_URL")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -170,7 +180,13 @@ impl HostProcess {
     }
 
     /// Sends SIGTERM and waits for the process to exit.
-    pub fn terminate(mut self, timeout: Duration) -> Result<ExitStatus> {
+    pub fn terminate(self, timeout: Duration) -> Result<ExitStatus> {
+        self.terminate_with_log(timeout).map(|(status, _)| status)
+    }
+
+    /// Like [`terminate`](Self::terminate), and returns everything the host
+    /// logged, for tests that examine what it said.
+    pub fn terminate_with_log(mut self, timeout: Duration) -> Result<(ExitStatus, Vec<String>)> {
         let pid = libc::pid_t::try_from(self.child.id())?;
         // SAFETY: plain kill(2) on our own child's pid.
         if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
@@ -184,7 +200,7 @@ impl HostProcess {
             if let Some(status) = self.child.try_wait()? {
                 // Give the reader thread a moment to collect the last lines.
                 std::thread::sleep(Duration::from_millis(50));
-                return Ok(status);
+                return Ok((status, self.log_lines()));
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();

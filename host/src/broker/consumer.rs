@@ -49,10 +49,11 @@ pub struct ConsumerEnv {
 /// How a consumer ended.
 #[derive(Debug, Default)]
 pub struct ConsumerReport {
-    /// Deliveries received after shutdown began and requeued unstarted.
-    pub requeued_unstarted: usize,
+    /// Deliveries that had arrived but never started when shutdown began;
+    /// the broker requeues them when the channel closes.
+    pub unstarted: usize,
     /// Deliveries still running when the drain timeout passed (the broker
-    /// requeues them when the channel closes).
+    /// requeues them too).
     pub stranded: usize,
 }
 
@@ -121,13 +122,13 @@ pub async fn run(
         };
         match next {
             Some(Ok(delivery)) => {
-                // Wait for a free handler slot; a delivery that shutdown
-                // overtakes has not started, so it goes back to the queue.
+                // Wait for a free handler slot. A delivery that shutdown
+                // overtakes never starts: it is left unsettled, and closing
+                // the channel gives it back (see below).
                 let permit = tokio::select! {
                     biased;
                     _ = env.shutdown.cancelled() => {
-                        requeue(&delivery).await;
-                        report.requeued_unstarted += 1;
+                        report.unstarted += 1;
                         break;
                     }
                     permit = permits.clone().acquire_owned() => permit.expect("semaphore never closed"),
@@ -155,20 +156,11 @@ pub async fn run(
         while running.try_join_next().is_some() {}
     }
 
-    // Stop deliveries, then give back what arrived but never started.
-    if let Err(e) = channel
-        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-        .await
-    {
-        tracing::warn!(queue = %queue, error = %e, "cancelling the consumer failed");
-    }
-    while let Ok(Some(Ok(delivery))) =
-        tokio::time::timeout(Duration::from_millis(200), deliveries.next()).await
-    {
-        requeue(&delivery).await;
-        report.requeued_unstarted += 1;
-    }
-
+    // Shutdown, in the order that keeps every settlement. Nothing new starts
+    // (the loop above is left); deliveries that arrive meanwhile wait unread.
+    //
+    // 1. The running deliveries finish, up to the drain timeout; their acks
+    //    and republishes go out on this channel.
     let drained = tokio::time::timeout(env.drain_timeout, async {
         while running.join_next().await.is_some() {}
     })
@@ -183,9 +175,26 @@ pub async fn run(
         );
         running.abort_all();
     }
-    // Settlements travel on this channel: close it only once they are done.
-    let _ = channel.close(200, "acemq-host shutting down".into()).await;
-    tracing::info!(queue = %queue, requeued = report.requeued_unstarted, "consumer stopped");
+    // 2. Only then is the consumer cancelled. An ack written to the socket is
+    //    not yet an ack applied by the queue: RabbitMQ's quorum-queue client
+    //    holds settlements back while more than 32 of its commands are in
+    //    flight, and a channel closed meanwhile loses them, so the messages
+    //    come back although they were handled. basic.cancel is synchronous
+    //    and the broker sends what it held back before cancelling, so once
+    //    cancel-ok arrives every ack above has reached the queue.
+    if let Err(e) = channel
+        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        .await
+    {
+        tracing::warn!(queue = %queue, error = %e, "cancelling the consumer failed");
+    }
+    // 3. Closing the channel gives back, in one step, every delivery that
+    //    arrived and never started. (One nack each would be the same
+    //    requeue, as a burst of commands that could hold back the acks.)
+    if let Err(e) = channel.close(200, "acemq-host shutting down".into()).await {
+        tracing::warn!(queue = %queue, error = %e, "closing the consumer's channel");
+    }
+    tracing::info!(queue = %queue, "consumer stopped");
     match failure {
         Some(e) => Err(e),
         None => Ok(report),
@@ -500,10 +509,17 @@ fn output_publication(parent: &Envelope, output: Outgoing) -> Result<Publication
 }
 
 async fn ack(delivery: &Delivery) {
-    if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
+    match delivery.acker.ack(BasicAckOptions::default()).await {
+        Ok(true) => {}
+        // lapin refuses a second settlement and one on a closed channel
+        // without an error: either way the broker did not get this ack.
+        Ok(false) => tracing::warn!(
+            delivery_tag = delivery.delivery_tag,
+            "ack not sent (delivery already settled or channel closed); the broker will redeliver"
+        ),
         // The channel is gone: the broker requeues the delivery, and it will
         // be handled again (at-least-once).
-        tracing::warn!(error = %e, "ack failed; the broker will redeliver");
+        Err(e) => tracing::warn!(error = %e, "ack failed; the broker will redeliver"),
     }
 }
 
