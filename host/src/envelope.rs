@@ -283,6 +283,43 @@ pub fn split_table(headers: Option<&FieldTable>) -> AppHeaders {
     out
 }
 
+/// The `x-acemq-*` entries of a header table, found in one ordered scan: a
+/// delivery is read once per message, and a dozen separate lookups in the
+/// table cost more than the handler call they precede.
+struct ReservedHeaders<'a> {
+    /// (name, value), in the table's (sorted) order; a dozen at most.
+    entries: Vec<(&'a str, &'a AMQPValue)>,
+}
+
+impl<'a> ReservedHeaders<'a> {
+    fn collect(headers: Option<&'a FieldTable>) -> Self {
+        use std::ops::Bound;
+        // Every name with the prefix sorts between "x-acemq-" and "x-acemq."
+        // ('.' follows '-' in ASCII).
+        let upper = "x-acemq.";
+        let entries = headers
+            .map(|table| {
+                table
+                    .inner()
+                    .range::<str, _>((
+                        Bound::Included(header::RESERVED_PREFIX),
+                        Bound::Excluded(upper),
+                    ))
+                    .map(|(name, value)| (name.as_str(), value))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self { entries }
+    }
+
+    fn get(&self, name: &str) -> Option<&'a AMQPValue> {
+        self.entries
+            .iter()
+            .find(|(candidate, _)| *candidate == name)
+            .map(|(_, value)| *value)
+    }
+}
+
 /// The AceMQ envelope of one message (contract §4).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
@@ -381,7 +418,8 @@ impl Envelope {
         routing_key: &str,
         now_ms: u64,
     ) -> Self {
-        let get = |name: &str| headers.and_then(|table| table.inner().get(name));
+        let reserved = ReservedHeaders::collect(headers);
+        let get = |name: &str| reserved.get(name);
         let text_of = |name: &str| get(name).and_then(text);
         let int_of = |name: &str| get(name).and_then(integer);
 

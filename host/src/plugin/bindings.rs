@@ -8,6 +8,9 @@ pub mod handler_world {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "handler-plugin",
+        // Messages are lent to the guest, not built for it: the host lowers
+        // its own strings and body straight into guest memory.
+        ownership: Borrowing { duplicate_if_necessary: true },
     });
 }
 

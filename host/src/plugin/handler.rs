@@ -155,11 +155,12 @@ impl HandlerVersion {
         let fuel_before = self
             .fuel_metering
             .then(|| warm.store.get_fuel().unwrap_or(0));
-        let message = to_wit_message(input);
+        let headers = wit_headers(input);
+        let message = to_wit_message(input, &headers);
         let result = warm
             .plugin
             .acemq_plugin_handler()
-            .call_handle(&mut warm.store, &message);
+            .call_handle(&mut warm.store, message);
         let fuel =
             fuel_before.map(|before| before.saturating_sub(warm.store.get_fuel().unwrap_or(0)));
         match result {
@@ -244,34 +245,43 @@ fn verdict(outcome: types::Outcome) -> Verdict {
     }
 }
 
-fn to_wit_message(input: &Input<'_>) -> types::Message {
+/// The message as the guest sees it, borrowing every string and the body
+/// from `input`: they are copied once, into guest memory.
+fn to_wit_message<'a>(
+    input: &'a Input<'a>,
+    headers: &'a [(&'a str, types::HeaderValueParam<'a>)],
+) -> types::Message<'a> {
     let e = input.envelope;
     types::Message {
         envelope: types::Envelope {
-            id: e.id.clone(),
-            message_type: e.message_type.clone(),
+            id: &e.id,
+            message_type: &e.message_type,
             version: e.version,
-            correlation_id: e.correlation_id.clone(),
-            causation_id: e.causation_id.clone(),
+            correlation_id: &e.correlation_id,
+            causation_id: e.causation_id.as_deref(),
             attempt: e.attempt,
             first_seen_ms: e.first_seen_ms,
-            origin: e.origin.clone(),
+            origin: e.origin.as_deref(),
         },
         delivery: types::Delivery {
-            queue: input.queue.to_string(),
-            exchange: input.exchange.to_string(),
-            routing_key: input.routing_key.to_string(),
+            queue: input.queue,
+            exchange: input.exchange,
+            routing_key: input.routing_key,
             redelivered: input.redelivered,
             stream_offset: input.stream_offset,
         },
-        content_type: input.content_type.map(str::to_string),
-        headers: input
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), to_wit(v)))
-            .collect(),
-        body: input.body.to_vec(),
+        content_type: input.content_type,
+        headers,
+        body: input.body,
     }
+}
+
+fn wit_headers<'a>(input: &'a Input<'a>) -> Vec<(&'a str, types::HeaderValueParam<'a>)> {
+    input
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), to_wit(v)))
+        .collect()
 }
 
 /// Every cause of an error on one line, outermost first.

@@ -184,22 +184,24 @@ impl ResourceLimiter for MemoryLimiter {
     }
 }
 
-pub fn to_wit(value: &HeaderValue) -> types::HeaderValue {
+/// A header value lent to the guest (lowered straight from the host's copy).
+pub fn to_wit(value: &HeaderValue) -> types::HeaderValueParam<'_> {
     match value {
-        HeaderValue::Text(s) => types::HeaderValue::Text(s.clone()),
-        HeaderValue::Int(i) => types::HeaderValue::Int(*i),
-        HeaderValue::Float(f) => types::HeaderValue::Float(*f),
-        HeaderValue::Bool(b) => types::HeaderValue::Boolean(*b),
-        HeaderValue::Bytes(b) => types::HeaderValue::Bytes(b.clone()),
+        HeaderValue::Text(s) => types::HeaderValueParam::Text(s),
+        HeaderValue::Int(i) => types::HeaderValueParam::Int(*i),
+        HeaderValue::Float(f) => types::HeaderValueParam::Float(*f),
+        HeaderValue::Bool(b) => types::HeaderValueParam::Boolean(*b),
+        HeaderValue::Bytes(b) => types::HeaderValueParam::Bytes(b),
     }
 }
 
-pub fn from_wit(value: types::HeaderValue) -> HeaderValue {
+/// A header value the guest handed over (in something it publishes).
+pub fn from_wit(value: types::HeaderValueResult) -> HeaderValue {
     match value {
-        types::HeaderValue::Text(s) => HeaderValue::Text(s),
-        types::HeaderValue::Int(i) => HeaderValue::Int(i),
-        types::HeaderValue::Float(f) => HeaderValue::Float(f),
-        types::HeaderValue::Boolean(b) => HeaderValue::Bool(b),
-        types::HeaderValue::Bytes(b) => HeaderValue::Bytes(b),
+        types::HeaderValueResult::Text(s) => HeaderValue::Text(s),
+        types::HeaderValueResult::Int(i) => HeaderValue::Int(i),
+        types::HeaderValueResult::Float(f) => HeaderValue::Float(f),
+        types::HeaderValueResult::Boolean(b) => HeaderValue::Bool(b),
+        types::HeaderValueResult::Bytes(b) => HeaderValue::Bytes(b),
     }
 }
