@@ -82,6 +82,14 @@
 //! [`export_codec!`].
 
 #[doc(hidden)]
+// Plugins are single-threaded wasm32; elsewhere (native tests) the
+// platform's allocator stays.
+#[cfg(all(
+    feature = "allocator",
+    target_arch = "wasm32",
+    not(target_feature = "atomics")
+))]
+mod allocator;
 pub mod bindings;
 mod codec;
 mod host;
