@@ -26,7 +26,7 @@
 //!   a second of the rename against the longest in the seconds before.
 //!
 //! No plugin cache is configured, so every swap compiles (the slowest case).
-//! Settings (environment): `ACEMQ_BENCH_SWAPS` (3), `ACEMQ_BENCH_BEFORE_S`
+//! Settings (environment): `ACEMQ_BENCH_SWAPS` (5: single seconds vary by a third on 2 busy cores, a median of 5 is steadier), `ACEMQ_BENCH_BEFORE_S`
 //! (5), `ACEMQ_BENCH_AFTER_S` (3), `ACEMQ_BENCH_PREFETCH` (100),
 //! `ACEMQ_BENCH_CONCURRENCY` (1), `ACEMQ_BENCH_QUEUE_TYPE` (quorum),
 //! `ACEMQ_BENCH_RATE` (0: 1.2x the warm-up's measured rate).
@@ -76,7 +76,7 @@ impl Settings {
     fn from_env() -> Result<Self> {
         let before: u64 = env_or("ACEMQ_BENCH_BEFORE_S", 5)?;
         Ok(Self {
-            swaps: env_or("ACEMQ_BENCH_SWAPS", 3)?,
+            swaps: env_or("ACEMQ_BENCH_SWAPS", 5)?,
             // The baseline needs its seconds, plus one for the centred window.
             before: Duration::from_secs(before.max(BASELINE_SECONDS as u64 + 1)),
             after: Duration::from_secs(env_or("ACEMQ_BENCH_AFTER_S", 3)?),

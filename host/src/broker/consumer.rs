@@ -1,24 +1,24 @@
 //! One consumer: subscribe with manual acks and a prefetch, run the handler
 //! for each delivery, and carry out the settlement `dispatch` decided.
 //!
-//! Every delivery ends in exactly one of: ack after its work is done, a
-//! republish (retry, dead letter, park) followed by an ack, or a nack with
-//! requeue when that republish could not be confirmed. Nothing is dropped.
+//! Every delivery ends in exactly one of: ack after its work is done (sent
+//! together with others, see acks.rs), a republish (retry, dead letter,
+//! park) followed by an ack, or a nack with requeue when that republish could
+//! not be confirmed. Nothing is dropped.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::acks::AckBatcher;
 use super::publisher::{Publication, PublishError, Publisher};
 use crate::dispatch::{self, DeliveryFacts, Settlement};
 use crate::envelope::{self, AppHeaders, Envelope};
@@ -60,6 +60,7 @@ pub struct ConsumerReport {
 struct Context {
     spec: ConsumerSpec,
     env: ConsumerEnv,
+    acks: Arc<AckBatcher>,
 }
 
 /// A delivery's envelope and application headers, read once.
@@ -106,9 +107,17 @@ pub async fn run(
     tracing::info!(queue = %queue, prefetch = spec.prefetch, concurrency = spec.concurrency, "consuming");
 
     let permits = Arc::new(Semaphore::new(spec.concurrency));
+    let acks = Arc::new(AckBatcher::new(channel.clone(), spec.prefetch));
+    let linger_stop = CancellationToken::new();
+    let linger = tokio::spawn({
+        let acks = acks.clone();
+        let stop = linger_stop.clone();
+        async move { acks.run_linger(stop).await }
+    });
     let ctx = Arc::new(Context {
         spec,
         env: env.clone(),
+        acks: acks.clone(),
     });
     let mut running = JoinSet::new();
     let mut report = ConsumerReport::default();
@@ -122,6 +131,7 @@ pub async fn run(
         };
         match next {
             Some(Ok(delivery)) => {
+                acks.received(delivery.delivery_tag).await;
                 // Wait for a free handler slot. A delivery that shutdown
                 // overtakes never starts: it is left unsettled, and closing
                 // the channel gives it back (see below).
@@ -175,6 +185,10 @@ pub async fn run(
         );
         running.abort_all();
     }
+    // The acks of everything that finished go out now, not after the linger.
+    linger_stop.cancel();
+    let _ = linger.await;
+    acks.flush(true).await;
     // 2. Only then is the consumer cancelled. An ack written to the socket is
     //    not yet an ack applied by the queue: RabbitMQ's quorum-queue client
     //    holds settlements back while more than 32 of its commands are in
@@ -304,7 +318,7 @@ async fn settle(ctx: &Context, delivery: &Delivery, incoming: &Incoming, settlem
             };
             match published {
                 Ok(()) => {
-                    ack(delivery).await;
+                    ctx.acks.ready(delivery.delivery_tag).await;
                     metrics.consumed(queue, dispatch::Outcome::Acked.as_str());
                     tracing::debug!(queue, message_id = id, "acked");
                 }
@@ -336,7 +350,7 @@ async fn settle(ctx: &Context, delivery: &Delivery, incoming: &Incoming, settlem
             );
             match republish(ctx, &rung, delivery, properties).await {
                 Ok(()) => {
-                    ack(delivery).await;
+                    ctx.acks.ready(delivery.delivery_tag).await;
                     metrics.retried(queue, "broker");
                     metrics.consumed(queue, dispatch::Outcome::Retried.as_str());
                     tracing::info!(queue, message_id = id, rung = %rung, reason = %reason, "retrying through the broker");
@@ -410,7 +424,7 @@ async fn retry_after_consumer_wait(
     );
     match republish(ctx, queue, delivery, properties).await {
         Ok(()) => {
-            ack(delivery).await;
+            ctx.acks.ready(delivery.delivery_tag).await;
             ctx.env.metrics.retried(queue, "consumer");
             ctx.env
                 .metrics
@@ -443,7 +457,7 @@ async fn set_aside(
     );
     match republish(ctx, target, delivery, properties).await {
         Ok(()) => {
-            ack(delivery).await;
+            ctx.acks.ready(delivery.delivery_tag).await;
             let word = if outcome == dispatch::Outcome::Parked {
                 "parked"
             } else {
@@ -508,22 +522,9 @@ fn output_publication(parent: &Envelope, output: Outgoing) -> Result<Publication
     })
 }
 
-async fn ack(delivery: &Delivery) {
-    match delivery.acker.ack(BasicAckOptions::default()).await {
-        Ok(true) => {}
-        // lapin refuses a second settlement and one on a closed channel
-        // without an error: either way the broker did not get this ack.
-        Ok(false) => tracing::warn!(
-            delivery_tag = delivery.delivery_tag,
-            "ack not sent (delivery already settled or channel closed); the broker will redeliver"
-        ),
-        // The channel is gone: the broker requeues the delivery, and it will
-        // be handled again (at-least-once).
-        Err(e) => tracing::warn!(error = %e, "ack failed; the broker will redeliver"),
-    }
-}
-
-async fn requeue(delivery: &Delivery) {
+/// Gives the delivery back to its queue now. Only once the nack is written
+/// may a `multiple` ack pass over it (see acks.rs).
+async fn requeue(ctx: &Context, delivery: &Delivery) {
     let options = BasicNackOptions {
         multiple: false,
         requeue: true,
@@ -531,12 +532,13 @@ async fn requeue(delivery: &Delivery) {
     if let Err(e) = delivery.acker.nack(options).await {
         tracing::warn!(error = %e, "requeue failed; the broker will redeliver");
     }
+    ctx.acks.forget(delivery.delivery_tag).await;
 }
 
 /// A requeue that settles this delivery for the metrics: the attempt is not
 /// advanced, and the message comes back as a fresh delivery.
 async fn requeue_counted(ctx: &Context, delivery: &Delivery) {
-    requeue(delivery).await;
+    requeue(ctx, delivery).await;
     let queue = ctx.spec.queue.as_str();
     ctx.env.metrics.retried(queue, "requeued");
     ctx.env
