@@ -1,8 +1,9 @@
 //! The admin HTTP endpoint, on `[host] admin_listen` (plain HTTP/1.1; bind it
 //! to loopback or a private interface: it has no authentication).
 //!
-//! - `GET /health`: `{"status": "UP"|"DOWN", "consumers": [{queue, sha256}]}`,
-//!   200 when up, 503 once the host is shutting down.
+//! - `GET /health`: `{"status": "UP"|"DOWN", "consuming": "n/m", "consumers":
+//!   [{queue, sha256}]}`: UP (200) once every consumer holds its
+//!   subscription, DOWN (503) before that and from the start of shutdown.
 //! - `GET /metrics`: every metric, in the Prometheus (OpenMetrics) text format.
 //! - `GET /plugins`: each consumer's plugin: queue, path, sha256, size,
 //!   loaded_at, from_cache, and the last refused reload with its reason.
@@ -13,6 +14,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -39,6 +41,9 @@ pub struct Admin {
     pub metrics: Arc<Metrics>,
     /// Cancelled when the host begins shutting down: `/health` turns DOWN.
     pub shutdown: CancellationToken,
+    /// Consumers holding a subscription right now, of `consumers`.
+    pub consuming: Arc<AtomicUsize>,
+    pub consumers: usize,
 }
 
 /// Binds the endpoint's address. Done before the host connects anywhere, so
@@ -156,7 +161,10 @@ impl Admin {
     }
 
     fn health(&self) -> Response<Full<Bytes>> {
-        let up = !self.shutdown.is_cancelled();
+        // UP means serving: every consumer subscribed (not merely started)
+        // and no shutdown under way.
+        let consuming = self.consuming.load(Ordering::SeqCst);
+        let up = !self.shutdown.is_cancelled() && consuming == self.consumers;
         let consumers: Vec<_> = self
             .reloader
             .status()
@@ -171,6 +179,7 @@ impl Admin {
             },
             &serde_json::json!({
                 "status": if up { "UP" } else { "DOWN" },
+                "consuming": format!("{consuming}/{}", self.consumers),
                 "consumers": consumers,
             }),
         )

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 
 use anyhow::Context as _;
 use tokio::task::JoinSet;
@@ -205,8 +206,10 @@ pub async fn run(
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
         drain_timeout: config.config.host.drain_timeout,
+        consuming: Arc::new(AtomicUsize::new(0)),
     };
     let mut consumers = JoinSet::new();
+    let consumer_count = prepared.consumers.len();
     for consumer in prepared.consumers {
         metrics
             .plugin_version
@@ -237,6 +240,8 @@ pub async fn run(
             reloader: reloader.clone(),
             metrics: metrics.clone(),
             shutdown: shutdown.clone(),
+            consuming: env.consuming.clone(),
+            consumers: consumer_count,
         };
         crate::admin::spawn(listener, Arc::new(admin), admin_stop.clone())
     });

@@ -342,6 +342,7 @@ async fn a_plugin_swapped_under_load_loses_nothing_and_broken_versions_are_refus
     assert!(v1["last_refused"].is_null(), "{v1}");
     let health = s.get_json("/health");
     assert_eq!(health["status"], "UP");
+    assert_eq!(health["consuming"], "1/1");
     assert_eq!(health["consumers"][0]["queue"], s.input.as_str());
     assert_eq!(health["consumers"][0]["sha256"], sha_v1.as_str());
 

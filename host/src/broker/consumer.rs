@@ -7,6 +7,7 @@
 //! not be confirmed. Nothing is dropped.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
@@ -44,6 +45,9 @@ pub struct ConsumerEnv {
     /// Cancelled when the host shuts down.
     pub shutdown: CancellationToken,
     pub drain_timeout: Duration,
+    /// How many consumers hold a subscription (consume-ok received, not yet
+    /// cancelled): `/health` is UP only when all of them do.
+    pub consuming: Arc<AtomicUsize>,
 }
 
 /// How a consumer ended.
@@ -104,6 +108,7 @@ pub async fn run(
         )
         .await
         .map_err(|e| anyhow::anyhow!("cannot consume from queue '{queue}': {e}"))?;
+    env.consuming.fetch_add(1, Ordering::SeqCst);
     tracing::info!(queue = %queue, prefetch = spec.prefetch, concurrency = spec.concurrency, "consuming");
 
     let permits = Arc::new(Semaphore::new(spec.concurrency));
@@ -165,6 +170,8 @@ pub async fn run(
         }
         while running.try_join_next().is_some() {}
     }
+
+    env.consuming.fetch_sub(1, Ordering::SeqCst);
 
     // Shutdown, in the order that keeps every settlement. Nothing new starts
     // (the loop above is left); deliveries that arrive meanwhile wait unread.
