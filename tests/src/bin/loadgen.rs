@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! loadgen publish      --url URL --queue Q -C 20000 -s 1000 -c 500 --queue-type quorum
-//! loadgen consume-bare --url URL --queue Q -C 20000 --prefetch 200 [-A 20]
+//! loadgen consume-bare --url URL --queue Q -C 20000 --prefetch 200 [-A 20] [--transform-to X]
 //! loadgen consume-host --url URL --queue Q -C 20000 --prefetch 200 --plugin target/plugins/echo.wasm
+//! loadgen consume-host --url URL --queue Q -C 20000 --prefetch 200 --transform-to X
 //! ```
 //!
 //! `publish` declares the queue (durable) and publishes persistent messages
@@ -12,6 +13,14 @@
 //! the baseline the host is measured against (`-A N` acks with `multiple`
 //! every N messages instead, which is much cheaper in lapin); `consume-host`
 //! runs the acemq-host library in this process with one consumer on the queue.
+//!
+//! With `--transform-to X` both consume modes do consume -> transform ->
+//! publish (confirmed) -> ack: each message becomes the JSON
+//! `{"input", "version", "input_id"}` published to exchange `X` (a fanout,
+//! declared with a durable queue `X.sink` bound to it), and is acked once
+//! that publish is confirmed. The host does it with the `stamp-v1` plugin;
+//! the bare loop does the same work natively, with the confirms of every
+//! delivery in flight awaited concurrently, as the host's are.
 //!
 //! Each mode ends with one machine-readable line on stdout:
 //!
@@ -34,7 +43,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions,
+    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
@@ -114,9 +123,13 @@ struct BareArgs {
     #[command(flatten)]
     consume: ConsumeArgs,
     /// Ack with `multiple` every N messages (PerfTest `-A/--multi-ack-every`);
-    /// 1 (the default) acks each message and awaits it, as the host does.
+    /// 1 (the default) acks each message and awaits it.
     #[arg(long, short = 'A', default_value_t = 1)]
     multi_ack_every: u64,
+    /// Transform each message and publish it (confirmed) to this exchange
+    /// before acking it (see the module docs).
+    #[arg(long, conflicts_with = "multi_ack_every")]
+    transform_to: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -132,6 +145,10 @@ struct HostArgs {
     /// `[host] plugin_cache_dir`: compiled plugins are cached there.
     #[arg(long)]
     plugin_cache_dir: Option<PathBuf>,
+    /// Transform with the `stamp-v1` plugin (unless `--plugin` says
+    /// otherwise) and publish to this exchange (see the module docs).
+    #[arg(long)]
+    transform_to: Option<String>,
 }
 
 fn main() -> Result<()> {
@@ -264,6 +281,9 @@ async fn check(confirm: lapin::PublisherConfirm) -> Result<()> {
 // ------------------------------------------------------------ consume-bare
 
 async fn consume_bare(bare: BareArgs) -> Result<()> {
+    if let Some(exchange) = &bare.transform_to {
+        return consume_bare_transform(bare.consume, exchange).await;
+    }
     let args = bare.consume;
     let every = bare.multi_ack_every.max(1);
     let clock = Clock::start();
@@ -301,6 +321,118 @@ async fn consume_bare(bare: BareArgs) -> Result<()> {
     Ok(())
 }
 
+/// The bare loop doing the host's work with the stamp plugin: transform,
+/// publish with a confirm, ack once confirmed. Every delivery's confirm is
+/// awaited in a task of its own, so confirms overlap as the host's do.
+async fn consume_bare_transform(args: ConsumeArgs, exchange: &str) -> Result<()> {
+    let clock = Clock::start();
+    let connection = connect(&args.url, "loadgen-consume-bare-transform").await?;
+    declare_sink(&connection, exchange).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(args.prefetch, BasicQosOptions { global: false })
+        .await?;
+    let publisher = connection.create_channel().await?;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let mut consumer = channel
+        .basic_consume(
+            args.queue.as_str().into(),
+            "loadgen-bare".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("consuming from {:?}", args.queue))?;
+    let options = BasicPublishOptions {
+        mandatory: true,
+        ..BasicPublishOptions::default()
+    };
+    let properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type("application/json".into());
+    let mut settling = tokio::task::JoinSet::new();
+    let mut consumed = 0u64;
+    while consumed < args.count {
+        let delivery = match consumer.next().await {
+            Some(delivery) => delivery?,
+            None => bail!("the broker cancelled the consumer after {consumed} messages"),
+        };
+        consumed += 1;
+        let input = std::str::from_utf8(&delivery.data).context("a body that is not UTF-8")?;
+        let input_id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map_or("", |id| id.as_str());
+        let body = serde_json::to_vec(&serde_json::json!({
+            "input": input,
+            "version": "bare",
+            "input_id": input_id,
+        }))?;
+        let confirm = publisher
+            .basic_publish(
+                exchange.into(),
+                "stamped".into(),
+                options,
+                &body,
+                properties.clone(),
+            )
+            .await?;
+        settling.spawn(async move {
+            check(confirm).await?;
+            delivery.ack(BasicAckOptions::default()).await?;
+            anyhow::Ok(())
+        });
+        while let Some(done) = settling.try_join_next() {
+            done??;
+        }
+    }
+    while let Some(done) = settling.join_next().await {
+        done??;
+    }
+    let result = clock.stop("bare-transform", consumed);
+    shut(&channel, &connection).await;
+    result.print();
+    Ok(())
+}
+
+/// Exchange `exchange` (fanout) and the durable queue `{exchange}.sink`
+/// bound to it, where transformed messages go.
+async fn declare_sink(connection: &Connection, exchange: &str) -> Result<()> {
+    let channel = connection.create_channel().await?;
+    channel
+        .exchange_declare(
+            exchange.into(),
+            lapin::ExchangeKind::Fanout,
+            ExchangeDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("declaring exchange {exchange:?}"))?;
+    let sink = format!("{exchange}.sink");
+    channel
+        .queue_declare(
+            sink.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("declaring queue {sink:?}"))?;
+    channel
+        .queue_bind(
+            sink.as_str().into(),
+            exchange.into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let _ = channel.close(200, "declared".into()).await;
+    Ok(())
+}
+
 async fn shut(channel: &Channel, connection: &Connection) {
     let _ = channel
         .basic_cancel("loadgen-bare".into(), BasicCancelOptions::default())
@@ -311,10 +443,16 @@ async fn shut(channel: &Channel, connection: &Connection) {
 // ------------------------------------------------------------ consume-host
 
 async fn consume_host(args: HostArgs) -> Result<()> {
-    let plugin = match args.plugin {
-        Some(path) => path,
-        None => acemq_tests::host::plugin_path("echo"),
+    let plugin = match (args.plugin, &args.transform_to) {
+        (Some(path), _) => path,
+        (None, Some(_)) => acemq_tests::host::plugin_path("stamp-v1"),
+        (None, None) => acemq_tests::host::plugin_path("echo"),
     };
+    if let Some(exchange) = &args.transform_to {
+        let connection = connect(&args.consume.url, "loadgen-declare").await?;
+        declare_sink(&connection, exchange).await?;
+        let _ = connection.close(200, "declared".into()).await;
+    }
     let plugin =
         std::fs::canonicalize(&plugin).with_context(|| format!("plugin {}", plugin.display()))?;
     let text = host_config(
@@ -322,6 +460,7 @@ async fn consume_host(args: HostArgs) -> Result<()> {
         &plugin,
         args.concurrency,
         args.plugin_cache_dir.as_deref(),
+        args.transform_to.as_deref(),
     );
     let loaded =
         LoadedConfig::parse(Path::new("loadgen-host.toml"), text).map_err(|e| anyhow!("{e}"))?;
@@ -382,6 +521,7 @@ fn host_config(
     plugin: &Path,
     concurrency: usize,
     cache: Option<&Path>,
+    transform_to: Option<&str>,
 ) -> String {
     let quoted = |s: &str| toml::Value::String(s.to_string()).to_string();
     let mut text = format!(
@@ -400,6 +540,12 @@ fn host_config(
         quoted(&plugin.to_string_lossy()),
         args.prefetch
     ));
+    if let Some(exchange) = transform_to {
+        text.push_str(&format!(
+            "publish_to = [{0}]\n\n[consumers.config]\nout_exchange = {0}\n",
+            quoted(exchange)
+        ));
+    }
     text
 }
 
