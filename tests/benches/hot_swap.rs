@@ -41,9 +41,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
-use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 use tokio_util::sync::CancellationToken;
@@ -52,6 +50,7 @@ use acemq_host::app;
 use acemq_host::config::LoadedConfig;
 use acemq_host::plugin::HandlerSlot;
 use acemq_host::telemetry::Metrics;
+use acemq_tests::broker::passive_declare;
 use acemq_tests::host::plugin_path;
 use acemq_tests::{Broker, unique_name};
 
@@ -465,16 +464,7 @@ async fn wait_until_consuming(
             continue;
         }
         let channel = connection.create_channel().await?;
-        let declared = channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
+        let declared = passive_declare(&channel, queue).await;
         if let Ok(q) = &declared {
             let _ = channel.close(200, "done".into()).await;
             if q.consumer_count() > 0 {
@@ -491,16 +481,7 @@ async fn wait_until_consuming(
 /// Ready messages in `queue`: above zero, the host had work waiting.
 async fn backlog(connection: &Connection, queue: &str) -> Result<u32> {
     let channel = connection.create_channel().await?;
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    let declared = passive_declare(&channel, queue).await?;
     let _ = channel.close(200, "done".into()).await;
     Ok(declared.message_count())
 }

@@ -41,12 +41,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
+use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer};
 use tokio_util::sync::CancellationToken;
 
 use acemq_host::app;
@@ -288,25 +289,10 @@ async fn consume_bare(bare: BareArgs) -> Result<()> {
     let every = bare.multi_ack_every.max(1);
     let clock = Clock::start();
     let connection = connect(&args.url, "loadgen-consume-bare").await?;
-    let channel = connection.create_channel().await?;
-    channel
-        .basic_qos(args.prefetch, BasicQosOptions { global: false })
-        .await?;
-    let mut consumer = channel
-        .basic_consume(
-            args.queue.as_str().into(),
-            "loadgen-bare".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .with_context(|| format!("consuming from {:?}", args.queue))?;
+    let (channel, mut consumer) = subscribe(&connection, &args).await?;
     let mut consumed = 0u64;
     while consumed < args.count {
-        let delivery = match consumer.next().await {
-            Some(delivery) => delivery?,
-            None => bail!("the broker cancelled the consumer after {consumed} messages"),
-        };
+        let delivery = next_delivery(&mut consumer, consumed).await?;
         consumed += 1;
         if every == 1 {
             // One ack per message, awaited, as the host does.
@@ -328,23 +314,11 @@ async fn consume_bare_transform(args: ConsumeArgs, exchange: &str) -> Result<()>
     let clock = Clock::start();
     let connection = connect(&args.url, "loadgen-consume-bare-transform").await?;
     declare_sink(&connection, exchange).await?;
-    let channel = connection.create_channel().await?;
-    channel
-        .basic_qos(args.prefetch, BasicQosOptions { global: false })
-        .await?;
     let publisher = connection.create_channel().await?;
     publisher
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
-    let mut consumer = channel
-        .basic_consume(
-            args.queue.as_str().into(),
-            "loadgen-bare".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .with_context(|| format!("consuming from {:?}", args.queue))?;
+    let (channel, mut consumer) = subscribe(&connection, &args).await?;
     let options = BasicPublishOptions {
         mandatory: true,
         ..BasicPublishOptions::default()
@@ -355,10 +329,7 @@ async fn consume_bare_transform(args: ConsumeArgs, exchange: &str) -> Result<()>
     let mut settling = tokio::task::JoinSet::new();
     let mut consumed = 0u64;
     while consumed < args.count {
-        let delivery = match consumer.next().await {
-            Some(delivery) => delivery?,
-            None => bail!("the broker cancelled the consumer after {consumed} messages"),
-        };
+        let delivery = next_delivery(&mut consumer, consumed).await?;
         consumed += 1;
         let input = std::str::from_utf8(&delivery.data).context("a body that is not UTF-8")?;
         let input_id = delivery
@@ -398,6 +369,33 @@ async fn consume_bare_transform(args: ConsumeArgs, exchange: &str) -> Result<()>
     Ok(())
 }
 
+/// The bare loops' subscription: a channel with the prefetch, consuming
+/// `args.queue` with manual acks.
+async fn subscribe(connection: &Connection, args: &ConsumeArgs) -> Result<(Channel, Consumer)> {
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(args.prefetch, BasicQosOptions { global: false })
+        .await?;
+    let consumer = channel
+        .basic_consume(
+            args.queue.as_str().into(),
+            "loadgen-bare".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .with_context(|| format!("consuming from {:?}", args.queue))?;
+    Ok((channel, consumer))
+}
+
+/// The next delivery; the stream ending means the broker cancelled us.
+async fn next_delivery(consumer: &mut Consumer, consumed: u64) -> Result<Delivery> {
+    match consumer.next().await {
+        Some(delivery) => Ok(delivery?),
+        None => bail!("the broker cancelled the consumer after {consumed} messages"),
+    }
+}
+
 /// Exchange `exchange` (fanout) and the durable queue `{exchange}.sink`
 /// bound to it, where transformed messages go.
 async fn declare_sink(connection: &Connection, exchange: &str) -> Result<()> {
@@ -412,14 +410,7 @@ async fn declare_sink(connection: &Connection, exchange: &str) -> Result<()> {
         .await
         .with_context(|| format!("declaring exchange {exchange:?}"))?;
     let sink = format!("{exchange}.sink");
-    channel
-        .queue_declare(
-            sink.as_str().into(),
-            QueueDeclareOptions::durable(),
-            FieldTable::default(),
-        )
-        .await
-        .with_context(|| format!("declaring queue {sink:?}"))?;
+    declare(connection, &sink, QueueType::Classic).await?;
     channel
         .queue_bind(
             sink.as_str().into(),
