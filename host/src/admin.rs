@@ -41,9 +41,8 @@ pub struct Admin {
     pub metrics: Arc<Metrics>,
     /// Cancelled when the host begins shutting down: `/health` turns DOWN.
     pub shutdown: CancellationToken,
-    /// Consumers holding a subscription right now, of `consumers`.
+    /// Consumers holding a subscription right now (the reloader knows them all).
     pub consuming: Arc<AtomicUsize>,
-    pub consumers: usize,
 }
 
 /// Binds the endpoint's address. Done before the host connects anywhere, so
@@ -163,14 +162,14 @@ impl Admin {
     fn health(&self) -> Response<Full<Bytes>> {
         // UP means serving: every consumer subscribed (not merely started)
         // and no shutdown under way.
-        let consuming = self.consuming.load(Ordering::SeqCst);
-        let up = !self.shutdown.is_cancelled() && consuming == self.consumers;
         let consumers: Vec<_> = self
             .reloader
             .status()
             .iter()
             .map(|s| serde_json::json!({"queue": s.queue, "sha256": s.sha256}))
             .collect();
+        let consuming = self.consuming.load(Ordering::SeqCst);
+        let up = !self.shutdown.is_cancelled() && consuming == consumers.len();
         json(
             if up {
                 StatusCode::OK
@@ -179,7 +178,7 @@ impl Admin {
             },
             &serde_json::json!({
                 "status": if up { "UP" } else { "DOWN" },
-                "consuming": format!("{consuming}/{}", self.consumers),
+                "consuming": format!("{consuming}/{}", consumers.len()),
                 "consumers": consumers,
             }),
         )

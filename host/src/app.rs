@@ -209,7 +209,6 @@ pub async fn run(
         consuming: Arc::new(AtomicUsize::new(0)),
     };
     let mut consumers = JoinSet::new();
-    let consumer_count = prepared.consumers.len();
     for consumer in prepared.consumers {
         metrics
             .plugin_version
@@ -241,7 +240,6 @@ pub async fn run(
             metrics: metrics.clone(),
             shutdown: shutdown.clone(),
             consuming: env.consuming.clone(),
-            consumers: consumer_count,
         };
         crate::admin::spawn(listener, Arc::new(admin), admin_stop.clone())
     });

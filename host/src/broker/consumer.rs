@@ -50,17 +50,6 @@ pub struct ConsumerEnv {
     pub consuming: Arc<AtomicUsize>,
 }
 
-/// How a consumer ended.
-#[derive(Debug, Default)]
-pub struct ConsumerReport {
-    /// Deliveries that had arrived but never started when shutdown began;
-    /// the broker requeues them when the channel closes.
-    pub unstarted: usize,
-    /// Deliveries still running when the drain timeout passed (the broker
-    /// requeues them too).
-    pub stranded: usize,
-}
-
 struct Context {
     spec: ConsumerSpec,
     env: ConsumerEnv,
@@ -91,7 +80,7 @@ pub async fn run(
     connection: &Connection,
     spec: ConsumerSpec,
     env: ConsumerEnv,
-) -> anyhow::Result<ConsumerReport> {
+) -> anyhow::Result<()> {
     let queue = spec.queue.clone();
     let channel = connection.create_channel().await?;
     // Quorum queues and streams refuse global QoS: prefetch is per consumer.
@@ -125,7 +114,6 @@ pub async fn run(
         acks: acks.clone(),
     });
     let mut running = JoinSet::new();
-    let mut report = ConsumerReport::default();
     let mut failure = None;
 
     loop {
@@ -142,10 +130,7 @@ pub async fn run(
                 // the channel gives it back (see below).
                 let permit = tokio::select! {
                     biased;
-                    _ = env.shutdown.cancelled() => {
-                        report.unstarted += 1;
-                        break;
-                    }
+                    _ = env.shutdown.cancelled() => break,
                     permit = permits.clone().acquire_owned() => permit.expect("semaphore never closed"),
                 };
                 let ctx = ctx.clone();
@@ -183,10 +168,9 @@ pub async fn run(
     })
     .await;
     if drained.is_err() {
-        report.stranded = running.len();
         tracing::warn!(
             queue = %queue,
-            stranded = report.stranded,
+            stranded = running.len(),
             drain_timeout = %humantime::format_duration(env.drain_timeout),
             "deliveries still running at the drain timeout; the broker requeues them"
         );
@@ -198,11 +182,12 @@ pub async fn run(
     acks.flush(true).await;
     // 2. Only then is the consumer cancelled. An ack written to the socket is
     //    not yet an ack applied by the queue: RabbitMQ's quorum-queue client
-    //    holds settlements back while more than 32 of its commands are in
+    //    holds settlements back while 32 or more of its commands are in
     //    flight, and a channel closed meanwhile loses them, so the messages
-    //    come back although they were handled. basic.cancel is synchronous
-    //    and the broker sends what it held back before cancelling, so once
-    //    cancel-ok arrives every ack above has reached the queue.
+    //    come back although they were handled. basic.cancel is synchronous:
+    //    newer brokers send what they held back before cancelling, and on
+    //    3.10 the round trip gives the queue time to apply it (the SIGTERM
+    //    test in tests/skeleton.rs checks exactly-once).
     if let Err(e) = channel
         .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
         .await
@@ -218,7 +203,7 @@ pub async fn run(
     tracing::info!(queue = %queue, "consumer stopped");
     match failure {
         Some(e) => Err(e),
-        None => Ok(report),
+        None => Ok(()),
     }
 }
 
@@ -529,9 +514,10 @@ fn output_publication(parent: &Envelope, output: Outgoing) -> Result<Publication
     })
 }
 
-/// Gives the delivery back to its queue now. Only once the nack is written
-/// may a `multiple` ack pass over it (see acks.rs).
-async fn requeue(ctx: &Context, delivery: &Delivery) {
+/// Gives the delivery back to its queue now, without advancing the attempt:
+/// it comes back as a fresh delivery. Only once the nack is written may a
+/// `multiple` ack pass over it (see acks.rs).
+async fn requeue_counted(ctx: &Context, delivery: &Delivery) {
     let options = BasicNackOptions {
         multiple: false,
         requeue: true,
@@ -540,12 +526,6 @@ async fn requeue(ctx: &Context, delivery: &Delivery) {
         tracing::warn!(error = %e, "requeue failed; the broker will redeliver");
     }
     ctx.acks.forget(delivery.delivery_tag).await;
-}
-
-/// A requeue that settles this delivery for the metrics: the attempt is not
-/// advanced, and the message comes back as a fresh delivery.
-async fn requeue_counted(ctx: &Context, delivery: &Delivery) {
-    requeue(ctx, delivery).await;
     let queue = ctx.spec.queue.as_str();
     ctx.env.metrics.retried(queue, "requeued");
     ctx.env
