@@ -361,14 +361,7 @@ impl Bench {
             }
             Mode::Host => {
                 args[0] = "consume-host";
-                args.extend([
-                    "--plugin",
-                    &plugin,
-                    "--concurrency",
-                    &concurrency,
-                    "--plugin-cache-dir",
-                    &cache,
-                ]);
+                args.extend(["--plugin", &plugin]);
             }
             Mode::BareTransform => {
                 args[0] = "consume-bare";
@@ -376,15 +369,12 @@ impl Bench {
             }
             Mode::HostTransform => {
                 args[0] = "consume-host";
-                args.extend([
-                    "--transform-to",
-                    &sink,
-                    "--concurrency",
-                    &concurrency,
-                    "--plugin-cache-dir",
-                    &cache,
-                ]);
+                args.extend(["--transform-to", &sink]);
             }
+        }
+        // Every host run: the same consumer settings and compiled-plugin cache.
+        if args[0] == "consume-host" {
+            args.extend(["--concurrency", &concurrency, "--plugin-cache-dir", &cache]);
         }
         let consumed = self.loadgen(&args)?;
         self.runtime.block_on(self.broker.delete_queue(&queue))?;
