@@ -210,7 +210,7 @@ pub mod __private {
     pub fn handle<H: Handler>(msg: WitMessage) -> Outcome {
         #[cfg(target_arch = "wasm32")]
         log_panics();
-        decide::<H>(Message::from_wit(msg))
+        decide::<H>(Message::from_host(msg))
     }
 
     pub(crate) fn decide<H: Handler>(msg: Message) -> Outcome {

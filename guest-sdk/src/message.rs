@@ -1,36 +1,103 @@
 //! The message a handler receives, its headers, and reading its body.
 
+use core::cell::OnceCell;
 use core::fmt;
 
 use serde::Deserialize;
 
+use crate::bindings::wit_types::Message as HostMessage;
 pub use crate::bindings::wit_types::{Delivery, Envelope, HeaderValue};
 use crate::outcome::Outcome;
 
 /// One message handed to a [`Handler`](crate::Handler).
 ///
-/// Everything is owned: take the body out (`msg.body`), keep parts of it,
-/// move it into a publish, without copying.
-#[derive(Clone, Debug, PartialEq)]
-// New WIT fields (a minor contract version) must not break plugins that
-// destructure or build messages; tests build them with `testing::message`.
-#[non_exhaustive]
+/// The message stays in the host until a part of it is asked for: the first
+/// call of [`envelope`](Self::envelope), [`headers`](Self::headers),
+/// [`body`](Self::body), ... copies that part into the plugin, and later
+/// calls return the same copy. A handler pays only for what it reads: a
+/// router that looks at one header never copies the body.
+///
+/// Take the body out with [`into_body`](Self::into_body) (to move it into a
+/// publish without copying), or change parts in place with the `_mut`
+/// methods (tests build messages with [`testing::message`](crate::testing)
+/// and adjust them that way).
 pub struct Message {
-    /// The AceMQ envelope: id, type, version, correlation, attempt, ...
-    /// The host fills in defaults for missing headers, so it is always complete.
-    pub envelope: Envelope,
-    /// Where the broker delivered it from: queue, exchange, routing key, ...
-    pub delivery: Delivery,
-    /// The AMQP content type, after any codec has decoded the body.
-    pub content_type: Option<String>,
-    /// Application headers, in delivery order (never the `x-acemq-*` ones,
-    /// which are in [`envelope`](Self::envelope)).
-    pub headers: Headers,
-    /// The body bytes, after any codec has decoded them.
-    pub body: Vec<u8>,
+    /// The host's handle; `None` for a message built in a test, whose parts
+    /// are all set.
+    host: Option<HostMessage>,
+    envelope: OnceCell<Envelope>,
+    delivery: OnceCell<Delivery>,
+    content_type: OnceCell<Option<String>>,
+    headers: OnceCell<Headers>,
+    body: OnceCell<Vec<u8>>,
 }
 
 impl Message {
+    /// The AceMQ envelope: id, type, version, correlation, attempt, ...
+    /// The host fills in defaults for missing headers, so it is always complete.
+    pub fn envelope(&self) -> &Envelope {
+        self.envelope.get_or_init(|| self.host().envelope())
+    }
+
+    /// Where the broker delivered it from: queue, exchange, routing key, ...
+    pub fn delivery(&self) -> &Delivery {
+        self.delivery.get_or_init(|| self.host().delivery())
+    }
+
+    /// The AMQP content type, after any codec has decoded the body.
+    pub fn content_type(&self) -> Option<&str> {
+        self.content_type
+            .get_or_init(|| self.host().content_type())
+            .as_deref()
+    }
+
+    /// Application headers, in delivery order (never the `x-acemq-*` ones,
+    /// which are in the [`envelope`](Self::envelope)).
+    pub fn headers(&self) -> &Headers {
+        self.headers.get_or_init(|| Headers(self.host().headers()))
+    }
+
+    /// The body bytes, after any codec has decoded them.
+    pub fn body(&self) -> &[u8] {
+        self.body.get_or_init(|| self.host().body())
+    }
+
+    /// The body, moved out of the message.
+    pub fn into_body(mut self) -> Vec<u8> {
+        std::mem::take(self.body_mut())
+    }
+
+    /// The envelope, to change.
+    pub fn envelope_mut(&mut self) -> &mut Envelope {
+        part_mut(&mut self.envelope, &self.host, HostMessage::envelope)
+    }
+
+    /// The delivery details, to change.
+    pub fn delivery_mut(&mut self) -> &mut Delivery {
+        part_mut(&mut self.delivery, &self.host, HostMessage::delivery)
+    }
+
+    /// The content type, to change.
+    pub fn content_type_mut(&mut self) -> &mut Option<String> {
+        part_mut(
+            &mut self.content_type,
+            &self.host,
+            HostMessage::content_type,
+        )
+    }
+
+    /// The headers, to change.
+    pub fn headers_mut(&mut self) -> &mut Headers {
+        part_mut(&mut self.headers, &self.host, |host| {
+            Headers(host.headers())
+        })
+    }
+
+    /// The body, to change.
+    pub fn body_mut(&mut self) -> &mut Vec<u8> {
+        part_mut(&mut self.body, &self.host, HostMessage::body)
+    }
+
     /// Deserializes the JSON body into `T`.
     ///
     /// The error converts into a [`reject`](crate::reject) whose reason names
@@ -38,7 +105,7 @@ impl Message {
     /// `body is not a valid Order: missing field `total` at line 1 column 24`.
     /// `T` may borrow from the body (`&str` fields).
     pub fn json<'a, T: Deserialize<'a>>(&'a self) -> Result<T, BodyError> {
-        serde_json::from_slice(&self.body).map_err(|e| BodyError {
+        serde_json::from_slice(self.body()).map_err(|e| BodyError {
             problem: format!("body is not a valid {}: {e}", short_type_name::<T>()),
         })
     }
@@ -46,19 +113,74 @@ impl Message {
     /// The body as UTF-8 text; not UTF-8 converts into a
     /// [`reject`](crate::reject).
     pub fn text(&self) -> Result<&str, BodyError> {
-        core::str::from_utf8(&self.body).map_err(|e| BodyError {
+        core::str::from_utf8(self.body()).map_err(|e| BodyError {
             problem: format!("body is not UTF-8 text: {e}"),
         })
     }
 
-    pub(crate) fn from_wit(msg: crate::bindings::wit_types::Message) -> Self {
+    /// The message the host lent to this call.
+    pub(crate) fn from_host(host: HostMessage) -> Self {
         Message {
-            envelope: msg.envelope,
-            delivery: msg.delivery,
-            content_type: msg.content_type,
-            headers: Headers(msg.headers),
-            body: msg.body,
+            host: Some(host),
+            envelope: OnceCell::new(),
+            delivery: OnceCell::new(),
+            content_type: OnceCell::new(),
+            headers: OnceCell::new(),
+            body: OnceCell::new(),
         }
+    }
+
+    /// A message with every part given, for tests.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) fn local(
+        envelope: Envelope,
+        delivery: Delivery,
+        content_type: Option<String>,
+        headers: Headers,
+        body: Vec<u8>,
+    ) -> Self {
+        Message {
+            host: None,
+            envelope: envelope.into(),
+            delivery: delivery.into(),
+            content_type: content_type.into(),
+            headers: headers.into(),
+            body: body.into(),
+        }
+    }
+
+    fn host(&self) -> &HostMessage {
+        host_of(&self.host)
+    }
+}
+
+/// A part of the message, fetched from the host first if it was not yet.
+fn part_mut<'a, T>(
+    cell: &'a mut OnceCell<T>,
+    host: &Option<HostMessage>,
+    fetch: impl FnOnce(&HostMessage) -> T,
+) -> &'a mut T {
+    if cell.get().is_none() {
+        // Cannot fail: the cell was just seen empty and is borrowed mutably.
+        let _ = cell.set(fetch(host_of(host)));
+    }
+    cell.get_mut().expect("the part was just set")
+}
+
+fn host_of(host: &Option<HostMessage>) -> &HostMessage {
+    host.as_ref()
+        .expect("a message built in a test has every part set, so it never asks the host")
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("envelope", self.envelope())
+            .field("delivery", self.delivery())
+            .field("content_type", &self.content_type())
+            .field("headers", self.headers())
+            .field("body", &String::from_utf8_lossy(self.body()))
+            .finish()
     }
 }
 

@@ -115,7 +115,7 @@ impl fmt::Display for Outcome {
 /// ```
 /// # use acemq_guest::prelude::*;
 /// fn handle(msg: Message) -> Result {
-///     let tenant = msg.headers.get_str("tenant").or_reject("no `tenant` header")?;
+///     let tenant = msg.headers().get_str("tenant").or_reject("no `tenant` header")?;
 ///     let qty: u32 = msg.text()?.trim().parse().or_reject("quantity")?;
 ///     // `"abc"` would be rejected with "quantity: invalid digit found in string".
 /// #   let _ = (tenant, qty);

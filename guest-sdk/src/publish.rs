@@ -115,7 +115,7 @@ impl Publish {
     }
 
     /// Sets several headers, e.g. to forward those of the input:
-    /// `.headers(msg.headers.clone())`.
+    /// `.headers(msg.headers().clone())`.
     pub fn headers(mut self, headers: Headers) -> Self {
         for (name, value) in headers {
             self = self.header(name, value);

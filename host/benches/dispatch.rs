@@ -18,6 +18,7 @@ use acemq_host::plugin::{
     ConsumerContext, EngineSettings, HandlerVersion, Input, Limits, PluginEngine,
 };
 use acemq_host::retry::RetryPolicy;
+use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString};
@@ -46,7 +47,7 @@ fn version(engine: &PluginEngine, isolation: Isolation) -> Arc<HandlerVersion> {
 
 /// A delivery as the broker would hand it over: an AceMQ envelope and a
 /// trace header, 1 KB of body.
-fn delivery() -> (BasicProperties, Vec<u8>) {
+fn delivery() -> (BasicProperties, Bytes) {
     let envelope = Envelope::new(
         "order.created",
         envelope::default_origin(),
@@ -62,29 +63,32 @@ fn delivery() -> (BasicProperties, Vec<u8>) {
     let properties = BasicProperties::default()
         .with_content_type("application/json".into())
         .with_headers(envelope.to_headers(&app));
-    (properties, vec![b'x'; 1024])
+    (properties, Bytes::from(vec![b'x'; 1024]))
 }
 
 fn dispatch_one(
     version: &HandlerVersion,
     properties: &BasicProperties,
-    body: &[u8],
+    body: &Bytes,
     policy: &RetryPolicy,
 ) {
-    let envelope = Envelope::read(properties, "order.created", 1_700_000_000_001);
+    let envelope = Arc::new(Envelope::read(
+        properties,
+        "order.created",
+        1_700_000_000_001,
+    ));
     let headers = envelope::split_headers(properties);
     let input = Input {
-        envelope: &envelope,
-        queue: "bench",
-        exchange: "orders",
-        routing_key: "order.created",
+        envelope: envelope.clone(),
+        exchange: "orders".to_string(),
+        routing_key: "order.created".to_string(),
         redelivered: false,
         stream_offset: headers.stream_offset,
-        content_type: Some("application/json"),
-        headers: &headers.visible,
-        body,
+        content_type: Some("application/json".to_string()),
+        headers: headers.visible,
+        body: body.clone(),
     };
-    let invocation = version.invoke(&input);
+    let invocation = version.invoke(input);
     let facts = DeliveryFacts {
         queue: "bench",
         envelope: &envelope,
@@ -94,8 +98,8 @@ fn dispatch_one(
     assert_eq!(settlement.outcome(), dispatch::Outcome::Acked);
 }
 
-/// The host's side of a dispatch alone: reading the envelope and splitting
-/// the headers a plugin sees from the reserved ones.
+/// The host's side of a dispatch alone: reading the envelope and the
+/// headers a plugin sees.
 fn read_envelope_only(properties: &BasicProperties) {
     let envelope = Envelope::read(properties, "order.created", 1_700_000_000_001);
     let headers = envelope::split_headers(properties);

@@ -214,7 +214,7 @@ pub async fn run(
             .plugin_version
             .get_or_create(&PluginVersionLabels {
                 queue: consumer.queue.clone(),
-                sha256: consumer.handler.current().sha256.clone(),
+                sha256: consumer.handler.current().sha256.to_string(),
             })
             .set(1);
         let spec = ConsumerSpec {

@@ -5,6 +5,7 @@
 //! (AceMQ contract §5), which `broker::consumer` then carries out. Keeping the
 //! decision pure means every rule here is unit-tested without a broker.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::envelope::Envelope;
@@ -126,6 +127,9 @@ pub enum Step {
     },
     /// The handler accepted, but a codec refused to encode one of its outputs.
     OutputsRefused(String),
+    /// The host itself failed around the plugins (a bug of ours, not the
+    /// plugin's): the delivery fails like any other, so it is not lost.
+    HostFailed(String),
 }
 
 /// The plugins' part of one delivery, with the version that handled it.
@@ -133,32 +137,39 @@ pub enum Step {
 pub struct Handled {
     pub step: Step,
     /// SHA-256 of the handler version, empty when no handler ran.
-    pub version: String,
+    pub version: Arc<str>,
     pub fuel: Option<u64>,
+}
+
+impl Handled {
+    /// The host's own code failed (panicked) while running the plugins.
+    pub fn host_failed(why: &str) -> Self {
+        Self {
+            step: Step::HostFailed(why.to_string()),
+            version: "".into(),
+            fuel: None,
+        }
+    }
 }
 
 /// Runs codecs and the handler for one delivery: decode, handle, encode the
 /// outputs. Blocking (wasm calls): run it off the async runtime's workers.
-pub fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, input: &Input<'_>) -> Handled {
-    let decoded = codecs.decode(input.content_type, input.body);
-    let (content_type, body) = match &decoded {
-        Conversion::Unclaimed => (input.content_type, input.body),
+pub fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: Input) -> Handled {
+    match codecs.decode(input.content_type.as_deref(), &input.body) {
+        Conversion::Unclaimed => {}
         Conversion::Converted { content_type, body } => {
-            (Some(content_type.as_str()), body.as_slice())
+            input.content_type = Some(content_type);
+            input.body = body.into();
         }
         Conversion::Refused(why) => {
             return Handled {
-                step: Step::Undecodable(why.clone()),
-                version: String::new(),
+                step: Step::Undecodable(why),
+                version: "".into(),
                 fuel: None,
             };
         }
-    };
-    let invocation = handler.invoke(&Input {
-        content_type,
-        body,
-        ..input.clone()
-    });
+    }
+    let invocation = handler.invoke(input);
     let step = match invocation.result {
         Ok(Verdict::Accept) => match encode_outputs(codecs, invocation.outputs) {
             Ok(outputs) => Step::Handled {
@@ -207,6 +218,11 @@ pub fn settle(facts: DeliveryFacts<'_>, step: Step, policy: &RetryPolicy) -> Set
     match step {
         Step::Undecodable(why) => undecodable(facts.queue, &why),
         Step::OutputsRefused(why) => retry_or_give_up(facts, why, policy),
+        Step::HostFailed(why) => retry_or_give_up(
+            facts,
+            format!("the host failed while running the plugins: {why}"),
+            policy,
+        ),
         Step::Handled { result, outputs } => decide(facts, result, outputs, policy),
     }
 }

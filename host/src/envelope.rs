@@ -238,14 +238,15 @@ pub fn plugin_headers_to_table(headers: &[(String, HeaderValue)]) -> FieldTable 
     table
 }
 
-/// A delivery's headers with the envelope taken out.
+/// What a plugin sees of a delivery's headers: the envelope taken out.
+///
+/// A republish (retry, set-aside) needs no copy of its own: it writes the
+/// delivery's headers through [`Envelope::to_headers`], which drops the old
+/// envelope on the way.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AppHeaders {
-    /// Every non-`x-acemq-*` header, verbatim (`x-death`, `traceparent`,
-    /// `x-stream-offset`, nested tables and arrays): what a republish carries.
-    pub table: FieldTable,
-    /// The flat ones as a plugin sees them, in table order. Tables, arrays,
-    /// decimals and voids are left out (they stay in [`Self::table`]).
+    /// The flat non-`x-acemq-*` headers, in table order. Tables, arrays,
+    /// decimals and voids are left out (a republish still carries them).
     pub visible: Vec<(String, HeaderValue)>,
     /// The broker's `x-stream-offset`, read tolerantly; `None` when absent,
     /// negative or unreadable.
@@ -278,45 +279,65 @@ pub fn split_table(headers: Option<&FieldTable>) -> AppHeaders {
         if let Some(visible) = HeaderValue::from_amqp(value) {
             out.visible.push((name.as_str().to_owned(), visible));
         }
-        out.table.insert(name.clone(), value.clone());
     }
     out
 }
 
-/// The `x-acemq-*` entries of a header table, found in one ordered scan: a
-/// delivery is read once per message, and a dozen separate lookups in the
-/// table cost more than the handler call they precede.
+/// The known `x-acemq-*` entries of a header table, found in one ordered
+/// scan: a delivery is read once per message, and a dozen separate lookups
+/// in the table cost more than the handler call they precede.
+#[derive(Default)]
 struct ReservedHeaders<'a> {
-    /// (name, value), in the table's (sorted) order; a dozen at most.
-    entries: Vec<(&'a str, &'a AMQPValue)>,
+    id: Option<&'a AMQPValue>,
+    message_type: Option<&'a AMQPValue>,
+    version: Option<&'a AMQPValue>,
+    correlation: Option<&'a AMQPValue>,
+    causation: Option<&'a AMQPValue>,
+    attempt: Option<&'a AMQPValue>,
+    first_seen: Option<&'a AMQPValue>,
+    origin: Option<&'a AMQPValue>,
+    error: Option<&'a AMQPValue>,
+    claim: Option<&'a AMQPValue>,
+    route: Option<&'a AMQPValue>,
+    route_position: Option<&'a AMQPValue>,
+    route_id: Option<&'a AMQPValue>,
 }
 
 impl<'a> ReservedHeaders<'a> {
     fn collect(headers: Option<&'a FieldTable>) -> Self {
         use std::ops::Bound;
+        let mut found = Self::default();
+        let Some(table) = headers else {
+            return found;
+        };
         // Every name with the prefix sorts between "x-acemq-" and "x-acemq."
         // ('.' follows '-' in ASCII).
         let upper = "x-acemq.";
-        let entries = headers
-            .map(|table| {
-                table
-                    .inner()
-                    .range::<str, _>((
-                        Bound::Included(header::RESERVED_PREFIX),
-                        Bound::Excluded(upper),
-                    ))
-                    .map(|(name, value)| (name.as_str(), value))
-                    .collect()
-            })
-            .unwrap_or_default();
-        Self { entries }
-    }
-
-    fn get(&self, name: &str) -> Option<&'a AMQPValue> {
-        self.entries
-            .iter()
-            .find(|(candidate, _)| *candidate == name)
-            .map(|(_, value)| *value)
+        let reserved = table.inner().range::<str, _>((
+            Bound::Included(header::RESERVED_PREFIX),
+            Bound::Excluded(upper),
+        ));
+        for (name, value) in reserved {
+            let slot = match name.as_str() {
+                header::ID => &mut found.id,
+                header::TYPE => &mut found.message_type,
+                header::VERSION => &mut found.version,
+                header::CORRELATION => &mut found.correlation,
+                header::CAUSATION => &mut found.causation,
+                header::ATTEMPT => &mut found.attempt,
+                header::FIRST_SEEN => &mut found.first_seen,
+                header::ORIGIN => &mut found.origin,
+                header::ERROR => &mut found.error,
+                header::CLAIM => &mut found.claim,
+                header::ROUTE => &mut found.route,
+                header::ROUTE_POSITION => &mut found.route_position,
+                header::ROUTE_ID => &mut found.route_id,
+                // Unknown names (a newer library's) are dropped unread.
+                _ => continue,
+            };
+            *slot = Some(value);
+        }
+        found
     }
 }
 
@@ -419,40 +440,49 @@ impl Envelope {
         now_ms: u64,
     ) -> Self {
         let reserved = ReservedHeaders::collect(headers);
-        let get = |name: &str| reserved.get(name);
-        let text_of = |name: &str| get(name).and_then(text);
-        let int_of = |name: &str| get(name).and_then(integer);
 
         // Java falls back to the AMQP property; a message nobody stamped
         // still needs an id, and the republish writes it so later attempts
         // keep it.
-        let id = text_of(header::ID)
+        let id = reserved
+            .id
+            .and_then(text)
             .or_else(|| message_id.and_then(non_empty))
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let message_type = text_of(header::TYPE).unwrap_or_else(|| or_default_type(routing_key));
-        let correlation_id = text_of(header::CORRELATION).unwrap_or_else(|| id.clone());
+        let message_type = reserved
+            .message_type
+            .and_then(text)
+            .unwrap_or_else(|| or_default_type(routing_key));
+        let correlation_id = reserved
+            .correlation
+            .and_then(text)
+            .unwrap_or_else(|| id.clone());
         // Below 1 is not a version or an attempt; 1 is what a message that
         // never said reads as. Beyond u32 saturates: it is still a large
         // number, and for the attempt that means "give up", not "start over".
-        let at_least_one =
-            |n: Option<i128>| n.map_or(1, |n| u32::try_from(n.max(1)).unwrap_or(u32::MAX));
-        let first_seen_ms = get(header::FIRST_SEEN)
-            .and_then(epoch_millis)
-            .unwrap_or(now_ms);
+        let at_least_one = |value: Option<&AMQPValue>| {
+            value
+                .and_then(integer)
+                .map_or(1, |n| u32::try_from(n.max(1)).unwrap_or(u32::MAX))
+        };
+        let first_seen_ms = reserved.first_seen.and_then(epoch_millis).unwrap_or(now_ms);
 
         Self {
-            version: at_least_one(int_of(header::VERSION)),
-            attempt: at_least_one(int_of(header::ATTEMPT)),
+            version: at_least_one(reserved.version),
+            attempt: at_least_one(reserved.attempt),
             first_seen_ms,
-            causation_id: text_of(header::CAUSATION),
-            origin: text_of(header::ORIGIN),
-            error: text_of(header::ERROR),
-            claim: text_of(header::CLAIM),
-            route: text_of(header::ROUTE),
+            causation_id: reserved.causation.and_then(text),
+            origin: reserved.origin.and_then(text),
+            error: reserved.error.and_then(text),
+            claim: reserved.claim.and_then(text),
+            route: reserved.route.and_then(text),
             // Kept as read, even negative: judging a slip is the pipeline's
             // business, and it can only do so if it sees what was written.
-            route_position: int_of(header::ROUTE_POSITION).and_then(|n| i64::try_from(n).ok()),
-            route_id: text_of(header::ROUTE_ID),
+            route_position: reserved
+                .route_position
+                .and_then(integer)
+                .and_then(|n| i64::try_from(n).ok()),
+            route_id: reserved.route_id.and_then(text),
             id,
             message_type,
             correlation_id,
@@ -566,14 +596,14 @@ impl Envelope {
 /// `message-id` is left unset when the id is longer than an AMQP short
 /// string allows; the `x-acemq-id` header still carries it.
 #[must_use]
-pub fn republish_properties(
-    original: &BasicProperties,
-    envelope: &Envelope,
-    app: &FieldTable,
-) -> BasicProperties {
+pub fn republish_properties(original: &BasicProperties, envelope: &Envelope) -> BasicProperties {
+    let headers = match original.headers() {
+        Some(delivered) => envelope.to_headers(delivered),
+        None => envelope.to_headers(&FieldTable::default()),
+    };
     let mut properties = BasicProperties::default()
         .with_delivery_mode(PERSISTENT)
-        .with_headers(envelope.to_headers(app));
+        .with_headers(headers);
     if let Some(id) = short_string(&envelope.id) {
         properties = properties.with_message_id(id);
     }
@@ -609,12 +639,8 @@ pub fn republish_properties(
 
 /// [`republish_properties`] for a retry: [`Envelope::for_retry`].
 #[must_use]
-pub fn retry_properties(
-    original: &BasicProperties,
-    envelope: &Envelope,
-    app: &FieldTable,
-) -> BasicProperties {
-    republish_properties(original, &envelope.for_retry(), app)
+pub fn retry_properties(original: &BasicProperties, envelope: &Envelope) -> BasicProperties {
+    republish_properties(original, &envelope.for_retry())
 }
 
 /// [`republish_properties`] for a set-aside to `.dlq` / `.parked`:
@@ -623,10 +649,9 @@ pub fn retry_properties(
 pub fn set_aside_properties(
     original: &BasicProperties,
     envelope: &Envelope,
-    app: &FieldTable,
     reason: &str,
 ) -> BasicProperties {
-    republish_properties(original, &envelope.for_set_aside(reason), app)
+    republish_properties(original, &envelope.for_set_aside(reason))
 }
 
 /// The properties of a new message a plugin publishes: `content-type` (empty
@@ -701,12 +726,21 @@ fn preview(value: &str) -> String {
 /// Empty reads as absent, so a default applies.
 fn text(value: &AMQPValue) -> Option<String> {
     let text = match value {
-        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        AMQPValue::LongString(s) => utf8_or_replaced(s.as_bytes()),
         AMQPValue::ShortString(s) => s.as_str().to_owned(),
-        AMQPValue::ByteArray(b) => String::from_utf8_lossy(b.as_slice()).into_owned(),
+        AMQPValue::ByteArray(b) => utf8_or_replaced(b.as_slice()),
         other => integer_value(other)?.to_string(),
     };
     (!text.is_empty()).then_some(text)
+}
+
+/// The bytes as text, invalid UTF-8 replaced. Valid text (the usual case)
+/// takes the validator's fast path and one copy.
+fn utf8_or_replaced(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+    }
 }
 
 /// An integer header, tolerantly: every AMQP integer width and timestamps,
@@ -1162,10 +1196,17 @@ mod tests {
             ("traceparent", ls(TRACEPARENT)),
         ]);
         let app = split_headers(&properties);
-        assert!(reserved_names(&app.table).is_empty());
         let names: Vec<&str> = app.visible.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["acemq-reply-to", "traceparent"]);
-        assert_eq!(app.table.inner().len(), 2);
+        // A republish carries the same two, and only the envelope it writes.
+        let envelope = Envelope::read(&properties, "k", NOW);
+        let copy = republish_properties(&properties, &envelope);
+        let copied = headers_of(&copy);
+        assert_eq!(get(copied, "x-acemq-foo"), None);
+        assert_eq!(get(copied, "X-AceMQ-Bar"), None);
+        assert_eq!(get(copied, "x-acemq-replayed-at"), None);
+        assert_eq!(get(copied, "traceparent"), Some(&ls(TRACEPARENT)));
+        assert_eq!(get(copied, "acemq-reply-to"), Some(&ls("replies")));
         // The known ones became fields.
         let envelope = Envelope::read(&properties, "k", NOW);
         assert_eq!((envelope.id.as_str(), envelope.attempt), ("id-1", 2));
@@ -1202,10 +1243,15 @@ mod tests {
         ]);
         let app = split_headers(&properties);
 
-        // The table is the delivery's, minus the envelope, value for value.
+        // A republish carries the delivery's headers, minus the old
+        // envelope, value for value.
+        let envelope = Envelope::read(&properties, "k", NOW);
         let mut expected = headers_of(&properties).inner().clone();
         expected.remove(header::ID);
-        assert_eq!(app.table.inner(), &expected);
+        let copy = republish_properties(&properties, &envelope);
+        let mut carried = headers_of(&copy).inner().clone();
+        carried.retain(|name, _| !is_reserved(name.as_str()));
+        assert_eq!(&carried, &expected);
 
         assert_eq!(app.stream_offset, Some(42));
         let visible: std::collections::BTreeMap<&str, &HeaderValue> =
@@ -1398,8 +1444,7 @@ mod tests {
     fn retry_republish_advances_the_attempt_and_carries_app_headers_exactly() {
         let original = delivered_on_attempt_two();
         let envelope = Envelope::read(&original, "orders.new", NOW);
-        let app = split_headers(&original);
-        let copy = retry_properties(&original, &envelope, &app.table);
+        let copy = retry_properties(&original, &envelope);
 
         // Encoded and parsed as the broker would relay it.
         let headers = over_the_wire(headers_of(&copy));
@@ -1443,7 +1488,7 @@ mod tests {
     fn republish_properties_keep_the_body_description_and_drop_ttl_and_user_id() {
         let original = delivered_on_attempt_two();
         let envelope = Envelope::read(&original, "orders.new", NOW);
-        let copy = retry_properties(&original, &envelope, &split_headers(&original).table);
+        let copy = retry_properties(&original, &envelope);
 
         assert_eq!(
             copy.message_id().as_ref().map(ShortString::as_str),
@@ -1473,7 +1518,7 @@ mod tests {
         let original =
             with_headers(vec![(header::ID, ls("header-id"))]).with_message_id("property-id".into());
         let envelope = Envelope::read(&original, "q", NOW);
-        let copy = retry_properties(&original, &envelope, &split_headers(&original).table);
+        let copy = retry_properties(&original, &envelope);
         assert_eq!(
             copy.message_id().as_ref().map(ShortString::as_str),
             Some("header-id")
@@ -1483,7 +1528,7 @@ mod tests {
         // every later attempt keeps it.
         let original = BasicProperties::default();
         let envelope = Envelope::read(&original, "q", NOW);
-        let copy = retry_properties(&original, &envelope, &FieldTable::default());
+        let copy = retry_properties(&original, &envelope);
         assert_eq!(
             copy.message_id().as_ref().map(ShortString::as_str),
             Some(envelope.id.as_str())
@@ -1498,11 +1543,7 @@ mod tests {
             id: "i".repeat(300),
             ..full_envelope()
         };
-        let copy = retry_properties(
-            &BasicProperties::default(),
-            &envelope,
-            &FieldTable::default(),
-        );
+        let copy = retry_properties(&BasicProperties::default(), &envelope);
         assert_eq!(copy.message_id(), &None);
         assert_eq!(get(headers_of(&copy), header::ID), Some(&ls(&envelope.id)));
         let out = outgoing_properties(&envelope, None, true, &[]).expect("accepted");
@@ -1513,9 +1554,8 @@ mod tests {
     fn set_aside_adds_the_reason_and_keeps_the_attempt() {
         let original = delivered_on_attempt_two();
         let envelope = Envelope::read(&original, "orders.new", NOW);
-        let app = split_headers(&original);
         let reason = "exhausted 2 attempts: ValueError: no such customer";
-        let copy = set_aside_properties(&original, &envelope, &app.table, reason);
+        let copy = set_aside_properties(&original, &envelope, reason);
 
         let headers = over_the_wire(headers_of(&copy));
         assert_eq!(get(&headers, header::ERROR), Some(&ls(reason)));

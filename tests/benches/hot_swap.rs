@@ -435,7 +435,7 @@ async fn wait_for_swap(
     timeout: Duration,
 ) -> Result<Instant> {
     loop {
-        if slot.current().sha256 != old {
+        if *slot.current().sha256 != *old {
             return Ok(Instant::now());
         }
         if since.elapsed() > timeout {

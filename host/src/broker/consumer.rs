@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
@@ -22,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::acks::AckBatcher;
 use super::publisher::{Publication, PublishError, Publisher};
 use crate::dispatch::{self, DeliveryFacts, Settlement};
-use crate::envelope::{self, AppHeaders, Envelope};
+use crate::envelope::{self, Envelope};
 use crate::plugin::{CodecSet, HandlerSlot, Input, Outgoing};
 use crate::retry::RetryPolicy;
 use crate::telemetry::{Metrics, PluginFaultLabels, QueueLabel, QueueRung, QueueTarget};
@@ -56,21 +57,41 @@ struct Context {
     acks: Arc<AckBatcher>,
 }
 
-/// A delivery's envelope and application headers, read once.
+/// A delivery's envelope, read once, and its body, taken out of the
+/// delivery: both are shared with the handler call without a copy.
 struct Incoming {
-    envelope: Envelope,
-    headers: AppHeaders,
+    envelope: Arc<Envelope>,
+    body: Bytes,
 }
 
 impl Incoming {
-    fn read(delivery: &Delivery) -> Self {
+    fn read(delivery: &mut Delivery) -> Self {
         Self {
-            envelope: Envelope::read(
+            envelope: Arc::new(Envelope::read(
                 &delivery.properties,
                 delivery.routing_key.as_str(),
                 now_ms(),
-            ),
-            headers: envelope::split_headers(&delivery.properties),
+            )),
+            body: std::mem::take(&mut delivery.data).into(),
+        }
+    }
+
+    /// The message as the handler is given it.
+    fn input(&self, delivery: &Delivery) -> Input {
+        let headers = envelope::split_headers(&delivery.properties);
+        Input {
+            envelope: self.envelope.clone(),
+            exchange: delivery.exchange.to_string(),
+            routing_key: delivery.routing_key.to_string(),
+            redelivered: delivery.redelivered,
+            stream_offset: headers.stream_offset,
+            content_type: delivery
+                .properties
+                .content_type()
+                .as_ref()
+                .map(|c| c.to_string()),
+            headers: headers.visible,
+            body: self.body.clone(),
         }
     }
 }
@@ -208,7 +229,7 @@ pub async fn run(
 }
 
 /// One delivery, from handler call to settlement.
-async fn handle(ctx: &Context, delivery: Delivery, permit: tokio::sync::OwnedSemaphorePermit) {
+async fn handle(ctx: &Context, mut delivery: Delivery, permit: tokio::sync::OwnedSemaphorePermit) {
     let metrics = &ctx.env.metrics;
     let queue = ctx.spec.queue.as_str();
     let gauge = metrics
@@ -219,44 +240,21 @@ async fn handle(ctx: &Context, delivery: Delivery, permit: tokio::sync::OwnedSem
         .clone();
     gauge.inc();
 
-    let incoming = Incoming::read(&delivery);
+    let incoming = Incoming::read(&mut delivery);
+    let input = incoming.input(&delivery);
     let handler = ctx.spec.handler.clone();
     let codecs = ctx.spec.codecs.clone();
-    let queue_name = ctx.spec.queue.clone();
     // Handler calls are synchronous wasm: run them where they cannot stall
     // the runtime's workers (a call may run up to its deadline).
-    let called = tokio::task::spawn_blocking(move || {
-        let input = Input {
-            envelope: &incoming.envelope,
-            queue: &queue_name,
-            exchange: delivery.exchange.as_str(),
-            routing_key: delivery.routing_key.as_str(),
-            redelivered: delivery.redelivered,
-            stream_offset: incoming.headers.stream_offset,
-            content_type: delivery
-                .properties
-                .content_type()
-                .as_ref()
-                .map(|c| c.as_str()),
-            headers: &incoming.headers.visible,
-            body: &delivery.data,
-        };
-        let handled = dispatch::run_plugins(&handler, &codecs, &input);
-        (handled, incoming, delivery)
-    })
-    .await;
+    let called =
+        tokio::task::spawn_blocking(move || dispatch::run_plugins(&handler, &codecs, input)).await;
     drop(permit);
-    let (handled, incoming, delivery) = match called {
-        Ok(done) => done,
-        Err(join_error) => {
-            // The host's own code panicked around the call; the delivery was
-            // moved into the task and is lost to us, but unsettled: the broker
-            // redelivers it when the channel closes.
-            tracing::error!(queue, error = %join_error, "handler task failed");
-            gauge.dec();
-            return;
-        }
-    };
+    let handled = called.unwrap_or_else(|join_error| {
+        // The host's own code panicked around the call. The delivery is
+        // still ours: it fails like any other, and the policy decides.
+        tracing::error!(queue, message_id = %incoming.envelope.id, error = %join_error, "handler task failed");
+        dispatch::Handled::host_failed(&join_error.to_string())
+    });
     if let dispatch::Step::Handled {
         result: Err(fault), ..
     } = &handled.step
@@ -335,12 +333,8 @@ async fn settle(ctx: &Context, delivery: &Delivery, incoming: &Incoming, settlem
             delay,
             reason,
         } => {
-            let properties = envelope::retry_properties(
-                &delivery.properties,
-                &incoming.envelope,
-                &incoming.headers.table,
-            );
-            match republish(ctx, &rung, delivery, properties).await {
+            let properties = envelope::retry_properties(&delivery.properties, &incoming.envelope);
+            match republish(ctx, &rung, incoming, properties).await {
                 Ok(()) => {
                     ctx.acks.ready(delivery.delivery_tag).await;
                     metrics.retried(queue, "broker");
@@ -409,12 +403,8 @@ async fn retry_after_consumer_wait(
             return;
         }
     }
-    let properties = envelope::retry_properties(
-        &delivery.properties,
-        &incoming.envelope,
-        &incoming.headers.table,
-    );
-    match republish(ctx, queue, delivery, properties).await {
+    let properties = envelope::retry_properties(&delivery.properties, &incoming.envelope);
+    match republish(ctx, queue, incoming, properties).await {
         Ok(()) => {
             ctx.acks.ready(delivery.delivery_tag).await;
             ctx.env.metrics.retried(queue, "consumer");
@@ -441,13 +431,9 @@ async fn set_aside(
     outcome: dispatch::Outcome,
 ) {
     let queue = ctx.spec.queue.as_str();
-    let properties = envelope::set_aside_properties(
-        &delivery.properties,
-        &incoming.envelope,
-        &incoming.headers.table,
-        reason,
-    );
-    match republish(ctx, target, delivery, properties).await {
+    let properties =
+        envelope::set_aside_properties(&delivery.properties, &incoming.envelope, reason);
+    match republish(ctx, target, incoming, properties).await {
         Ok(()) => {
             ctx.acks.ready(delivery.delivery_tag).await;
             let word = if outcome == dispatch::Outcome::Parked {
@@ -478,7 +464,7 @@ async fn set_aside(
 async fn republish(
     ctx: &Context,
     target_queue: &str,
-    delivery: &Delivery,
+    incoming: &Incoming,
     properties: BasicProperties,
 ) -> Result<(), PublishError> {
     ctx.env
@@ -486,7 +472,7 @@ async fn republish(
         .publish(Publication {
             exchange: String::new(),
             routing_key: target_queue.to_string(),
-            body: delivery.data.clone(),
+            body: incoming.body.to_vec(),
             properties,
         })
         .await

@@ -8,9 +8,14 @@ pub mod handler_world {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "handler-plugin",
-        // Messages are lent to the guest, not built for it: the host lowers
-        // its own strings and body straight into guest memory.
-        ownership: Borrowing { duplicate_if_necessary: true },
+        // Every import may trap: the message methods do when a plugin uses a
+        // message after its `handle` call returned (see `host_state`).
+        imports: { default: trappable },
+        with: {
+            // The message lent to a call is kept in the store's state, not in
+            // a resource table: the handle only names the call it belongs to.
+            "acemq:plugin/types.message": super::super::host_state::LentMessage,
+        },
     });
 }
 

@@ -62,7 +62,10 @@ impl CodecVersion {
         let pre = CodecPluginPre::new(instance_pre).map_err(|e| {
             PluginError::new(
                 path,
-                format!("does not export the codec world (acemq:plugin/codec@0.1.0): {e:#}"),
+                format!(
+                    "does not export the codec world ({}): {e:#}",
+                    contract!("codec")
+                ),
             )
         })?;
         let name = path

@@ -108,7 +108,11 @@ mod tests {
             "{error}"
         );
         assert!(
-            error.contains("export of interface `acemq:plugin/handler@0.1.0` function `handle`"),
+            error.contains(concat!(
+                "export of interface `",
+                contract!("handler"),
+                "` function `handle`"
+            )),
             "{error}"
         );
     }
@@ -125,11 +129,8 @@ mod tests {
         let exports: Vec<&str> = ty.exports(&engine).map(|(name, _)| name).collect();
         // `types` is imported too: it defines the types `host` and
         // `handler` use.
-        assert_eq!(
-            imports,
-            ["acemq:plugin/types@0.1.0", "acemq:plugin/host@0.1.0"]
-        );
-        assert_eq!(exports, ["acemq:plugin/handler@0.1.0"]);
+        assert_eq!(imports, [contract!("types"), contract!("host")]);
+        assert_eq!(exports, [contract!("handler")]);
     }
 
     /// The payload of a `component-type` custom section for `world` of
@@ -156,7 +157,7 @@ mod tests {
     /// in zeroed memory), `cabi_realloc` and `memory`.
     fn handler_module(with_component_type: bool) -> Vec<u8> {
         let exports = [
-            ("acemq:plugin/handler@0.1.0#handle", EXPORT_FUNC, 1),
+            (concat!(contract!("handler"), "#handle"), EXPORT_FUNC, 1),
             ("cabi_realloc", EXPORT_FUNC, 2),
             ("memory", EXPORT_MEMORY, 0),
         ];
@@ -178,7 +179,7 @@ mod tests {
         let mut module = b"\0asm\x01\0\0\0".to_vec();
 
         let types: [(&[u8], &[u8]); 3] = [
-            (&[I32], &[I32]),                // 0: handle(ptr) -> ptr
+            (&[I32], &[I32]),                // 0: handle(message) -> ptr
             (&[I32, I32, I32, I32], &[I32]), // 1: cabi_realloc
             (&[], &[I64]),                   // 2: now-ms
         ];
@@ -193,7 +194,7 @@ mod tests {
         section(&mut module, 1, &s);
 
         let mut s = vec![1];
-        name(&mut s, "acemq:plugin/host@0.1.0");
+        name(&mut s, contract!("host"));
         name(&mut s, "now-ms");
         s.extend_from_slice(&[0x00, 2]); // a function of type 2
         section(&mut module, 2, &s);

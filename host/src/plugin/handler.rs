@@ -14,7 +14,7 @@ use super::bindings::handler_world::acemq::plugin::types;
 use super::bindings::handler_world::{HandlerPlugin, HandlerPluginPre};
 use super::engine::{CompiledPlugin, PluginEngine};
 use super::fault::{self, Fault};
-use super::host_state::{HostState, to_wit};
+use super::host_state::HostState;
 use super::{ConsumerContext, Input, Outgoing, PluginError, Verdict};
 use crate::config::Isolation;
 
@@ -26,7 +26,8 @@ struct Warm {
 
 /// One loaded version of a consumer's handler plugin.
 pub struct HandlerVersion {
-    pub sha256: String,
+    /// SHA-256 of the file's bytes, hex; shared with every invocation's report.
+    pub sha256: Arc<str>,
     pub size: usize,
     pub from_cache: bool,
     /// When this version finished loading (shown by the admin endpoint).
@@ -47,7 +48,7 @@ pub struct Invocation {
     /// What it asked to publish (meaningful only for `Accept`).
     pub outputs: Vec<Outgoing>,
     /// SHA-256 of the version that handled it.
-    pub version: String,
+    pub version: Arc<str>,
     /// Fuel the call burned, when fuel metering is on.
     pub fuel: Option<u64>,
 }
@@ -87,13 +88,14 @@ impl HandlerVersion {
             PluginError::new(
                 &path,
                 format!(
-                    "does not export the handler world (acemq:plugin/handler@0.1.0): {}",
+                    "does not export the handler world ({}): {}",
+                    contract!("handler"),
                     chain(&e)
                 ),
             )
         })?;
         let version = Arc::new(Self {
-            sha256: compiled.sha256,
+            sha256: compiled.sha256.into(),
             size: compiled.size,
             from_cache: compiled.from_cache,
             loaded_at: SystemTime::now(),
@@ -137,7 +139,7 @@ impl HandlerVersion {
 
     /// Calls the handler for one message. Blocking: run it off the async
     /// runtime's worker threads.
-    pub fn invoke(&self, input: &Input<'_>) -> Invocation {
+    pub fn invoke(&self, input: Input) -> Invocation {
         let pooled = self.context.limits.isolation == Isolation::Pooled;
         let reused = if pooled {
             self.idle.lock().expect("idle pool poisoned").pop()
@@ -148,24 +150,22 @@ impl HandlerVersion {
             Ok(warm) => warm,
             Err(e) => return self.failed(fault::instantiation_failed(&e), None),
         };
-        warm.store.data_mut().begin_call(&input.envelope.id);
+        let message = warm.store.data_mut().begin_call(input);
         let limits = &self.context.limits;
         warm.store
             .set_epoch_deadline(PluginEngine::deadline_ticks(limits.deadline));
         let fuel_before = self
             .fuel_metering
             .then(|| warm.store.get_fuel().unwrap_or(0));
-        let headers = wit_headers(input);
-        let message = to_wit_message(input, &headers);
         let result = warm
             .plugin
             .acemq_plugin_handler()
             .call_handle(&mut warm.store, message);
         let fuel =
             fuel_before.map(|before| before.saturating_sub(warm.store.get_fuel().unwrap_or(0)));
+        let outputs = warm.store.data_mut().end_call();
         match result {
             Ok(outcome) => {
-                let outputs = std::mem::take(&mut warm.store.data_mut().call.outputs);
                 if pooled {
                     self.idle.lock().expect("idle pool poisoned").push(warm);
                 }
@@ -231,7 +231,7 @@ impl HandlerSlot {
         self.current.swap(version)
     }
 
-    pub fn invoke(&self, input: &Input<'_>) -> Invocation {
+    pub fn invoke(&self, input: Input) -> Invocation {
         self.current().invoke(input)
     }
 }
@@ -243,45 +243,6 @@ fn verdict(outcome: types::Outcome) -> Verdict {
         types::Outcome::Reject(reason) => Verdict::Reject(reason),
         types::Outcome::Park(reason) => Verdict::Park(reason),
     }
-}
-
-/// The message as the guest sees it, borrowing every string and the body
-/// from `input`: they are copied once, into guest memory.
-fn to_wit_message<'a>(
-    input: &'a Input<'a>,
-    headers: &'a [(&'a str, types::HeaderValueParam<'a>)],
-) -> types::Message<'a> {
-    let e = input.envelope;
-    types::Message {
-        envelope: types::Envelope {
-            id: &e.id,
-            message_type: &e.message_type,
-            version: e.version,
-            correlation_id: &e.correlation_id,
-            causation_id: e.causation_id.as_deref(),
-            attempt: e.attempt,
-            first_seen_ms: e.first_seen_ms,
-            origin: e.origin.as_deref(),
-        },
-        delivery: types::Delivery {
-            queue: input.queue,
-            exchange: input.exchange,
-            routing_key: input.routing_key,
-            redelivered: input.redelivered,
-            stream_offset: input.stream_offset,
-        },
-        content_type: input.content_type,
-        headers,
-        body: input.body,
-    }
-}
-
-fn wit_headers<'a>(input: &'a Input<'a>) -> Vec<(&'a str, types::HeaderValueParam<'a>)> {
-    input
-        .headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), to_wit(v)))
-        .collect()
 }
 
 /// Every cause of an error on one line, outermost first.

@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use wasmtime::ResourceLimiter;
+use wasmtime::component::Resource;
 
 use super::bindings::handler_world::acemq::plugin::{host, types};
 use super::fault::CallEvidence;
-use super::{ConsumerContext, Outgoing};
+use super::{ConsumerContext, Input, Outgoing};
 use crate::envelope::{self, HeaderValue};
 
 /// Per-store state: fixed consumer context, plus what the current call did.
@@ -18,11 +19,21 @@ pub struct HostState {
     pub call: CallState,
 }
 
-/// What one handler call produced besides its outcome.
+/// The handle a plugin holds on the message of its current call
+/// (`resource message` in the WIT). The message itself stays in
+/// [`CallState::message`]; the handle's number names the call it was lent
+/// for, so a handle kept past its call is caught, never read as the next
+/// message.
+pub struct LentMessage;
+
+/// One handler call: the message lent to it, and what it produced besides
+/// its outcome.
 #[derive(Default)]
 pub struct CallState {
-    /// Id of the message being handled, for log lines.
-    pub message_id: String,
+    /// The message being handled; `None` between calls.
+    pub message: Option<Input>,
+    /// Counts this store's calls; the message handle carries it.
+    pub number: u32,
     /// Messages buffered by `publish`, sent only if the handler accepts.
     pub outputs: Vec<Outgoing>,
     pub output_bytes: usize,
@@ -39,13 +50,42 @@ impl HostState {
         }
     }
 
-    /// Resets the per-call state before a new message.
-    pub fn begin_call(&mut self, message_id: &str) {
+    /// Resets the per-call state for `message`; returns the handle that
+    /// lends it to the plugin.
+    pub fn begin_call(&mut self, message: Input) -> Resource<LentMessage> {
+        let number = self.call.number.wrapping_add(1);
         self.call = CallState {
-            message_id: message_id.to_string(),
+            message: Some(message),
+            number,
             ..CallState::default()
         };
         self.limiter.refused = None;
+        Resource::new_own(number)
+    }
+
+    /// Ends the call: the message is no longer lent; what it buffered is
+    /// handed over.
+    pub fn end_call(&mut self) -> Vec<Outgoing> {
+        self.call.message = None;
+        self.call.output_bytes = 0;
+        std::mem::take(&mut self.call.outputs)
+    }
+
+    /// The message `handle` names, if it is the one lent to this call.
+    fn lent(&self, handle: &Resource<LentMessage>) -> wasmtime::Result<&Input> {
+        match &self.call.message {
+            Some(message) if handle.rep() == self.call.number => Ok(message),
+            _ => Err(wasmtime::Error::msg(
+                "the plugin used a message after the handle call it was given to returned",
+            )),
+        }
+    }
+
+    fn message_id(&self) -> &str {
+        self.call
+            .message
+            .as_ref()
+            .map_or("", |message| message.envelope.id.as_str())
     }
 
     /// What the host saw during the call, for naming a fault.
@@ -105,10 +145,60 @@ impl HostState {
 
 impl types::Host for HostState {}
 
+/// Each part is copied out only when the plugin asks for it.
+impl types::HostMessage for HostState {
+    fn envelope(&mut self, handle: Resource<LentMessage>) -> wasmtime::Result<types::Envelope> {
+        let e = &self.lent(&handle)?.envelope;
+        Ok(types::Envelope {
+            id: e.id.clone(),
+            message_type: e.message_type.clone(),
+            version: e.version,
+            correlation_id: e.correlation_id.clone(),
+            causation_id: e.causation_id.clone(),
+            attempt: e.attempt,
+            first_seen_ms: e.first_seen_ms,
+            origin: e.origin.clone(),
+        })
+    }
+
+    fn delivery(&mut self, handle: Resource<LentMessage>) -> wasmtime::Result<types::Delivery> {
+        let message = self.lent(&handle)?;
+        Ok(types::Delivery {
+            queue: self.context.queue.clone(),
+            exchange: message.exchange.clone(),
+            routing_key: message.routing_key.clone(),
+            redelivered: message.redelivered,
+            stream_offset: message.stream_offset,
+        })
+    }
+
+    fn content_type(&mut self, handle: Resource<LentMessage>) -> wasmtime::Result<Option<String>> {
+        Ok(self.lent(&handle)?.content_type.clone())
+    }
+
+    fn headers(&mut self, handle: Resource<LentMessage>) -> wasmtime::Result<types::Headers> {
+        Ok(self
+            .lent(&handle)?
+            .headers
+            .iter()
+            .map(|(name, value)| (name.clone(), to_wit(value)))
+            .collect())
+    }
+
+    fn body(&mut self, handle: Resource<LentMessage>) -> wasmtime::Result<Vec<u8>> {
+        Ok(self.lent(&handle)?.body.to_vec())
+    }
+
+    /// Nothing to free: the message belongs to the call, not to the handle.
+    fn drop(&mut self, _handle: Resource<LentMessage>) -> wasmtime::Result<()> {
+        Ok(())
+    }
+}
+
 impl host::Host for HostState {
-    fn log(&mut self, level: host::Level, text: String) {
+    fn log(&mut self, level: host::Level, text: String) -> wasmtime::Result<()> {
         let queue = self.context.queue.as_str();
-        let id = self.call.message_id.as_str();
+        let id = self.message_id();
         match level {
             host::Level::Trace => {
                 tracing::trace!(target: "plugin", queue, message_id = id, "{text}")
@@ -123,21 +213,22 @@ impl host::Host for HostState {
                 self.call.last_error_log = Some(text);
             }
         }
+        Ok(())
     }
 
-    fn publish(&mut self, msg: types::Outgoing) -> Result<(), String> {
-        self.buffer(msg)
+    fn publish(&mut self, msg: types::Outgoing) -> wasmtime::Result<Result<(), String>> {
+        Ok(self.buffer(msg))
     }
 
-    fn config(&mut self, key: String) -> Option<String> {
-        self.context.config.get(&key).cloned()
+    fn config(&mut self, key: String) -> wasmtime::Result<Option<String>> {
+        Ok(self.context.config.get(&key).cloned())
     }
 
-    fn now_ms(&mut self) -> u64 {
-        SystemTime::now()
+    fn now_ms(&mut self) -> wasmtime::Result<u64> {
+        Ok(SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0)
+            .unwrap_or(0))
     }
 }
 
@@ -184,24 +275,24 @@ impl ResourceLimiter for MemoryLimiter {
     }
 }
 
-/// A header value lent to the guest (lowered straight from the host's copy).
-pub fn to_wit(value: &HeaderValue) -> types::HeaderValueParam<'_> {
+/// A header value as the guest reads it.
+fn to_wit(value: &HeaderValue) -> types::HeaderValue {
     match value {
-        HeaderValue::Text(s) => types::HeaderValueParam::Text(s),
-        HeaderValue::Int(i) => types::HeaderValueParam::Int(*i),
-        HeaderValue::Float(f) => types::HeaderValueParam::Float(*f),
-        HeaderValue::Bool(b) => types::HeaderValueParam::Boolean(*b),
-        HeaderValue::Bytes(b) => types::HeaderValueParam::Bytes(b),
+        HeaderValue::Text(s) => types::HeaderValue::Text(s.clone()),
+        HeaderValue::Int(i) => types::HeaderValue::Int(*i),
+        HeaderValue::Float(f) => types::HeaderValue::Float(*f),
+        HeaderValue::Bool(b) => types::HeaderValue::Boolean(*b),
+        HeaderValue::Bytes(b) => types::HeaderValue::Bytes(b.clone()),
     }
 }
 
 /// A header value the guest handed over (in something it publishes).
-pub fn from_wit(value: types::HeaderValueResult) -> HeaderValue {
+fn from_wit(value: types::HeaderValue) -> HeaderValue {
     match value {
-        types::HeaderValueResult::Text(s) => HeaderValue::Text(s),
-        types::HeaderValueResult::Int(i) => HeaderValue::Int(i),
-        types::HeaderValueResult::Float(f) => HeaderValue::Float(f),
-        types::HeaderValueResult::Boolean(b) => HeaderValue::Bool(b),
-        types::HeaderValueResult::Bytes(b) => HeaderValue::Bytes(b),
+        types::HeaderValue::Text(s) => HeaderValue::Text(s),
+        types::HeaderValue::Int(i) => HeaderValue::Int(i),
+        types::HeaderValue::Float(f) => HeaderValue::Float(f),
+        types::HeaderValue::Boolean(b) => HeaderValue::Bool(b),
+        types::HeaderValue::Bytes(b) => HeaderValue::Bytes(b),
     }
 }

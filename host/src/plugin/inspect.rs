@@ -11,9 +11,9 @@ use wit_component::DecodedWasm;
 use super::PluginError;
 
 /// Interfaces of the contract, by world.
-const HANDLER_EXPORT: &str = "acemq:plugin/handler@0.1.0";
-const CODEC_EXPORT: &str = "acemq:plugin/codec@0.1.0";
-const HOST_IMPORT: &str = "acemq:plugin/host@0.1.0";
+const HANDLER_EXPORT: &str = contract!("handler");
+const CODEC_EXPORT: &str = contract!("codec");
+const HOST_IMPORT: &str = contract!("host");
 
 /// The facts shown about a plugin.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +22,7 @@ pub struct PluginFacts {
     pub sha256: String,
     pub imports: Vec<String>,
     pub exports: Vec<String>,
-    /// `handler-plugin`, `codec-plugin`, or why it is neither.
+    /// The `handler-plugin` or `codec-plugin` world, qualified, or why it is neither.
     pub world: Result<&'static str, String>,
 }
 
@@ -79,10 +79,10 @@ fn classify(imports: &[String], exports: &[String]) -> Result<&'static str, Stri
         ));
     }
     if exports.iter().any(|e| e == HANDLER_EXPORT) {
-        return Ok("handler-plugin");
+        return Ok(contract!("handler-plugin"));
     }
     if exports.iter().any(|e| e == CODEC_EXPORT) {
-        return Ok("codec-plugin");
+        return Ok(contract!("codec-plugin"));
     }
     Err(format!(
         "exports neither {HANDLER_EXPORT} nor {CODEC_EXPORT}"
@@ -96,7 +96,7 @@ fn render(path: &Path, facts: &PluginFacts) -> String {
     let _ = writeln!(out, "sha256:  {}", facts.sha256);
     match &facts.world {
         Ok(world) => {
-            let _ = writeln!(out, "world:   acemq:plugin/{world}@0.1.0");
+            let _ = writeln!(out, "world:   {world}");
         }
         Err(why) => {
             let _ = writeln!(out, "world:   none of this host's ({why})");
@@ -126,9 +126,12 @@ mod tests {
     fn worlds_are_told_apart() {
         assert_eq!(
             classify(&names(&[HOST_IMPORT]), &names(&[HANDLER_EXPORT])),
-            Ok("handler-plugin")
+            Ok(contract!("handler-plugin"))
         );
-        assert_eq!(classify(&[], &names(&[CODEC_EXPORT])), Ok("codec-plugin"));
+        assert_eq!(
+            classify(&[], &names(&[CODEC_EXPORT])),
+            Ok(contract!("codec-plugin"))
+        );
         let err = classify(
             &names(&["wasi:cli/environment@0.2.0"]),
             &names(&[HANDLER_EXPORT]),

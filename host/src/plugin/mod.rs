@@ -4,6 +4,17 @@
 //! A plugin reaches nothing but the `host` interface of `wit/plugin.wit`: no
 //! WASI is linked, so it has no files, sockets, environment or clocks.
 
+/// A name of `wit/plugin.wit`, qualified with the package and the version
+/// this host implements (`contract!("handler")` is
+/// `acemq:plugin/handler@0.2.0`). A plugin built against another version of
+/// the contract is refused when it loads. A macro, so that constants can be
+/// built from it with `concat!`.
+macro_rules! contract {
+    ($name:literal) => {
+        concat!("acemq:plugin/", $name, "@0.2.0")
+    };
+}
+
 mod bindings;
 pub mod codec;
 pub mod componentize;
@@ -17,7 +28,10 @@ pub mod swap;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
 
 pub use codec::{CodecSet, CodecVersion, Conversion};
 pub use engine::{CompiledPlugin, EPOCH_TICK, EngineSettings, PluginEngine};
@@ -78,7 +92,7 @@ impl Default for Limits {
 /// What a consumer's plugin may see and do, fixed for the consumer's life.
 #[derive(Debug, Clone, Default)]
 pub struct ConsumerContext {
-    /// The consumer's queue, for logs.
+    /// The consumer's queue: where its messages come from, and a tag in logs.
     pub queue: String,
     /// The `[consumers.config]` table, read by `config(key)`.
     pub config: BTreeMap<String, String>,
@@ -88,17 +102,21 @@ pub struct ConsumerContext {
 }
 
 /// One message as handed to a handler.
+///
+/// Owned, because the plugin's store holds it for the length of the call and
+/// the plugin copies out only the parts it reads; cheap to build, because the
+/// envelope is shared and the body reference-counted. The queue is the
+/// consumer's ([`ConsumerContext::queue`]).
 #[derive(Debug, Clone)]
-pub struct Input<'a> {
-    pub envelope: &'a Envelope,
-    pub queue: &'a str,
-    pub exchange: &'a str,
-    pub routing_key: &'a str,
+pub struct Input {
+    pub envelope: Arc<Envelope>,
+    pub exchange: String,
+    pub routing_key: String,
     pub redelivered: bool,
     pub stream_offset: Option<u64>,
-    pub content_type: Option<&'a str>,
-    pub headers: &'a [(String, HeaderValue)],
-    pub body: &'a [u8],
+    pub content_type: Option<String>,
+    pub headers: Vec<(String, HeaderValue)>,
+    pub body: Bytes,
 }
 
 /// A message a plugin asked to publish, checked against the allowlist and

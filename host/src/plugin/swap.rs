@@ -264,7 +264,7 @@ impl Reloader {
                 PluginStatus {
                     queue: entry.queue.clone(),
                     path: entry.path.clone(),
-                    sha256: current.sha256.clone(),
+                    sha256: current.sha256.to_string(),
                     size: current.size,
                     loaded_at: current.loaded_at,
                     from_cache: current.from_cache,
@@ -303,7 +303,7 @@ impl Reloader {
         let _one_at_a_time = entry.reloading.lock().await;
         let (serving, context) = {
             let current = entry.slot.current();
-            (current.sha256.clone(), current.context().clone())
+            (current.sha256.to_string(), current.context().clone())
         };
         let engine = self.engine.clone();
         let path = entry.path.clone();
@@ -365,13 +365,13 @@ impl Reloader {
         load_time: Duration,
         trigger: Trigger,
     ) -> Outcome {
-        let to = version.sha256.clone();
+        let to = version.sha256.to_string();
         let from_cache = version.from_cache;
         // The swap itself: every delivery that loads the slot from here on
         // gets the new version; running ones keep their own `Arc` of the old.
         let old = entry.slot.swap(version);
         let took = trigger.at.elapsed();
-        let from = old.sha256.clone();
+        let from = old.sha256.to_string();
         drop(old);
         let gauge = |sha256: &str| {
             self.metrics

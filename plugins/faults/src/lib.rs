@@ -72,7 +72,7 @@ struct Faults;
 
 impl Handler for Faults {
     fn handle(msg: Message) -> Result {
-        let Some(fault) = Fault::asked_by(&msg.body) else {
+        let Some(fault) = Fault::asked_by(msg.body()) else {
             return healthy(msg);
         };
         info!("faults: {} as the message asked", fault.name());
@@ -103,12 +103,11 @@ fn healthy(msg: Message) -> Result {
     let exchange = config(OUT_EXCHANGE_KEY).or_retry(format_args!(
         "the consumer's config sets no `{OUT_EXCHANGE_KEY}`, the exchange healthy messages go to"
     ))?;
-    let mut out = publish(&exchange, HEALTHY_ROUTING_KEY)
-        .headers(msg.headers)
-        .body(msg.body);
-    if let Some(content_type) = msg.content_type {
+    let mut out = publish(&exchange, HEALTHY_ROUTING_KEY).headers(msg.headers().clone());
+    if let Some(content_type) = msg.content_type() {
         out = out.content_type(content_type);
     }
+    out = out.body(msg.into_body());
     out.send()?;
     accept()
 }
@@ -222,8 +221,8 @@ mod tests {
     #[test]
     fn other_bodies_are_forwarded_unchanged() {
         let mut msg = testing::message(b"  hello \xff".to_vec());
-        msg.content_type = Some("application/octet-stream".into());
-        msg.headers.insert("x-test-seq", 7);
+        *msg.content_type_mut() = Some("application/octet-stream".into());
+        msg.headers_mut().insert("x-test-seq", 7);
         let done = host().handle::<Faults>(msg);
         assert_eq!(done.outcome, Outcome::Accept);
         let [out] = &done.published[..] else {

@@ -26,7 +26,7 @@ impl Handler for Outcomes {
                 let until: u32 = until
                     .parse()
                     .or_reject(format_args!("retry-until needs a number, got {until:?}"))?;
-                if msg.envelope.attempt < until {
+                if msg.envelope().attempt < until {
                     retry(reason)
                 } else {
                     accept()

@@ -38,7 +38,7 @@ impl Handler for Stamp {
             .json(&Stamped {
                 input,
                 version: VERSION,
-                input_id: &msg.envelope.id,
+                input_id: &msg.envelope().id,
             })
             .send()?;
         accept()
@@ -60,7 +60,7 @@ mod tests {
     #[test]
     fn publishes_the_body_stamped_with_version_and_id() {
         let mut msg = testing::message(r#"order "7" ✓"#);
-        msg.envelope.id = "m-42".into();
+        msg.envelope_mut().id = "m-42".into();
         let done = host().handle::<Stamp>(msg);
         assert_eq!(done.outcome, Outcome::Accept);
         let [out] = &done.published[..] else {
