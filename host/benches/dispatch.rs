@@ -106,19 +106,33 @@ fn read_envelope_only(properties: &BasicProperties) {
     std::hint::black_box((envelope, headers));
 }
 
-/// Median µs per call of `one` over `rounds` rounds of `per_round` calls.
-fn median_micros(rounds: usize, per_round: u32, mut one: impl FnMut()) -> f64 {
-    let mut samples: Vec<f64> = (0..rounds)
-        .map(|_| {
+/// One measured loop: `per_round` calls of `one` make a sample.
+struct Subject<'a> {
+    per_round: u32,
+    one: Box<dyn FnMut() + 'a>,
+}
+
+/// Median µs per call of each subject over `rounds` rounds. The subjects
+/// take turns within every round, so a slower stretch of a noisy machine
+/// slows all of them alike instead of whichever happened to run then.
+fn interleaved_medians(rounds: usize, subjects: &mut [Subject<'_>]) -> Vec<f64> {
+    let mut samples = vec![Vec::with_capacity(rounds); subjects.len()];
+    for _ in 0..rounds {
+        for (subject, samples) in subjects.iter_mut().zip(&mut samples) {
             let started = Instant::now();
-            for _ in 0..per_round {
-                one();
+            for _ in 0..subject.per_round {
+                (subject.one)();
             }
-            started.elapsed().as_secs_f64() * 1e6 / f64::from(per_round)
+            samples.push(started.elapsed().as_secs_f64() * 1e6 / f64::from(subject.per_round));
+        }
+    }
+    samples
+        .into_iter()
+        .map(|mut samples| {
+            samples.sort_by(f64::total_cmp);
+            samples[samples.len() / 2]
         })
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
+        .collect()
 }
 
 fn bench(c: &mut Criterion) {
@@ -143,17 +157,30 @@ fn bench(c: &mut Criterion) {
         return;
     }
     // The summary the issue asks for, both figures side by side, each the
-    // median of 15 rounds (2 noisy cores: medians, not means).
-    let reuse = median_micros(15, 20_000, || {
-        dispatch_one(&pooled, &properties, &body, &policy)
-    });
-    let per_message = median_micros(15, 2_000, || {
-        dispatch_one(&fresh, &properties, &body, &policy)
-    });
-    let envelope_only = median_micros(15, 20_000, || read_envelope_only(&properties));
+    // median of 15 interleaved rounds (2 noisy cores: medians, not means).
+    let medians = interleaved_medians(
+        15,
+        &mut [
+            Subject {
+                per_round: 20_000,
+                one: Box::new(|| dispatch_one(&pooled, &properties, &body, &policy)),
+            },
+            Subject {
+                per_round: 2_000,
+                one: Box::new(|| dispatch_one(&fresh, &properties, &body, &policy)),
+            },
+            Subject {
+                per_round: 20_000,
+                one: Box::new(|| read_envelope_only(&properties)),
+            },
+        ],
+    );
+    let [reuse, per_message, envelope_only] = medians[..] else {
+        unreachable!("one median per subject")
+    };
     println!();
     println!(
-        "dispatch of a no-op handler (1 KB body, envelope + trace header), median of 15 rounds:"
+        "dispatch of a no-op handler (1 KB body, envelope + trace header), median of 15 interleaved rounds:"
     );
     println!("  reuse instance : {reuse:8.2} µs/message   (target <= 2 µs)");
     println!("  fresh instance : {per_message:8.2} µs/message   (target <= 10 µs)");
