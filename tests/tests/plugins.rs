@@ -3,11 +3,14 @@
 //! messages on the same consumer keep flowing; and codec plugins decode
 //! before the handler and park what they cannot read.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
+use acemq_host::envelope::{self, Envelope};
 use acemq_host::plugin::{
-    CodecSet, CodecVersion, Conversion, EngineSettings, Limits, PluginEngine,
+    CodecSet, CodecVersion, ConsumerContext, Conversion, EngineSettings, FaultKind, HandlerVersion,
+    Input, Limits, PluginEngine, Verdict,
 };
 use acemq_tests::host::{InProcessHost, plugin_path};
 use acemq_tests::{ReceivedMessage, shared_broker, unique_name};
@@ -159,6 +162,66 @@ out_exchange = "{out}"
     let fuel: u64 = fuel_line.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(fuel > 0, "{fuel_line}");
     host.stop().await.unwrap();
+}
+
+/// A message lent to a handler is the handler's for its own call only: a
+/// plugin that keeps it and reads it during a later call traps, and that
+/// call fails with a reason that says so; the next message is served by a
+/// fresh instance and reads its own message.
+#[test]
+fn a_message_read_after_its_call_returned_traps_with_a_reason() {
+    let engine = PluginEngine::new(EngineSettings::default()).unwrap();
+    let context = ConsumerContext {
+        queue: "lent".into(),
+        config: BTreeMap::from([("out_exchange".to_string(), "out".to_string())]),
+        publish_to: BTreeSet::from(["out".to_string()]),
+        ..ConsumerContext::default()
+    };
+    let faults = HandlerVersion::load(&engine, &plugin_path("faults"), Arc::new(context)).unwrap();
+    let input = |body: &str| Input {
+        envelope: Arc::new(Envelope::new("test", envelope::default_origin(), 0)),
+        exchange: String::new(),
+        routing_key: "lent".into(),
+        redelivered: false,
+        stream_offset: None,
+        content_type: Some("text/plain".into()),
+        headers: vec![("tenant".into(), envelope::HeaderValue::Text("acme".into()))],
+        body: body.as_bytes().to_vec().into(),
+    };
+
+    // Pooled, one call at a time: both calls meet the same instance.
+    let kept = faults.invoke(input("stale"));
+    assert!(
+        matches!(&kept.result, Ok(Verdict::Retry(why)) if why.starts_with("kept this message")),
+        "{kept:?}"
+    );
+    let stale = faults.invoke(input("stale"));
+    let fault = stale.result.unwrap_err();
+    assert_eq!(fault.kind, FaultKind::Trap, "{fault}");
+    assert_eq!(
+        fault.reason,
+        "trap: the plugin used a message after the handle call it was given to returned"
+    );
+    assert_eq!(
+        faults.idle_instances(),
+        0,
+        "the trapped instance was reused"
+    );
+
+    let healthy = faults.invoke(input("hello"));
+    assert_eq!(healthy.result, Ok(Verdict::Accept));
+    let [output] = &healthy.outputs[..] else {
+        panic!("one output expected: {:?}", healthy.outputs)
+    };
+    assert_eq!(output.body, b"hello");
+    assert_eq!(output.content_type.as_deref(), Some("text/plain"));
+    assert_eq!(
+        output.headers,
+        [(
+            "tenant".to_string(),
+            envelope::HeaderValue::Text("acme".into())
+        )]
+    );
 }
 
 fn msgpack_codec() -> CodecSet {

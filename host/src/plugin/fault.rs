@@ -112,7 +112,9 @@ pub fn classify(
                 .to_string();
             (FaultKind::Trap, format!("trap: {text}"))
         }
-        None => (FaultKind::Trap, format!("trap: {}", first_line(error))),
+        // An error a host function raised (wasmtime wraps it in the wasm
+        // backtrace): its own words are what names the fault.
+        None => (FaultKind::Trap, format!("trap: {}", error.root_cause())),
     };
     Fault { kind, reason }
 }

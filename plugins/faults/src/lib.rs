@@ -9,6 +9,7 @@
 //! | `loop`      | spins forever (until the host's deadline interrupts it)       |
 //! | `oom`       | allocates 1 MiB chunks, and keeps them, until memory runs out |
 //! | `recurse`   | recurses without bound until the wasm call stack overflows    |
+//! | `stale`     | the first time (in an instance), keeps the message past its call and asks for a retry; the next time, reads the kept message, which the host refuses with a trap: a message is lent for its own call only |
 //! | `forbidden` | publishes to `forbidden.exchange`, which the consumer's `publish_to` should not list: the host refuses, and the SDK turns the refusal into a retry whose reason carries the host's words |
 //! | anything else (or not UTF-8) | healthy: publishes the body unchanged (same content type, same application headers) to the exchange in config key `out_exchange` with routing key `healthy`, and accepts |
 //!
@@ -36,6 +37,7 @@ enum Fault {
     Loop,
     Oom,
     Recurse,
+    Stale,
     Forbidden,
 }
 
@@ -51,6 +53,7 @@ impl Fault {
             "loop" => Fault::Loop,
             "oom" => Fault::Oom,
             "recurse" => Fault::Recurse,
+            "stale" => Fault::Stale,
             "forbidden" => Fault::Forbidden,
             _ => return None,
         })
@@ -63,6 +66,7 @@ impl Fault {
             Fault::Loop => "loop",
             Fault::Oom => "oom",
             Fault::Recurse => "recurse",
+            Fault::Stale => "stale",
             Fault::Forbidden => "forbidden",
         }
     }
@@ -85,6 +89,7 @@ impl Handler for Faults {
                 recurse(0);
                 unreachable!("the recursion has no base case that can be reached")
             }
+            Fault::Stale => read_a_message_kept_past_its_call(msg),
             Fault::Forbidden => {
                 // Refused by the host; `?` makes the refusal a retry whose
                 // reason quotes the host's.
@@ -110,6 +115,27 @@ fn healthy(msg: Message) -> Result {
     out = out.body(msg.into_body());
     out.send()?;
     accept()
+}
+
+thread_local! {
+    /// A message kept past its call by the `stale` fault.
+    static KEPT: core::cell::RefCell<Option<Message>> = const { core::cell::RefCell::new(None) };
+}
+
+/// Keeps `msg` past its call; on the next `stale` message, reads the kept one.
+fn read_a_message_kept_past_its_call(msg: Message) -> Result {
+    match KEPT.take() {
+        Some(kept) => {
+            // Inside the host this traps: the kept handle names a call
+            // that has returned. (A test message reads its own copy.)
+            let id = kept.envelope().id.clone();
+            retry(format_args!("read message {id} after its call returned"))
+        }
+        None => {
+            KEPT.set(Some(msg));
+            retry("kept this message past its call; the next `stale` message reads it")
+        }
+    }
 }
 
 /// A bare trap: the wasm `unreachable` instruction, without the panic
@@ -205,6 +231,7 @@ mod tests {
             (b"\tloop ", Some(Fault::Loop)),
             (b"oom", Some(Fault::Oom)),
             (b"recurse\r\n", Some(Fault::Recurse)),
+            (b"stale", Some(Fault::Stale)),
             (b"forbidden", Some(Fault::Forbidden)),
             (b"TRAP", None),
             (b"trap now", None),
@@ -216,6 +243,21 @@ mod tests {
                 assert_eq!(Fault::asked_by(fault.name().as_bytes()), Some(fault));
             }
         }
+    }
+
+    #[test]
+    fn stale_keeps_one_message_then_reads_it() {
+        let first = host().handle::<Faults>(testing::message("stale"));
+        assert!(
+            matches!(&first.outcome, Outcome::Retry(why) if why.starts_with("kept this message")),
+            "{first:?}"
+        );
+        // Natively the kept message reads its own copy; the host would trap.
+        let second = host().handle::<Faults>(testing::message("stale"));
+        assert_eq!(
+            second.outcome,
+            Outcome::Retry("read message test-message-1 after its call returned".into())
+        );
     }
 
     #[test]
