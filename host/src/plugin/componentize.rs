@@ -133,11 +133,53 @@ mod tests {
         assert_eq!(exports, [contract!("handler")]);
     }
 
+    /// A plugin built against an earlier contract is refused at load with
+    /// the two versions named, not with the linker's "wrong type".
+    #[test]
+    fn a_plugin_of_another_contract_version_is_refused_by_name() {
+        let old_wit = PLUGIN_WIT.replace(
+            concat!("package acemq:plugin@", contract_version!()),
+            "package acemq:plugin@0.1.0",
+        );
+        let module =
+            handler_module_of("0.1.0", Some(component_type_of(&old_wit, "handler-plugin")));
+        let component = componentize(&module).unwrap();
+        let engine =
+            crate::plugin::PluginEngine::new(crate::plugin::EngineSettings::default()).unwrap();
+        let compiled = engine
+            .compile_bytes(std::path::Path::new("old.wasm"), &component)
+            .unwrap();
+        let error = compiled
+            .check_contract_version(engine.engine())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            concat!(
+                "plugin old.wasm: was built against acemq:plugin@0.1.0, and this host implements ",
+                "acemq:plugin@",
+                contract_version!(),
+                ": rebuild it with this host's guest SDK (wit/plugin.wit)"
+            )
+        );
+        // The plugin of this host's own version passes the same check.
+        let current = componentize(&handler_module(true)).unwrap();
+        let compiled = engine
+            .compile_bytes(std::path::Path::new("new.wasm"), &current)
+            .unwrap();
+        assert!(compiled.check_contract_version(engine.engine()).is_ok());
+    }
+
     /// The payload of a `component-type` custom section for `world` of
     /// `wit/plugin.wit`, as wit-bindgen would embed it.
     fn component_type(world: &str) -> Vec<u8> {
+        component_type_of(PLUGIN_WIT, world)
+    }
+
+    /// [`component_type`] for another text of the contract.
+    fn component_type_of(wit: &str, world: &str) -> Vec<u8> {
         let mut bindgen = wit_component::metadata::Bindgen::default();
-        let package = bindgen.resolve.push_str("plugin.wit", PLUGIN_WIT).unwrap();
+        let package = bindgen.resolve.push_str("plugin.wit", wit).unwrap();
         let world = bindgen
             .resolve
             .select_world(&[package], Some(world))
@@ -156,15 +198,21 @@ mod tests {
     /// message is passed by pointer; the result pointer 0 reads as `accept`
     /// in zeroed memory), `cabi_realloc` and `memory`.
     fn handler_module(with_component_type: bool) -> Vec<u8> {
+        handler_module_of(
+            contract_version!(),
+            with_component_type.then(|| component_type("handler-plugin")),
+        )
+    }
+
+    /// [`handler_module`] for `version` of the contract.
+    fn handler_module_of(version: &str, component_type: Option<Vec<u8>>) -> Vec<u8> {
+        let handle = format!("acemq:plugin/handler@{version}#handle");
         let exports = [
-            (concat!(contract!("handler"), "#handle"), EXPORT_FUNC, 1),
+            (handle.as_str(), EXPORT_FUNC, 1),
             ("cabi_realloc", EXPORT_FUNC, 2),
             ("memory", EXPORT_MEMORY, 0),
         ];
-        core_module(
-            &exports,
-            with_component_type.then(|| component_type("handler-plugin")),
-        )
+        core_module_of(version, &exports, component_type)
     }
 
     const EXPORT_FUNC: u8 = 0x00;
@@ -174,6 +222,15 @@ mod tests {
     /// the `now-ms` import, two functions, one page of memory, `exports`,
     /// code, and the optional custom section.
     fn core_module(exports: &[(&str, u8, u32)], component_type: Option<Vec<u8>>) -> Vec<u8> {
+        core_module_of(contract_version!(), exports, component_type)
+    }
+
+    /// [`core_module`] importing `host` of `version` of the contract.
+    fn core_module_of(
+        version: &str,
+        exports: &[(&str, u8, u32)],
+        component_type: Option<Vec<u8>>,
+    ) -> Vec<u8> {
         const I32: u8 = 0x7f;
         const I64: u8 = 0x7e;
         let mut module = b"\0asm\x01\0\0\0".to_vec();
@@ -194,7 +251,7 @@ mod tests {
         section(&mut module, 1, &s);
 
         let mut s = vec![1];
-        name(&mut s, contract!("host"));
+        name(&mut s, &format!("acemq:plugin/host@{version}"));
         name(&mut s, "now-ms");
         s.extend_from_slice(&[0x00, 2]); // a function of type 2
         section(&mut module, 2, &s);

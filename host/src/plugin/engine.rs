@@ -52,6 +52,39 @@ pub struct CompiledPlugin {
     pub from_cache: bool,
 }
 
+impl CompiledPlugin {
+    /// Refuses a plugin built against another version of the contract with
+    /// an error that says so. Left to the linker, the same plugin fails with
+    /// "instance export `log` has the wrong type", which sends an operator
+    /// looking in the wrong place.
+    pub fn check_contract_version(&self, engine: &Engine) -> Result<(), PluginError> {
+        let ty = self.component.component_type();
+        let names = ty
+            .imports(engine)
+            .map(|(name, _)| name)
+            .chain(ty.exports(engine).map(|(name, _)| name));
+        for name in names {
+            if let Some(version) = other_contract_version(name) {
+                return Err(PluginError::new(
+                    &self.path,
+                    format!(
+                        "was built against acemq:plugin@{version}, and this host implements \
+                         acemq:plugin@{}: rebuild it with this host's guest SDK (wit/plugin.wit)",
+                        contract_version!()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The version in an `acemq:plugin/NAME@VERSION` name, when it is not ours.
+fn other_contract_version(name: &str) -> Option<&str> {
+    let (interface, version) = name.strip_prefix("acemq:plugin/")?.split_once('@')?;
+    (!interface.is_empty() && version != contract_version!()).then_some(version)
+}
+
 /// The engine plus the thread that drives epoch interruption.
 pub struct PluginEngine {
     engine: Engine,
@@ -266,6 +299,17 @@ fn check_is_component(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_contract_version_is_named() {
+        assert_eq!(
+            other_contract_version("acemq:plugin/host@0.1.0"),
+            Some("0.1.0")
+        );
+        assert_eq!(other_contract_version(contract!("handler")), None);
+        assert_eq!(other_contract_version("wasi:cli/environment@0.2.0"), None);
+        assert_eq!(other_contract_version("acemq:plugin/host"), None);
+    }
 
     #[test]
     fn deadline_ticks_round_up() {

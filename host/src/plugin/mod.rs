@@ -4,14 +4,21 @@
 //! A plugin reaches nothing but the `host` interface of `wit/plugin.wit`: no
 //! WASI is linked, so it has no files, sockets, environment or clocks.
 
+/// The version of `wit/plugin.wit` (`package acemq:plugin@...`) this host
+/// implements. A plugin built against another version of the contract is
+/// refused when it loads. A macro, so that names can be built from it with
+/// `concat!` in constants.
+macro_rules! contract_version {
+    () => {
+        "0.2.0"
+    };
+}
+
 /// A name of `wit/plugin.wit`, qualified with the package and the version
-/// this host implements (`contract!("handler")` is
-/// `acemq:plugin/handler@0.2.0`). A plugin built against another version of
-/// the contract is refused when it loads. A macro, so that constants can be
-/// built from it with `concat!`.
+/// this host implements: `contract!("handler")` is `acemq:plugin/handler@0.2.0`.
 macro_rules! contract {
     ($name:literal) => {
-        concat!("acemq:plugin/", $name, "@0.2.0")
+        concat!("acemq:plugin/", $name, "@", contract_version!())
     };
 }
 
