@@ -1,13 +1,24 @@
-//! Confirmed, mandatory publishing.
+//! Confirmed, mandatory publishing, in rounds on shared channels.
 //!
-//! Each batch (a handler's outputs, or one set-aside copy) borrows a channel
-//! of its own from a pool for as long as its confirms are outstanding. Why:
+//! Batches (a handler's outputs, or one set-aside copy) that arrive while a
+//! round is open join it: they publish on its channel, and the broker
+//! coalesces their confirms. Why rounds and not simply a shared channel:
 //! lapin hands a `basic.return` to whichever confirm it resolves next, and
-//! expands multiple-acks in no particular order, so on a shared channel a
-//! return can land on another publisher's confirm. On a channel used by one
-//! batch at a time, every return belongs to that batch and is matched to its
-//! message by `message-id`. Batches on different channels still overlap, so
-//! many deliveries can wait for their confirms at once.
+//! expands multiple-acks in no particular order, so a return can land on
+//! another batch's confirm. Every return on a round's channel belongs to a
+//! member of that round, and the broker sends it before the ack of its own
+//! message; so once every member's confirms are in, every return has been
+//! seen by some member. Members pool what they saw, and each matches its
+//! messages against the pool by (message-id, exchange, routing key).
+//!
+//! A round takes members until the first of them has all its confirms (about
+//! one broker round trip), then the next batch opens a new round, on a
+//! channel of its own. The channel goes back to the pool when the round ends.
+//!
+//! Isolation: a channel error (a publish to an exchange that does not exist)
+//! fails every message of the round that was not yet confirmed. Those
+//! messages fail as "may not have been sent", and the deliveries behind
+//! them are retried: nothing is lost, some outputs are published again.
 
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +26,7 @@ use futures::future::join_all;
 use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Connection};
+use tokio::sync::watch;
 
 /// One message to publish.
 #[derive(Debug, Clone)]
@@ -76,17 +88,96 @@ pub enum PublishError {
     },
 }
 
-/// Publishes with confirms on pooled confirm-mode channels.
+/// Publishes with confirms, in rounds on pooled confirm-mode channels.
 pub struct Publisher {
     connection: Arc<Connection>,
-    idle: Mutex<Vec<Channel>>,
+    idle: Arc<Mutex<Vec<Channel>>>,
+    /// The round a new batch joins, while it takes members.
+    open: Mutex<Option<Arc<Round>>>,
+}
+
+/// A message the broker returned: no queue took it.
+#[derive(Debug, Clone)]
+struct Returned {
+    id: String,
+    exchange: String,
+    routing_key: String,
+    reply_text: String,
+}
+
+/// Batches publishing on one channel, and what the broker returned to them.
+struct Round {
+    channel: Channel,
+    state: Mutex<RoundState>,
+    /// Members that have not yet pooled their returns.
+    busy: watch::Sender<usize>,
+    /// Where the channel goes back when the round ends.
+    idle: Arc<Mutex<Vec<Channel>>>,
+}
+
+#[derive(Default)]
+struct RoundState {
+    /// No new members: the first member's confirms are all in.
+    sealed: bool,
+    returned: Vec<Returned>,
+}
+
+impl Round {
+    fn new(channel: Channel, idle: Arc<Mutex<Vec<Channel>>>) -> Self {
+        Self {
+            channel,
+            state: Mutex::new(RoundState::default()),
+            busy: watch::Sender::new(0),
+            idle,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, RoundState> {
+        self.state.lock().expect("publish round poisoned")
+    }
+}
+
+impl Drop for Round {
+    fn drop(&mut self) {
+        // A channel the broker closed (it happens on a publish to a missing
+        // exchange) is dropped rather than pooled.
+        if self.channel.status().connected() {
+            self.idle
+                .lock()
+                .expect("publisher pool poisoned")
+                .push(self.channel.clone());
+        }
+    }
+}
+
+/// A member's place in its round. Leaving (also when the publishing future
+/// is dropped half-way) tells the others not to wait for it.
+struct Membership {
+    round: Arc<Round>,
+    left: bool,
+}
+
+impl Membership {
+    fn leave(&mut self) {
+        if !self.left {
+            self.left = true;
+            self.round.busy.send_modify(|busy| *busy -= 1);
+        }
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.leave();
+    }
 }
 
 impl Publisher {
     pub fn new(connection: Arc<Connection>) -> Self {
         Self {
             connection,
-            idle: Mutex::new(Vec::new()),
+            idle: Arc::new(Mutex::new(Vec::new())),
+            open: Mutex::new(None),
         }
     }
 
@@ -101,13 +192,15 @@ impl Publisher {
         if publications.is_empty() {
             return Ok(());
         }
-        let channel = match self.channel().await {
-            Ok(channel) => channel,
+        let mut membership = match self.join().await {
+            Ok(membership) => membership,
             Err(e) => return Err(unknown(&publications[0], &e)),
         };
+        let round = membership.round.clone();
         let mut pending = Vec::with_capacity(publications.len());
         for publication in &publications {
-            let sent = channel
+            let sent = round
+                .channel
                 .basic_publish(
                     publication.exchange.as_str().into(),
                     publication.routing_key.as_str().into(),
@@ -131,13 +224,11 @@ impl Publisher {
         }
         let (indices, confirms): (Vec<_>, Vec<_>) = waiting.into_iter().unzip();
         let results = join_all(confirms).await;
-        let mut returned_ids = Vec::new();
+        let mut seen = Vec::new();
         for (index, result) in indices.into_iter().zip(results) {
             let outcome = match result {
                 Ok(Confirmation::Ack(returned)) => {
-                    if let Some(ret) = returned {
-                        returned_ids.push((returned_message_id(&ret), ret.reply_text.to_string()));
-                    }
+                    seen.extend(returned.map(|ret| returned_of(&ret)));
                     Ok(())
                 }
                 Ok(Confirmation::Nack(_)) => Err(refused(&publications[index])),
@@ -146,29 +237,83 @@ impl Publisher {
             };
             confirmations.push((index, outcome));
         }
-        // Returns are matched by message id: within this batch, on this
-        // channel, they can only be ours.
-        for (id, reply_text) in returned_ids {
-            let matching = confirmations
-                .iter_mut()
-                .find(|(i, outcome)| outcome.is_ok() && publications[*i].message_id() == id);
-            if let Some((index, outcome)) = matching {
-                let p = &publications[*index];
+
+        // Pool what this member saw, close the round to newcomers, and wait
+        // until every member has pooled its returns.
+        {
+            let mut state = round.state();
+            state.returned.extend(seen);
+            state.sealed = true;
+        }
+        self.close(&round);
+        let mut others = round.busy.subscribe();
+        membership.leave();
+        // Every member leaves, even a dropped one: this cannot wait forever
+        // unless a member's confirms never arrive, and those end with the
+        // channel.
+        let _ = others.wait_for(|busy| *busy == 0).await;
+
+        let returned = round.state().returned.clone();
+        for (index, outcome) in &mut confirmations {
+            let p = &publications[*index];
+            if outcome.is_err() {
+                continue;
+            }
+            if let Some(ret) = returned.iter().find(|r| r.is_of(p)) {
                 *outcome = Err(PublishError::Unroutable {
-                    id,
+                    id: ret.id.clone(),
                     exchange: p.exchange.clone(),
                     routing_key: p.routing_key.clone(),
-                    reason: if reply_text == "NO_ROUTE" {
+                    reason: if ret.reply_text == "NO_ROUTE" {
                         "no queue is bound to receive it".to_string()
                     } else {
-                        reply_text
+                        ret.reply_text.clone()
                     },
                 });
             }
         }
         confirmations.sort_by_key(|(index, _)| *index);
-        self.give_back(channel);
         batch_result(confirmations)
+    }
+
+    /// A place in the open round, or in a new one on a pooled channel.
+    async fn join(&self) -> lapin::Result<Membership> {
+        if let Some(membership) = self.join_open() {
+            return Ok(membership);
+        }
+        let channel = self.channel().await?;
+        let round = Arc::new(Round::new(channel, self.idle.clone()));
+        let mut open = self.open.lock().expect("publisher rounds poisoned");
+        // Another batch may have opened one meanwhile: this one opens its own
+        // anyway (its channel is already here), and becomes the open one.
+        round.busy.send_modify(|busy| *busy += 1);
+        *open = Some(round.clone());
+        Ok(Membership { round, left: false })
+    }
+
+    fn join_open(&self) -> Option<Membership> {
+        let open = self.open.lock().expect("publisher rounds poisoned");
+        let round = open.as_ref()?;
+        let state = round.state();
+        if state.sealed || !round.channel.status().connected() {
+            return None;
+        }
+        // Joined under the round's lock: a member that seals it afterwards
+        // sees this one as busy and waits for it.
+        round.busy.send_modify(|busy| *busy += 1);
+        drop(state);
+        Some(Membership {
+            round: round.clone(),
+            left: false,
+        })
+    }
+
+    /// Stops `round` taking members, if it is still the open one.
+    fn close(&self, round: &Arc<Round>) {
+        let mut open = self.open.lock().expect("publisher rounds poisoned");
+        if open.as_ref().is_some_and(|o| Arc::ptr_eq(o, round)) {
+            *open = None;
+        }
     }
 
     async fn channel(&self) -> lapin::Result<Channel> {
@@ -182,16 +327,22 @@ impl Publisher {
             .await?;
         Ok(channel)
     }
+}
 
-    fn give_back(&self, channel: Channel) {
-        // A channel the broker closed (it happens on a publish to a missing
-        // exchange) is dropped rather than pooled.
-        if channel.status().connected() {
-            self.idle
-                .lock()
-                .expect("publisher pool poisoned")
-                .push(channel);
-        }
+impl Returned {
+    fn is_of(&self, p: &Publication) -> bool {
+        self.exchange == p.exchange
+            && self.routing_key == p.routing_key
+            && self.id == p.message_id()
+    }
+}
+
+fn returned_of(ret: &lapin::message::BasicReturnMessage) -> Returned {
+    Returned {
+        id: returned_message_id(ret),
+        exchange: ret.delivery.exchange.to_string(),
+        routing_key: ret.delivery.routing_key.to_string(),
+        reply_text: ret.reply_text.to_string(),
     }
 }
 
