@@ -55,7 +55,6 @@ impl CodecVersion {
         limits: Limits,
     ) -> Result<Arc<Self>, PluginError> {
         let compiled = engine.compile_file(path)?;
-        compiled.check_contract_version(engine.engine())?;
         let linker: Linker<CodecState> = Linker::new(engine.engine());
         let instance_pre = linker.instantiate_pre(&compiled.component).map_err(|e| {
             PluginError::new(path, format!("is not a codec plugin of this host: {e:#}"))

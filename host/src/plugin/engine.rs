@@ -57,7 +57,7 @@ impl CompiledPlugin {
     /// an error that says so. Left to the linker, the same plugin fails with
     /// "instance export `log` has the wrong type", which sends an operator
     /// looking in the wrong place.
-    pub fn check_contract_version(&self, engine: &Engine) -> Result<(), PluginError> {
+    fn check_contract_version(&self, engine: &Engine) -> Result<(), PluginError> {
         let ty = self.component.component_type();
         let names = ty
             .imports(engine)
@@ -146,8 +146,16 @@ impl PluginEngine {
         self.compile_bytes(path, &bytes)
     }
 
-    /// Compiles plugin bytes that claim to come from `path`.
+    /// Compiles plugin bytes that claim to come from `path`. A plugin built
+    /// against another version of the contract is refused here, whichever
+    /// world it is loaded as.
     pub fn compile_bytes(&self, path: &Path, bytes: &[u8]) -> Result<CompiledPlugin, PluginError> {
+        let compiled = self.compile_component(path, bytes)?;
+        compiled.check_contract_version(&self.engine)?;
+        Ok(compiled)
+    }
+
+    fn compile_component(&self, path: &Path, bytes: &[u8]) -> Result<CompiledPlugin, PluginError> {
         check_is_component(path, bytes)?;
         let sha256 = hex::encode(Sha256::digest(bytes));
         let cached = self.cache_path(&sha256);

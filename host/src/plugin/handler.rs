@@ -71,7 +71,6 @@ impl HandlerVersion {
         context: Arc<ConsumerContext>,
     ) -> Result<Arc<Self>, PluginError> {
         let path = compiled.path.clone();
-        compiled.check_contract_version(engine.engine())?;
         let mut linker: Linker<HostState> = Linker::new(engine.engine());
         HandlerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(|e| {
             PluginError::new(&path, format!("cannot link the host interface: {e:#}"))
