@@ -97,7 +97,7 @@ pub struct Publisher {
 }
 
 /// A message the broker returned: no queue took it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Returned {
     id: String,
     exchange: String,
@@ -253,13 +253,14 @@ impl Publisher {
         // channel.
         let _ = others.wait_for(|busy| *busy == 0).await;
 
-        let returned = round.state().returned.clone();
+        // Matched under the round's lock (no await below): nothing is copied.
+        let state = round.state();
         for (index, outcome) in &mut confirmations {
             let p = &publications[*index];
             if outcome.is_err() {
                 continue;
             }
-            if let Some(ret) = returned.iter().find(|r| r.is_of(p)) {
+            if let Some(ret) = state.returned.iter().find(|r| r.is_of(p)) {
                 *outcome = Err(PublishError::Unroutable {
                     id: ret.id.clone(),
                     exchange: p.exchange.clone(),
@@ -272,6 +273,7 @@ impl Publisher {
                 });
             }
         }
+        drop(state);
         confirmations.sort_by_key(|(index, _)| *index);
         batch_result(confirmations)
     }
