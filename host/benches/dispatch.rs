@@ -77,17 +77,14 @@ fn dispatch_one(
         "order.created",
         1_700_000_000_001,
     ));
-    let headers = envelope::split_headers(properties);
-    let input = Input {
-        envelope: envelope.clone(),
-        exchange: "orders".to_string(),
-        routing_key: "order.created".to_string(),
-        redelivered: false,
-        stream_offset: headers.stream_offset,
-        content_type: Some("application/json".to_string()),
-        headers: headers.visible,
-        body: body.clone(),
-    };
+    let input = Input::of_delivery(
+        envelope.clone(),
+        properties,
+        "orders",
+        "order.created",
+        false,
+        body.clone(),
+    );
     let invocation = version.invoke(input);
     let facts = DeliveryFacts {
         queue: "bench",

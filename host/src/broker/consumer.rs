@@ -78,21 +78,14 @@ impl Incoming {
 
     /// The message as the handler is given it.
     fn input(&self, delivery: &Delivery) -> Input {
-        let headers = envelope::split_headers(&delivery.properties);
-        Input {
-            envelope: self.envelope.clone(),
-            exchange: delivery.exchange.to_string(),
-            routing_key: delivery.routing_key.to_string(),
-            redelivered: delivery.redelivered,
-            stream_offset: headers.stream_offset,
-            content_type: delivery
-                .properties
-                .content_type()
-                .as_ref()
-                .map(|c| c.to_string()),
-            headers: headers.visible,
-            body: self.body.clone(),
-        }
+        Input::of_delivery(
+            self.envelope.clone(),
+            &delivery.properties,
+            delivery.exchange.as_str(),
+            delivery.routing_key.as_str(),
+            delivery.redelivered,
+            self.body.clone(),
+        )
     }
 }
 

@@ -126,6 +126,32 @@ pub struct Input {
     pub body: Bytes,
 }
 
+impl Input {
+    /// The message a handler is given for a delivery: its envelope (read once
+    /// by the caller, and shared), the headers a plugin may see and the
+    /// content type from its properties, and its body.
+    pub fn of_delivery(
+        envelope: Arc<Envelope>,
+        properties: &lapin::BasicProperties,
+        exchange: &str,
+        routing_key: &str,
+        redelivered: bool,
+        body: Bytes,
+    ) -> Self {
+        let headers = crate::envelope::split_headers(properties);
+        Self {
+            envelope,
+            exchange: exchange.to_string(),
+            routing_key: routing_key.to_string(),
+            redelivered,
+            stream_offset: headers.stream_offset,
+            content_type: properties.content_type().as_ref().map(|c| c.to_string()),
+            headers: headers.visible,
+            body,
+        }
+    }
+}
+
 /// A message a plugin asked to publish, checked against the allowlist and
 /// the reserved headers when it was buffered.
 #[derive(Debug, Clone, PartialEq)]
