@@ -1,5 +1,6 @@
 //! In-process dispatch of one message through a no-op handler plugin, with no
-//! broker: read the envelope, call the handler, decide the settlement.
+//! broker: read the envelope, build the handler's message, run the plugins
+//! (no codecs), decide the settlement; the consumer's own code for each step.
 //!
 //! Two figures, measured in the same run: reusing pooled instances (the
 //! default) and a fresh instance per message (`isolation = "per-message"`).
@@ -12,10 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acemq_host::config::Isolation;
-use acemq_host::dispatch::{self, DeliveryFacts};
+use acemq_host::delivery::{self, DeliveryFacts, Outcome};
 use acemq_host::envelope::{self, Envelope};
 use acemq_host::plugin::{
-    ConsumerContext, EngineSettings, HandlerVersion, Input, Limits, PluginEngine,
+    CodecSet, ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits, PluginEngine,
 };
 use acemq_host::retry::RetryPolicy;
 use bytes::Bytes;
@@ -33,7 +34,7 @@ fn echo_plugin() -> PathBuf {
     path
 }
 
-fn version(engine: &PluginEngine, isolation: Isolation) -> Arc<HandlerVersion> {
+fn slot(engine: &PluginEngine, isolation: Isolation) -> HandlerSlot {
     let context = Arc::new(ConsumerContext {
         queue: "bench".into(),
         limits: Limits {
@@ -42,7 +43,9 @@ fn version(engine: &PluginEngine, isolation: Isolation) -> Arc<HandlerVersion> {
         },
         ..ConsumerContext::default()
     });
-    HandlerVersion::load(engine, &echo_plugin(), context).expect("echo plugin loads")
+    HandlerSlot::new(
+        HandlerVersion::load(engine, &echo_plugin(), context).expect("echo plugin loads"),
+    )
 }
 
 /// A delivery as the broker would hand it over: an AceMQ envelope and a
@@ -67,7 +70,8 @@ fn delivery() -> (BasicProperties, Bytes) {
 }
 
 fn dispatch_one(
-    version: &HandlerVersion,
+    handler: &HandlerSlot,
+    codecs: &CodecSet,
     properties: &BasicProperties,
     body: &Bytes,
     policy: &RetryPolicy,
@@ -77,7 +81,7 @@ fn dispatch_one(
         "order.created",
         1_700_000_000_001,
     ));
-    let input = Input::of_delivery(
+    let input = delivery::handler_input(
         envelope.clone(),
         properties,
         "orders",
@@ -85,14 +89,15 @@ fn dispatch_one(
         false,
         body.clone(),
     );
-    let invocation = version.invoke(input);
+    let run = delivery::run_plugins(handler, codecs, input);
     let facts = DeliveryFacts {
         queue: "bench",
         envelope: &envelope,
         now_ms: 1_700_000_000_002,
+        jitter_sample: 0.5,
     };
-    let settlement = dispatch::decide(facts, invocation.result, invocation.outputs, policy);
-    assert_eq!(settlement.outcome(), dispatch::Outcome::Acked);
+    let settlement = delivery::decide::decide(facts, run, policy);
+    assert_eq!(settlement.outcome(), Outcome::Acked);
 }
 
 /// The host's side of a dispatch alone: reading the envelope and the
@@ -134,18 +139,19 @@ fn interleaved_medians(rounds: usize, subjects: &mut [Subject<'_>]) -> Vec<f64> 
 
 fn bench(c: &mut Criterion) {
     let engine = PluginEngine::new(EngineSettings::default()).expect("engine");
-    let pooled = version(&engine, Isolation::Pooled);
-    let fresh = version(&engine, Isolation::PerMessage);
+    let pooled = slot(&engine, Isolation::Pooled);
+    let fresh = slot(&engine, Isolation::PerMessage);
+    let codecs = CodecSet::new();
     let (properties, body) = delivery();
     let policy = RetryPolicy::none();
 
     let mut group = c.benchmark_group("dispatch");
     group.measurement_time(Duration::from_secs(5));
     group.bench_function("reuse instance", |b| {
-        b.iter(|| dispatch_one(&pooled, &properties, &body, &policy))
+        b.iter(|| dispatch_one(&pooled, &codecs, &properties, &body, &policy))
     });
     group.bench_function("fresh instance", |b| {
-        b.iter(|| dispatch_one(&fresh, &properties, &body, &policy))
+        b.iter(|| dispatch_one(&fresh, &codecs, &properties, &body, &policy))
     });
     group.finish();
 
@@ -160,11 +166,11 @@ fn bench(c: &mut Criterion) {
         &mut [
             Subject {
                 per_round: 20_000,
-                one: Box::new(|| dispatch_one(&pooled, &properties, &body, &policy)),
+                one: Box::new(|| dispatch_one(&pooled, &codecs, &properties, &body, &policy)),
             },
             Subject {
                 per_round: 2_000,
-                one: Box::new(|| dispatch_one(&fresh, &properties, &body, &policy)),
+                one: Box::new(|| dispatch_one(&fresh, &codecs, &properties, &body, &policy)),
             },
             Subject {
                 per_round: 20_000,

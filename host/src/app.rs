@@ -13,9 +13,9 @@ use anyhow::Context as _;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::consumer::{self, ConsumerEnv, ConsumerSpec};
-use crate::broker::{self, Publisher};
+use crate::broker::{self, Publisher, SubscriptionEnv, SubscriptionSpec, subscription};
 use crate::config::{ConsumerConfig, LoadedConfig};
+use crate::delivery::{self, Pipeline};
 use crate::plugin::swap::{PluginSpec, Reloader};
 use crate::plugin::{
     CodecSet, CodecVersion, ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits,
@@ -35,11 +35,9 @@ pub struct Prepared {
     pub consumers: Vec<PreparedConsumer>,
 }
 
-/// One consumer with its policy and its loaded plugin.
+/// One consumer: what it subscribes to, and what its pipeline runs.
 pub struct PreparedConsumer {
-    pub queue: String,
-    pub prefetch: u16,
-    pub concurrency: usize,
+    pub subscription: SubscriptionSpec,
     pub policy: RetryPolicy,
     pub handler: Arc<HandlerSlot>,
     pub plugin_path: std::path::PathBuf,
@@ -149,9 +147,11 @@ fn prepare_consumer(
         "plugin loaded"
     );
     Ok(PreparedConsumer {
-        queue,
-        prefetch: consumer.prefetch,
-        concurrency: consumer.concurrency,
+        subscription: SubscriptionSpec {
+            queue,
+            prefetch: consumer.prefetch,
+            concurrency: consumer.concurrency,
+        },
         policy,
         handler: Arc::new(HandlerSlot::new(version)),
         plugin_path,
@@ -176,7 +176,7 @@ pub async fn run(
         prepared.engine.clone(),
         metrics.clone(),
         prepared.consumers.iter().map(|c| PluginSpec {
-            queue: c.queue.clone(),
+            queue: c.subscription.queue.clone(),
             path: c.plugin_path.clone(),
             slot: c.handler.clone(),
         }),
@@ -201,33 +201,41 @@ pub async fn run(
         "topology applied"
     );
 
-    let env = ConsumerEnv {
+    let shared = delivery::Shared {
+        codecs: prepared.codecs.clone(),
         publisher: Arc::new(Publisher::new(connection.clone())),
         metrics: metrics.clone(),
+        shutdown: shutdown.clone(),
+    };
+    let env = SubscriptionEnv {
         shutdown: shutdown.clone(),
         drain_timeout: config.config.host.drain_timeout,
         consuming: Arc::new(AtomicUsize::new(0)),
     };
     let mut consumers = JoinSet::new();
     for consumer in prepared.consumers {
+        let queue = consumer.subscription.queue.as_str();
         metrics
             .plugin_version
             .get_or_create(&PluginVersionLabels {
-                queue: consumer.queue.clone(),
+                queue: queue.to_string(),
                 sha256: consumer.handler.current().sha256.to_string(),
             })
             .set(1);
-        let spec = ConsumerSpec {
-            queue: consumer.queue,
-            prefetch: consumer.prefetch,
-            concurrency: consumer.concurrency,
-            policy: consumer.policy,
-            handler: consumer.handler,
-            codecs: prepared.codecs.clone(),
-        };
+        let pipeline = Arc::new(Pipeline::new(
+            queue,
+            consumer.policy,
+            consumer.handler,
+            &shared,
+        ));
         let env = env.clone();
         let connection = connection.clone();
-        consumers.spawn(async move { consumer::run(&connection, spec, env).await });
+        consumers.spawn(async move {
+            subscription::run(&connection, consumer.subscription, env, |received| {
+                pipeline.clone().handle(received)
+            })
+            .await
+        });
     }
     // File watcher and SIGHUP stop reloading when shutdown begins; the admin
     // endpoint serves (health DOWN) until the consumers have drained.

@@ -1,18 +1,26 @@
 //! acemq-host: a RabbitMQ message-processing host whose handler logic and
 //! codecs run as sandboxed WebAssembly components.
 //!
-//! The data path reads top to bottom: a delivery enters [`broker::consumer`],
-//! its envelope is read ([`envelope`]), the handler runs ([`plugin`]), and
-//! [`dispatch`] decides its one settlement, which the consumer carries out.
-//! Everything that needs no broker ([`topology`], [`retry`], [`envelope`],
-//! the decisions in [`dispatch`]) is a pure function over plain data.
+//! The data path: a [`broker::subscription`] hands each delivery to its
+//! consumer's [`delivery::Pipeline`], which reads the envelope
+//! ([`envelope`]), runs the codecs and the handler ([`plugin`], through
+//! [`delivery::plugins`]), decides the one settlement ([`delivery::decide`],
+//! with the [`retry`] policy) and carries it out ([`delivery::settle`])
+//! through the broker's publisher and the delivery's receipt. [`broker`]
+//! knows AMQP and nothing of messages' meaning; [`plugin`] knows wasm and
+//! nothing of AMQP.
+//!
+//! Everything that needs no broker ([`topology`]'s plan, [`retry`],
+//! [`envelope`], [`delivery::decide`]) is a pure function over plain data;
+//! what does ([`topology::apply`], [`delivery::settle`]) goes through a small
+//! trait with a recording double in its tests.
 
 pub mod admin;
 pub mod app;
 pub mod broker;
 pub mod cli;
 pub mod config;
-pub mod dispatch;
+pub mod delivery;
 pub mod envelope;
 pub mod plugin;
 pub mod retry;

@@ -1,5 +1,7 @@
 //! Metrics with the contract's names and outcome words (AceMQ contract §8),
-//! kept in one registry that the admin endpoint renders for Prometheus.
+//! kept in one registry that the admin endpoint renders for Prometheus. A
+//! consumer counts into them through handles built once for its queue
+//! (`crate::delivery::metrics`).
 //!
 //! Prometheus names cannot hold dots, so `acemq.consume.total` is exposed as
 //! `acemq_consume_total` (the renderer adds `_total` to counters), as every
@@ -179,16 +181,6 @@ impl Metrics {
         metrics
     }
 
-    /// Counts one settled delivery.
-    pub fn consumed(&self, queue: &str, outcome: &str) {
-        self.consume_total
-            .get_or_create(&QueueOutcome {
-                queue: queue.to_string(),
-                outcome: outcome.to_string(),
-            })
-            .inc();
-    }
-
     /// The count of one `acemq.consume.total` series (for tests and summaries).
     pub fn consumed_count(&self, queue: &str, outcome: &str) -> u64 {
         self.consume_total
@@ -197,24 +189,6 @@ impl Metrics {
                 outcome: outcome.to_string(),
             })
             .get()
-    }
-
-    pub fn retried(&self, queue: &str, place: &'static str) {
-        self.retried_total
-            .get_or_create(&QueueWhere {
-                queue: queue.to_string(),
-                place: Place(place),
-            })
-            .inc();
-    }
-
-    pub fn set_aside(&self, queue: &str, outcome: &str) {
-        self.dead_lettered_total
-            .get_or_create(&QueueOutcome {
-                queue: queue.to_string(),
-                outcome: outcome.to_string(),
-            })
-            .inc();
     }
 
     /// The registry in Prometheus text format.
@@ -234,8 +208,18 @@ mod tests {
     #[test]
     fn renders_contract_names_with_underscores() {
         let m = Metrics::new();
-        m.consumed("orders.new", "acked");
-        m.retried("orders.new", "broker");
+        m.consume_total
+            .get_or_create(&QueueOutcome {
+                queue: "orders.new".into(),
+                outcome: "acked".into(),
+            })
+            .inc();
+        m.retried_total
+            .get_or_create(&QueueWhere {
+                queue: "orders.new".into(),
+                place: Place("broker"),
+            })
+            .inc();
         let text = m.render();
         assert!(
             text.contains("acemq_consume_total{queue=\"orders.new\",outcome=\"acked\"} 1"),

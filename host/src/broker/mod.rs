@@ -1,10 +1,16 @@
-//! Everything that talks to RabbitMQ: the connection, confirmed publishing,
-//! and consumers that carry out each delivery's settlement.
+//! AMQP mechanics, and nothing of what a message means: the connection,
+//! subscriptions that hand each delivery to a function and settle it as
+//! told, coalesced acks, and confirmed publishing.
+//!
+//! This module imports nothing from `delivery`, `plugin`, `retry` or
+//! `envelope`: the message path (`crate::delivery`) uses it, never the
+//! other way round.
 
 pub mod acks;
 pub mod connection;
-pub mod consumer;
 pub mod publisher;
+pub mod subscription;
 
 pub use connection::connect;
 pub use publisher::{PublishError, Publisher};
+pub use subscription::{Receipt, Received, SubscriptionEnv, SubscriptionSpec};

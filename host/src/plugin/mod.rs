@@ -113,7 +113,8 @@ pub struct ConsumerContext {
 /// Owned, because the plugin's store holds it for the length of the call and
 /// the plugin copies out only the parts it reads; cheap to build, because the
 /// envelope is shared and the body reference-counted. The queue is the
-/// consumer's ([`ConsumerContext::queue`]).
+/// consumer's ([`ConsumerContext::queue`]). Built from a delivery by
+/// `crate::delivery::handler_input`.
 #[derive(Debug, Clone)]
 pub struct Input {
     pub envelope: Arc<Envelope>,
@@ -124,32 +125,6 @@ pub struct Input {
     pub content_type: Option<String>,
     pub headers: Vec<(String, HeaderValue)>,
     pub body: Bytes,
-}
-
-impl Input {
-    /// The message a handler is given for a delivery: its envelope (read once
-    /// by the caller, and shared), the headers a plugin may see and the
-    /// content type from its properties, and its body.
-    pub fn of_delivery(
-        envelope: Arc<Envelope>,
-        properties: &lapin::BasicProperties,
-        exchange: &str,
-        routing_key: &str,
-        redelivered: bool,
-        body: Bytes,
-    ) -> Self {
-        let headers = crate::envelope::split_headers(properties);
-        Self {
-            envelope,
-            exchange: exchange.to_string(),
-            routing_key: routing_key.to_string(),
-            redelivered,
-            stream_offset: headers.stream_offset,
-            content_type: properties.content_type().as_ref().map(|c| c.to_string()),
-            headers: headers.visible,
-            body,
-        }
-    }
 }
 
 /// A message a plugin asked to publish, checked against the allowlist and

@@ -1,0 +1,291 @@
+//! One subscription: consume a queue with manual acks and a prefetch, hand
+//! each delivery to a function, and stop in the order that keeps every
+//! settlement.
+//!
+//! This file knows AMQP and nothing of what a delivery means: the function
+//! it is given (the message pipeline, `crate::delivery`) decides and carries
+//! out each delivery's settlement through the delivery's [`Receipt`]. What
+//! it guarantees is the mechanics around that:
+//! - at most `concurrency` deliveries are worked on at once (the function
+//!   gets a [`Slot`] and frees it when its concurrency-bound part is done);
+//! - acks are coalesced ([`super::acks`]), and a requeue is never passed over
+//!   by a `multiple` ack;
+//! - shutdown settles every delivery exactly once: drain, flush acks, cancel,
+//!   close (see [`run`]).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::{FieldTable, ShortString};
+use lapin::{Acker, BasicProperties, Channel, Connection};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::acks::AckBatcher;
+
+/// What to consume, and how much at once.
+#[derive(Debug, Clone)]
+pub struct SubscriptionSpec {
+    pub queue: String,
+    /// Deliveries the broker may send ahead of their acks.
+    pub prefetch: u16,
+    /// Deliveries worked on at once.
+    pub concurrency: usize,
+}
+
+/// Shared by every subscription of the host.
+#[derive(Clone)]
+pub struct SubscriptionEnv {
+    /// Cancelled when the host shuts down: no delivery starts after it.
+    pub shutdown: CancellationToken,
+    /// How long running deliveries may take to finish at shutdown.
+    pub drain_timeout: Duration,
+    /// How many subscriptions hold a consumer (consume-ok received, not yet
+    /// cancelled): `/health` is UP only when all of them do.
+    pub consuming: Arc<AtomicUsize>,
+}
+
+/// A delivery as the subscription hands it over: the message's parts,
+/// moved out of lapin's delivery, and the means to settle it.
+pub struct Received {
+    pub exchange: ShortString,
+    pub routing_key: ShortString,
+    pub redelivered: bool,
+    pub properties: BasicProperties,
+    pub body: Vec<u8>,
+    /// The only way to settle it.
+    pub receipt: Receipt,
+    /// One of the subscription's `concurrency` places, held until dropped.
+    pub slot: Slot,
+}
+
+impl Received {
+    fn new(delivery: Delivery, acks: Arc<AckBatcher>, slot: Slot) -> Self {
+        Self {
+            exchange: delivery.exchange,
+            routing_key: delivery.routing_key,
+            redelivered: delivery.redelivered,
+            properties: delivery.properties,
+            body: delivery.data,
+            receipt: Receipt {
+                tag: delivery.delivery_tag,
+                acks,
+                acker: delivery.acker,
+            },
+            slot,
+        }
+    }
+}
+
+/// A place among the deliveries worked on at once. Dropping it lets the
+/// next delivery start.
+pub struct Slot(#[allow(dead_code)] OwnedSemaphorePermit);
+
+/// Settles one delivery: an ack (coalesced with others) or a requeue.
+pub struct Receipt {
+    tag: u64,
+    acks: Arc<AckBatcher>,
+    acker: Acker,
+}
+
+impl Receipt {
+    /// The delivery's work is done: it is acked with the next batch.
+    pub async fn ack(&self) {
+        self.acks.ready(self.tag).await;
+    }
+
+    /// Gives the delivery back to its queue now; it comes back as a new
+    /// delivery. Only once the nack is written may a `multiple` ack pass
+    /// over it (see acks.rs).
+    pub async fn requeue(&self) {
+        let options = BasicNackOptions {
+            multiple: false,
+            requeue: true,
+        };
+        if let Err(e) = self.acker.nack(options).await {
+            tracing::warn!(delivery_tag = self.tag, error = %e, "requeue failed; the broker will redeliver");
+        }
+        self.acks.forget(self.tag).await;
+    }
+}
+
+/// Subscribes and hands every delivery to `handle` until shutdown or until
+/// the subscription fails; then stops without losing a settlement.
+pub async fn run<H, F>(
+    connection: &Connection,
+    spec: SubscriptionSpec,
+    env: SubscriptionEnv,
+    handle: H,
+) -> anyhow::Result<()>
+where
+    H: Fn(Received) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let queue = spec.queue.as_str();
+    let channel = connection.create_channel().await?;
+    // Quorum queues and streams refuse global QoS: prefetch is per consumer.
+    channel
+        .basic_qos(spec.prefetch, BasicQosOptions { global: false })
+        .await?;
+    let tag = format!("acemq-host.{}.{}", queue, uuid::Uuid::new_v4().simple());
+    let mut deliveries = channel
+        .basic_consume(
+            queue.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot consume from queue '{queue}': {e}"))?;
+    env.consuming.fetch_add(1, Ordering::SeqCst);
+    tracing::info!(
+        queue,
+        prefetch = spec.prefetch,
+        concurrency = spec.concurrency,
+        "consuming"
+    );
+
+    let permits = Arc::new(Semaphore::new(spec.concurrency));
+    let subscribed = Subscribed::start(queue, channel, tag, spec.prefetch);
+    let acks = subscribed.acks.clone();
+    let mut running = JoinSet::new();
+    let mut failure = None;
+
+    loop {
+        let next = tokio::select! {
+            biased;
+            _ = env.shutdown.cancelled() => break,
+            next = deliveries.next() => next,
+        };
+        match next {
+            Some(Ok(delivery)) => {
+                acks.received(delivery.delivery_tag).await;
+                // Wait for a free place. A delivery that shutdown overtakes
+                // never starts: it is left unsettled, and closing the
+                // channel gives it back (see below).
+                let permit = tokio::select! {
+                    biased;
+                    _ = env.shutdown.cancelled() => break,
+                    permit = permits.clone().acquire_owned() => permit.expect("semaphore never closed"),
+                };
+                running.spawn(handle(Received::new(delivery, acks.clone(), Slot(permit))));
+            }
+            Some(Err(e)) => {
+                failure = Some(anyhow::anyhow!(
+                    "consuming from queue '{queue}' failed: {e}"
+                ));
+                break;
+            }
+            None => {
+                if !env.shutdown.is_cancelled() {
+                    failure = Some(anyhow::anyhow!(
+                        "the broker cancelled the consumer of queue '{queue}'"
+                    ));
+                }
+                break;
+            }
+        }
+        while running.try_join_next().is_some() {}
+    }
+
+    env.consuming.fetch_sub(1, Ordering::SeqCst);
+    subscribed.stop(running, env.drain_timeout).await;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// A subscription holding its consumer, with the acks it sends.
+struct Subscribed<'a> {
+    queue: &'a str,
+    channel: Channel,
+    consumer_tag: String,
+    acks: Arc<AckBatcher>,
+    /// Sends ready acks every few milliseconds until stopped.
+    linger: tokio::task::JoinHandle<()>,
+    linger_stop: CancellationToken,
+}
+
+impl<'a> Subscribed<'a> {
+    fn start(queue: &'a str, channel: Channel, consumer_tag: String, prefetch: u16) -> Self {
+        let acks = Arc::new(AckBatcher::new(channel.clone(), prefetch));
+        let linger_stop = CancellationToken::new();
+        let linger = tokio::spawn({
+            let acks = acks.clone();
+            let stop = linger_stop.clone();
+            async move { acks.run_linger(stop).await }
+        });
+        Self {
+            queue,
+            channel,
+            consumer_tag,
+            acks,
+            linger,
+            linger_stop,
+        }
+    }
+
+    /// Stops in the order that keeps every settlement. Nothing new starts
+    /// (the receive loop is left); deliveries that arrive meanwhile wait
+    /// unread.
+    async fn stop(self, mut running: JoinSet<()>, drain_timeout: Duration) {
+        let queue = self.queue;
+        // 1. The running deliveries finish, up to the drain timeout; their
+        //    acks and republishes go out on this channel.
+        let drained = tokio::time::timeout(drain_timeout, async {
+            while running.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                queue,
+                stranded = running.len(),
+                drain_timeout = %humantime::format_duration(drain_timeout),
+                "deliveries still running at the drain timeout; the broker requeues them"
+            );
+            running.abort_all();
+        }
+        // The acks of everything that finished go out now, not after the linger.
+        self.linger_stop.cancel();
+        let _ = self.linger.await;
+        self.acks.flush(true).await;
+        // 2. Only then is the consumer cancelled. An ack written to the
+        //    socket is not yet an ack applied by the queue: RabbitMQ's
+        //    quorum-queue client holds settlements back while 32 or more of
+        //    its commands are in flight, and a channel closed meanwhile loses
+        //    them, so the messages come back although they were handled.
+        //    basic.cancel is synchronous: newer brokers send what they held
+        //    back before cancelling, and on 3.10 the round trip gives the
+        //    queue time to apply it (the SIGTERM test in tests/skeleton.rs
+        //    checks exactly-once).
+        if let Err(e) = self
+            .channel
+            .basic_cancel(
+                self.consumer_tag.as_str().into(),
+                BasicCancelOptions::default(),
+            )
+            .await
+        {
+            tracing::warn!(queue, error = %e, "cancelling the consumer failed");
+        }
+        // 3. Closing the channel gives back, in one step, every delivery
+        //    that arrived and never started. (One nack each would be the
+        //    same requeue, as a burst of commands that could hold back the
+        //    acks.)
+        if let Err(e) = self
+            .channel
+            .close(200, "acemq-host shutting down".into())
+            .await
+        {
+            tracing::warn!(queue, error = %e, "closing the consumer's channel");
+        }
+        tracing::info!(queue, "consumer stopped");
+    }
+}

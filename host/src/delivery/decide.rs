@@ -1,0 +1,572 @@
+//! How a delivery ends, decided without touching the broker.
+//!
+//! [`decide`] turns what the plugins produced into exactly one of the
+//! contract's settlements (AceMQ contract §5). Carrying a settlement out can
+//! go wrong in a few known ways (a [`Setback`]: the outputs were not
+//! confirmed, the retry rung is gone, a republish failed, shutdown came
+//! during a wait); [`follow_up`] decides what happens instead. Every rule of
+//! a message's end is here, as plain functions over plain data, so each one
+//! is unit-tested without a broker; `settle.rs` only carries them out.
+
+use std::time::Duration;
+
+use super::plugins::PluginRun;
+use crate::envelope::Envelope;
+use crate::plugin::{Outgoing, Verdict};
+use crate::retry::{Decision, RetryPolicy, WaitPlace};
+use crate::topology::naming;
+
+/// How a delivery ends. Each variant is one settlement of the contract.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settlement {
+    /// Publish every output (confirmed, mandatory), then ack the input.
+    Accept { outputs: Vec<Outgoing> },
+    /// Hold the delivery unacked for `wait` (the policy's delay, jittered),
+    /// then republish it to its own queue with the attempt advanced, then ack.
+    RetryInConsumer { wait: Duration, reason: String },
+    /// Republish to the rung queue (it dead-letters back after its TTL),
+    /// then ack. `delay` is the rung's: a consumer wait of that length
+    /// stands in if the rung is missing.
+    RetryInBroker {
+        rung: String,
+        delay: Duration,
+        reason: String,
+    },
+    /// Republish to `{queue}.dlq` with `x-acemq-error`, then ack.
+    DeadLetter {
+        queue: String,
+        reason: String,
+        outcome: Outcome,
+    },
+    /// Republish to `{queue}.parked` with `x-acemq-error`, then ack.
+    Park { queue: String, reason: String },
+    /// Give the delivery back to its queue now, attempt unchanged: what is
+    /// left when a retry or set-aside could not be published, or shutdown
+    /// interrupted a wait. Nothing is lost; the delivery comes back.
+    Requeue { why: String },
+}
+
+/// The contract's settlement outcome words: the `outcome` label of
+/// `acemq.consume.total`, exactly one per delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Outcome {
+    Acked,
+    Retried,
+    /// Exhausted, too old, or failed without a retry policy.
+    DeadLettered,
+    /// Deliberately refused by the handler (`reject`).
+    Rejected,
+    Parked,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Acked,
+        Outcome::Retried,
+        Outcome::DeadLettered,
+        Outcome::Rejected,
+        Outcome::Parked,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Acked => "acked",
+            Outcome::Retried => "retried",
+            Outcome::DeadLettered => "dead_lettered",
+            Outcome::Rejected => "rejected",
+            Outcome::Parked => "parked",
+        }
+    }
+}
+
+impl Settlement {
+    /// The outcome counted for this settlement once it is carried out.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Settlement::Accept { .. } => Outcome::Acked,
+            Settlement::RetryInConsumer { .. }
+            | Settlement::RetryInBroker { .. }
+            | Settlement::Requeue { .. } => Outcome::Retried,
+            Settlement::DeadLetter { outcome, .. } => *outcome,
+            Settlement::Park { .. } => Outcome::Parked,
+        }
+    }
+}
+
+/// The facts about a delivery that the decisions depend on.
+#[derive(Debug, Clone, Copy)]
+pub struct DeliveryFacts<'a> {
+    pub queue: &'a str,
+    pub envelope: &'a Envelope,
+    pub now_ms: u64,
+    /// A uniform sample in [0, 1) for the policy's jitter: drawn by the
+    /// caller, so the decision itself stays a function of its inputs.
+    pub jitter_sample: f64,
+}
+
+impl DeliveryFacts<'_> {
+    /// Age of the message since it was first published. A first-seen in the
+    /// future (clock skew between hosts) counts as age zero.
+    fn age(&self) -> Duration {
+        Duration::from_millis(self.now_ms.saturating_sub(self.envelope.first_seen_ms))
+    }
+}
+
+/// Decides the settlement for what the plugins produced.
+pub fn decide(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy) -> Settlement {
+    match run {
+        // A delivery whose body no codec could decode is parked before any
+        // handler runs (contract §9), never retried.
+        PluginRun::Undecodable { reason } => Settlement::Park {
+            queue: naming::parked_queue(facts.queue),
+            reason: format!("could not be decoded: {reason}"),
+        },
+        PluginRun::Decided {
+            verdict, outputs, ..
+        } => decide_verdict(facts, verdict, outputs, policy),
+        // A fault is a failure like any other: the policy decides.
+        PluginRun::Faulted { fault, .. } => retry_or_give_up(facts, fault.reason, policy),
+        PluginRun::OutputsRefused { reason, .. } => retry_or_give_up(facts, reason, policy),
+        PluginRun::HostFailed { reason } => retry_or_give_up(
+            facts,
+            format!("the host failed while running the plugins: {reason}"),
+            policy,
+        ),
+    }
+}
+
+/// The settlement for the handler's verdict.
+fn decide_verdict(
+    facts: DeliveryFacts<'_>,
+    verdict: Verdict,
+    outputs: Vec<Outgoing>,
+    policy: &RetryPolicy,
+) -> Settlement {
+    match verdict {
+        Verdict::Accept => Settlement::Accept { outputs },
+        Verdict::Retry(reason) => retry_or_give_up(facts, or_no_reason(reason), policy),
+        Verdict::Reject(reason) => Settlement::DeadLetter {
+            queue: naming::dead_letter_queue(facts.queue),
+            reason: format!("the handler rejected it: {}", or_no_reason(reason)),
+            outcome: Outcome::Rejected,
+        },
+        Verdict::Park(reason) => Settlement::Park {
+            queue: naming::parked_queue(facts.queue),
+            reason: format!("the handler parked it: {}", or_no_reason(reason)),
+        },
+    }
+}
+
+/// What went wrong while a settlement was being carried out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Setback {
+    /// The outputs of an accept were not all confirmed (or one could not be
+    /// turned into a publication).
+    OutputsFailed(String),
+    /// The rung queue of a broker retry is gone: nothing is bound to it.
+    RungMissing,
+    /// The republish of a retry (rung or own queue) was not confirmed.
+    RetryNotPublished(String),
+    /// The copy to `.dlq` or `.parked` was not confirmed.
+    SetAsideFailed(String),
+    /// Shutdown began while the delivery waited in the consumer.
+    ShutdownDuringWait,
+}
+
+/// What happens instead of `failed` after `setback`.
+///
+/// Each answer settles the delivery another way and never as an accept, so
+/// a chain of setbacks ends: at the latest in a requeue, which cannot fail
+/// (a lost nack is a redelivery).
+pub fn follow_up(
+    facts: DeliveryFacts<'_>,
+    failed: &Settlement,
+    setback: Setback,
+    policy: &RetryPolicy,
+) -> Settlement {
+    match setback {
+        // Outputs are at-least-once: not confirmed, the delivery fails, and
+        // the policy handles it like a retry.
+        Setback::OutputsFailed(why) => retry_or_give_up(
+            facts,
+            format!("publishing its outputs failed: {why}"),
+            policy,
+        ),
+        // Deleted, or never declared by whoever owns the queue: wait here
+        // instead, as every AceMQ library does.
+        Setback::RungMissing => match failed {
+            Settlement::RetryInBroker { delay, reason, .. } => Settlement::RetryInConsumer {
+                wait: policy.jittered(*delay, facts.jitter_sample),
+                reason: reason.clone(),
+            },
+            other => requeue(format!("a retry rung was missing while settling {other:?}")),
+        },
+        Setback::RetryNotPublished(why) => requeue(format!("the retry was not published: {why}")),
+        Setback::SetAsideFailed(why) => requeue(format!("the set-aside was not published: {why}")),
+        Setback::ShutdownDuringWait => requeue("shutdown began during the retry wait".to_string()),
+    }
+}
+
+fn requeue(why: String) -> Settlement {
+    Settlement::Requeue { why }
+}
+
+fn retry_or_give_up(facts: DeliveryFacts<'_>, reason: String, policy: &RetryPolicy) -> Settlement {
+    match policy.decide(facts.envelope.attempt, Some(facts.age())) {
+        Decision::Wait {
+            delay,
+            place: WaitPlace::Consumer,
+        } => Settlement::RetryInConsumer {
+            wait: policy.jittered(delay, facts.jitter_sample),
+            reason,
+        },
+        Decision::Wait {
+            delay,
+            place: WaitPlace::Broker,
+        } => match naming::retry_queue(facts.queue, delay) {
+            Ok(rung) => Settlement::RetryInBroker {
+                rung,
+                delay,
+                reason,
+            },
+            // Policies with such delays are refused when the config loads;
+            // should one get here anyway, waiting in the consumer loses nothing.
+            Err(_) => Settlement::RetryInConsumer {
+                wait: policy.jittered(delay, facts.jitter_sample),
+                reason,
+            },
+        },
+        Decision::GiveUp(give_up) => Settlement::DeadLetter {
+            queue: naming::dead_letter_queue(facts.queue),
+            reason: give_up.error_text(&reason),
+            outcome: Outcome::DeadLettered,
+        },
+    }
+}
+
+fn or_no_reason(reason: String) -> String {
+    if reason.trim().is_empty() {
+        crate::envelope::NO_REASON.to_string()
+    } else {
+        reason
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::{Fault, FaultKind};
+
+    fn envelope(attempt: u32, first_seen_ms: u64) -> Envelope {
+        let mut e = Envelope::read(
+            &lapin::BasicProperties::default(),
+            "order.created",
+            first_seen_ms,
+        );
+        e.attempt = attempt;
+        e.first_seen_ms = first_seen_ms;
+        e
+    }
+
+    fn facts(envelope: &Envelope, now_ms: u64) -> DeliveryFacts<'_> {
+        DeliveryFacts {
+            queue: "orders.new",
+            envelope,
+            now_ms,
+            jitter_sample: 0.5,
+        }
+    }
+
+    fn verdict(verdict: Verdict) -> PluginRun {
+        PluginRun::Decided {
+            verdict,
+            outputs: vec![],
+            version: "v1".into(),
+            fuel: None,
+        }
+    }
+
+    fn retry(reason: &str) -> PluginRun {
+        verdict(Verdict::Retry(reason.into()))
+    }
+
+    fn two_minutes_of_tries() -> RetryPolicy {
+        RetryPolicy::exponential(6, Duration::from_secs(10), Duration::from_secs(300))
+            .with_jitter(0.0)
+    }
+
+    #[test]
+    fn accept_carries_the_outputs() {
+        let e = envelope(1, 0);
+        let output = Outgoing {
+            exchange: "orders.events".into(),
+            routing_key: "order.accepted".into(),
+            body: b"{}".to_vec(),
+            content_type: None,
+            headers: vec![],
+            message_type: None,
+            persistent: true,
+        };
+        let run = PluginRun::Decided {
+            verdict: Verdict::Accept,
+            outputs: vec![output.clone()],
+            version: "v1".into(),
+            fuel: None,
+        };
+        let s = decide(facts(&e, 0), run, &RetryPolicy::none());
+        assert_eq!(
+            s,
+            Settlement::Accept {
+                outputs: vec![output]
+            }
+        );
+        assert_eq!(s.outcome(), Outcome::Acked);
+    }
+
+    #[test]
+    fn retry_without_a_policy_is_dead_lettered_as_exhausted() {
+        let e = envelope(1, 0);
+        let s = decide(facts(&e, 0), retry("db down"), &RetryPolicy::none());
+        assert_eq!(
+            s,
+            Settlement::DeadLetter {
+                queue: "orders.new.dlq".into(),
+                reason: "exhausted 1 attempt: db down".into(),
+                outcome: Outcome::DeadLettered,
+            }
+        );
+    }
+
+    #[test]
+    fn short_waits_stay_in_the_consumer_and_long_ones_use_a_rung() {
+        let policy = two_minutes_of_tries();
+        let e = envelope(1, 0);
+        let s = decide(facts(&e, 0), retry("x"), &policy);
+        assert_eq!(
+            s,
+            Settlement::RetryInConsumer {
+                wait: Duration::from_secs(10),
+                reason: "x".into()
+            }
+        );
+        let e = envelope(3, 0);
+        let s = decide(facts(&e, 0), retry("x"), &policy);
+        assert_eq!(
+            s,
+            Settlement::RetryInBroker {
+                rung: "orders.new.retry.40s".into(),
+                delay: Duration::from_secs(40),
+                reason: "x".into()
+            }
+        );
+        assert_eq!(s.outcome(), Outcome::Retried);
+    }
+
+    #[test]
+    fn a_consumer_wait_is_jittered_by_the_policy_with_the_given_sample() {
+        let policy = RetryPolicy::fixed(3, Duration::from_secs(10)).with_jitter(0.2);
+        let e = envelope(1, 0);
+        let wait = |sample: f64| {
+            let facts = DeliveryFacts {
+                jitter_sample: sample,
+                ..facts(&e, 0)
+            };
+            match decide(facts, retry("x"), &policy) {
+                Settlement::RetryInConsumer { wait, .. } => wait,
+                other => panic!("expected a consumer wait, got {other:?}"),
+            }
+        };
+        assert_eq!(wait(0.0), policy.jittered(Duration::from_secs(10), 0.0));
+        assert_eq!(wait(0.99), policy.jittered(Duration::from_secs(10), 0.99));
+        assert_ne!(wait(0.0), wait(0.99), "the sample moves the wait");
+    }
+
+    #[test]
+    fn exhaustion_names_the_attempts() {
+        let policy = RetryPolicy::fixed(3, Duration::from_secs(1));
+        let e = envelope(3, 0);
+        let s = decide(facts(&e, 0), retry("still down"), &policy);
+        assert!(
+            matches!(&s, Settlement::DeadLetter { reason, .. } if reason == "exhausted 3 attempts: still down"),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn age_limit_gives_up_early() {
+        let policy =
+            RetryPolicy::fixed(5, Duration::from_secs(1)).give_up_after(Duration::from_secs(120));
+        let e = envelope(1, 1_000);
+        let s = decide(facts(&e, 121_000), retry("slow"), &policy);
+        assert!(
+            matches!(&s, Settlement::DeadLetter { reason, outcome: Outcome::DeadLettered, .. }
+            if reason.starts_with("exceeded the maximum message age of 2m")),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn reject_and_park_use_the_contract_wording() {
+        let e = envelope(1, 0);
+        let s = decide(
+            facts(&e, 0),
+            verdict(Verdict::Reject("missing field `total`".into())),
+            &RetryPolicy::none(),
+        );
+        assert_eq!(
+            s,
+            Settlement::DeadLetter {
+                queue: "orders.new.dlq".into(),
+                reason: "the handler rejected it: missing field `total`".into(),
+                outcome: Outcome::Rejected
+            }
+        );
+        let s = decide(
+            facts(&e, 0),
+            verdict(Verdict::Park(String::new())),
+            &RetryPolicy::none(),
+        );
+        assert_eq!(
+            s,
+            Settlement::Park {
+                queue: "orders.new.parked".into(),
+                reason: "the handler parked it: no reason given".into()
+            }
+        );
+        assert_eq!(s.outcome(), Outcome::Parked);
+    }
+
+    #[test]
+    fn a_fault_is_retried_under_the_policy() {
+        let e = envelope(1, 0);
+        let run = PluginRun::Faulted {
+            fault: Fault {
+                kind: FaultKind::Deadline,
+                reason: "deadline of 2s exceeded".into(),
+            },
+            version: "v1".into(),
+            fuel: None,
+        };
+        let s = decide(facts(&e, 0), run, &RetryPolicy::none());
+        assert!(
+            matches!(&s, Settlement::DeadLetter { reason, .. } if reason == "exhausted 1 attempt: deadline of 2s exceeded"),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn undecodable_bodies_are_parked_and_never_retried() {
+        let e = envelope(1, 0);
+        let run = PluginRun::Undecodable {
+            reason: "msgpack: invalid marker".into(),
+        };
+        assert_eq!(
+            decide(facts(&e, 0), run, &two_minutes_of_tries()),
+            Settlement::Park {
+                queue: "orders.new.parked".into(),
+                reason: "could not be decoded: msgpack: invalid marker".into()
+            }
+        );
+    }
+
+    #[test]
+    fn refused_outputs_and_host_failures_are_retried_under_the_policy() {
+        let e = envelope(1, 0);
+        let policy = two_minutes_of_tries();
+        let refused = PluginRun::OutputsRefused {
+            reason: "an output to 'x' could not be encoded: bad".into(),
+            version: "v1".into(),
+            fuel: None,
+        };
+        assert_eq!(
+            decide(facts(&e, 0), refused, &policy),
+            Settlement::RetryInConsumer {
+                wait: Duration::from_secs(10),
+                reason: "an output to 'x' could not be encoded: bad".into()
+            }
+        );
+        let host = PluginRun::HostFailed {
+            reason: "task panicked".into(),
+        };
+        assert_eq!(
+            decide(facts(&e, 0), host, &RetryPolicy::none()),
+            Settlement::DeadLetter {
+                queue: "orders.new.dlq".into(),
+                reason:
+                    "exhausted 1 attempt: the host failed while running the plugins: task panicked"
+                        .into(),
+                outcome: Outcome::DeadLettered,
+            }
+        );
+    }
+
+    #[test]
+    fn outputs_that_failed_turn_an_accept_into_a_retry() {
+        let e = envelope(1, 0);
+        let accepted = Settlement::Accept { outputs: vec![] };
+        let s = follow_up(
+            facts(&e, 0),
+            &accepted,
+            Setback::OutputsFailed("message m1 ... reached no queue".into()),
+            &two_minutes_of_tries(),
+        );
+        assert_eq!(
+            s,
+            Settlement::RetryInConsumer {
+                wait: Duration::from_secs(10),
+                reason: "publishing its outputs failed: message m1 ... reached no queue".into()
+            }
+        );
+        // Without a policy the same failure dead-letters, naming it.
+        let s = follow_up(
+            facts(&e, 0),
+            &accepted,
+            Setback::OutputsFailed("boom".into()),
+            &RetryPolicy::none(),
+        );
+        assert!(
+            matches!(&s, Settlement::DeadLetter { reason, .. } if reason == "exhausted 1 attempt: publishing its outputs failed: boom"),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn a_missing_rung_becomes_a_consumer_wait_of_the_rungs_delay() {
+        let e = envelope(3, 0);
+        let policy = two_minutes_of_tries();
+        let through_rung = decide(facts(&e, 0), retry("x"), &policy);
+        let s = follow_up(facts(&e, 0), &through_rung, Setback::RungMissing, &policy);
+        assert_eq!(
+            s,
+            Settlement::RetryInConsumer {
+                wait: Duration::from_secs(40),
+                reason: "x".into()
+            }
+        );
+    }
+
+    #[test]
+    fn failed_republishes_and_shutdown_during_a_wait_requeue() {
+        let e = envelope(1, 0);
+        let policy = two_minutes_of_tries();
+        let waiting = decide(facts(&e, 0), retry("x"), &policy);
+        for (setback, why) in [
+            (
+                Setback::RetryNotPublished("channel closed".into()),
+                "the retry was not published: channel closed",
+            ),
+            (
+                Setback::SetAsideFailed("no queue".into()),
+                "the set-aside was not published: no queue",
+            ),
+            (
+                Setback::ShutdownDuringWait,
+                "shutdown began during the retry wait",
+            ),
+        ] {
+            let s = follow_up(facts(&e, 0), &waiting, setback, &policy);
+            assert_eq!(s, Settlement::Requeue { why: why.into() });
+            assert_eq!(s.outcome(), Outcome::Retried);
+        }
+    }
+}

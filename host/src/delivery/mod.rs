@@ -1,0 +1,238 @@
+//! One message's life, from a delivery to its one settlement.
+//!
+//! The shape is the `topology/` folder's: plain vocabulary and pure
+//! decisions, and one file that talks to the broker through a small trait.
+//!
+//! - [`Pipeline`] (this file): one consumer's path for each delivery. It
+//!   reads the envelope, builds the handler's message, runs the plugins off
+//!   the async workers, decides, settles and counts.
+//! - [`plugins`]: decode, handle, encode; what that produced is a
+//!   [`PluginRun`].
+//! - [`decide`]: pure. The settlement for a plugin run, and what happens
+//!   instead when carrying one out hits a setback (outputs not confirmed,
+//!   rung missing, set-aside failed, shutdown during a wait).
+//! - [`settle`]: carries a settlement out through a broker port (a small
+//!   trait) and reports how it ended; unit-tested with a recording port.
+//! - [`metrics`]: the consumer's metric handles; a report is counted once.
+//!
+//! AMQP mechanics (subscribing, coalesced acks, confirmed publishing) live
+//! in `crate::broker`, which knows nothing of this module.
+
+pub mod decide;
+pub mod metrics;
+pub mod plugins;
+pub mod settle;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use lapin::BasicProperties;
+use tokio_util::sync::CancellationToken;
+
+pub use decide::{DeliveryFacts, Outcome, Settlement};
+pub use plugins::{PluginRun, run_plugins};
+use settle::{BrokerPort, Subject, Waited};
+
+use self::metrics::ConsumerMetrics;
+use crate::broker::publisher::{Publication, PublishError, Publisher};
+use crate::broker::subscription::{Receipt, Received};
+use crate::envelope::{self, Envelope};
+use crate::plugin::{CodecSet, HandlerSlot, Input};
+use crate::retry::RetryPolicy;
+use crate::telemetry::Metrics;
+
+/// What one consumer does with each of its deliveries.
+pub struct Pipeline {
+    queue: String,
+    policy: RetryPolicy,
+    handler: Arc<HandlerSlot>,
+    codecs: Arc<CodecSet>,
+    publisher: Arc<Publisher>,
+    metrics: ConsumerMetrics,
+    /// Cancelled when the host shuts down: ends a retry's consumer wait.
+    shutdown: CancellationToken,
+}
+
+/// What every consumer's pipeline shares.
+#[derive(Clone)]
+pub struct Shared {
+    pub codecs: Arc<CodecSet>,
+    pub publisher: Arc<Publisher>,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: CancellationToken,
+}
+
+impl Pipeline {
+    pub fn new(
+        queue: &str,
+        policy: RetryPolicy,
+        handler: Arc<HandlerSlot>,
+        shared: &Shared,
+    ) -> Self {
+        Self {
+            queue: queue.to_string(),
+            policy,
+            handler,
+            codecs: shared.codecs.clone(),
+            publisher: shared.publisher.clone(),
+            metrics: ConsumerMetrics::new(shared.metrics.clone(), queue),
+            shutdown: shared.shutdown.clone(),
+        }
+    }
+
+    /// One delivery, from its handler call to its settlement.
+    pub async fn handle(self: Arc<Self>, received: Received) {
+        let _in_flight = self.metrics.in_flight();
+        let queue = self.queue.as_str();
+        let Received {
+            exchange,
+            routing_key,
+            redelivered,
+            properties,
+            body,
+            receipt,
+            slot,
+        } = received;
+        let envelope = Arc::new(Envelope::read(&properties, routing_key.as_str(), now_ms()));
+        // Shared with the handler call and with any republish, never copied.
+        let body = Bytes::from(body);
+        let input = handler_input(
+            envelope.clone(),
+            &properties,
+            exchange.as_str(),
+            routing_key.as_str(),
+            redelivered,
+            body.clone(),
+        );
+
+        // Handler calls are synchronous wasm: run them where they cannot
+        // stall the runtime's workers (a call may run up to its deadline).
+        let handler = self.handler.clone();
+        let codecs = self.codecs.clone();
+        let called =
+            tokio::task::spawn_blocking(move || run_plugins(&handler, &codecs, input)).await;
+        // The concurrency bound is on plugin calls; settling waits on the broker.
+        drop(slot);
+        let run = called.unwrap_or_else(|join_error| {
+            // The host's own code panicked around the call. The delivery is
+            // still ours: it fails like any other, and the policy decides.
+            tracing::error!(queue, message_id = %envelope.id, error = %join_error, "handler task failed");
+            PluginRun::HostFailed {
+                reason: join_error.to_string(),
+            }
+        });
+        if let PluginRun::Faulted { fault, version, .. } = &run {
+            self.metrics.fault(fault.kind);
+            tracing::warn!(queue, message_id = %envelope.id, version = %version, fault = %fault, "handler failed");
+        }
+        if let Some(fuel) = run.fuel() {
+            self.metrics.fuel(fuel);
+        }
+
+        let port = OnBroker {
+            publisher: &self.publisher,
+            receipt: &receipt,
+            body: &body,
+            shutdown: &self.shutdown,
+        };
+        let facts = DeliveryFacts {
+            queue,
+            envelope: &envelope,
+            now_ms: port.now_ms(),
+            jitter_sample: port.jitter_sample(),
+        };
+        let settlement = decide::decide(facts, run, &self.policy);
+        let subject = Subject {
+            queue,
+            envelope: &envelope,
+            properties: &properties,
+        };
+        let report = settle::settle(&port, subject, &self.policy, settlement).await;
+        self.metrics.count(&report);
+    }
+}
+
+/// The message a handler is given for a delivery: its envelope (read once
+/// by the caller, and shared), the headers a plugin may see and the content
+/// type from its properties, and its body.
+pub fn handler_input(
+    envelope: Arc<Envelope>,
+    properties: &BasicProperties,
+    exchange: &str,
+    routing_key: &str,
+    redelivered: bool,
+    body: Bytes,
+) -> Input {
+    let headers = envelope::split_headers(properties);
+    Input {
+        envelope,
+        exchange: exchange.to_string(),
+        routing_key: routing_key.to_string(),
+        redelivered,
+        stream_offset: headers.stream_offset,
+        content_type: properties.content_type().as_ref().map(|c| c.to_string()),
+        headers: headers.visible,
+        body,
+    }
+}
+
+/// The port of one delivery on the real broker.
+struct OnBroker<'a> {
+    publisher: &'a Publisher,
+    receipt: &'a Receipt,
+    /// The delivery's body, for republishes.
+    body: &'a Bytes,
+    shutdown: &'a CancellationToken,
+}
+
+impl BrokerPort for OnBroker<'_> {
+    async fn publish(&self, outputs: Vec<Publication>) -> Result<(), PublishError> {
+        self.publisher.publish_all(outputs).await
+    }
+
+    async fn republish(
+        &self,
+        queue: &str,
+        properties: BasicProperties,
+    ) -> Result<(), PublishError> {
+        self.publisher
+            .publish(Publication {
+                exchange: String::new(),
+                routing_key: queue.to_string(),
+                body: self.body.to_vec(),
+                properties,
+            })
+            .await
+    }
+
+    async fn ack(&self) {
+        self.receipt.ack().await;
+    }
+
+    async fn requeue(&self) {
+        self.receipt.requeue().await;
+    }
+
+    async fn wait(&self, wait: Duration) -> Waited {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => Waited::Elapsed,
+            _ = self.shutdown.cancelled() => Waited::ShutDown,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        now_ms()
+    }
+
+    fn jitter_sample(&self) -> f64 {
+        rand::random::<f64>()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

@@ -1,0 +1,127 @@
+//! The plugins' part of one delivery: decode the body, call the handler,
+//! encode its outputs.
+//!
+//! Blocking (wasm calls run to their deadline): the pipeline runs
+//! [`run_plugins`] off the async runtime's workers. What it returns is a
+//! [`PluginRun`], plain data that `decide.rs` turns into a settlement.
+
+use std::sync::Arc;
+
+use crate::plugin::{CodecSet, Conversion, Fault, HandlerSlot, Input, Outgoing, Verdict};
+
+/// What running the plugins on one delivery produced.
+#[derive(Debug)]
+pub enum PluginRun {
+    /// Every codec claiming the content type refused the body; no handler ran.
+    Undecodable { reason: String },
+    /// The handler returned a verdict; for an accept, its outputs are
+    /// encoded and ready to publish (otherwise there are none).
+    Decided {
+        verdict: Verdict,
+        outputs: Vec<Outgoing>,
+        version: Arc<str>,
+        fuel: Option<u64>,
+    },
+    /// The handler call failed: trap, panic, deadline, memory, fuel.
+    Faulted {
+        fault: Fault,
+        version: Arc<str>,
+        fuel: Option<u64>,
+    },
+    /// The handler accepted, but a codec refused to encode one of its outputs.
+    OutputsRefused {
+        reason: String,
+        version: Arc<str>,
+        fuel: Option<u64>,
+    },
+    /// The host itself failed around the plugins (a bug of ours, not the
+    /// plugin's): the delivery fails like any other, so it is not lost.
+    HostFailed { reason: String },
+}
+
+impl PluginRun {
+    /// SHA-256 of the handler version that ran, if one did.
+    pub fn version(&self) -> Option<&Arc<str>> {
+        match self {
+            PluginRun::Decided { version, .. }
+            | PluginRun::Faulted { version, .. }
+            | PluginRun::OutputsRefused { version, .. } => Some(version),
+            PluginRun::Undecodable { .. } | PluginRun::HostFailed { .. } => None,
+        }
+    }
+
+    /// Fuel the handler call burned, when fuel metering is on.
+    pub fn fuel(&self) -> Option<u64> {
+        match self {
+            PluginRun::Decided { fuel, .. }
+            | PluginRun::Faulted { fuel, .. }
+            | PluginRun::OutputsRefused { fuel, .. } => *fuel,
+            PluginRun::Undecodable { .. } | PluginRun::HostFailed { .. } => None,
+        }
+    }
+}
+
+/// Runs codecs and the handler for one delivery: decode, handle, encode the
+/// outputs. Blocking: run it off the async runtime's workers.
+pub fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: Input) -> PluginRun {
+    match codecs.decode(input.content_type.as_deref(), &input.body) {
+        Conversion::Unclaimed => {}
+        Conversion::Converted { content_type, body } => {
+            input.content_type = Some(content_type);
+            input.body = body.into();
+        }
+        Conversion::Refused(reason) => return PluginRun::Undecodable { reason },
+    }
+    let invocation = handler.invoke(input);
+    let (version, fuel) = (invocation.version, invocation.fuel);
+    match invocation.result {
+        Ok(Verdict::Accept) => match encode_outputs(codecs, invocation.outputs) {
+            Ok(outputs) => PluginRun::Decided {
+                verdict: Verdict::Accept,
+                outputs,
+                version,
+                fuel,
+            },
+            Err(reason) => PluginRun::OutputsRefused {
+                reason,
+                version,
+                fuel,
+            },
+        },
+        // Only an accept publishes: whatever else was buffered is dropped.
+        Ok(verdict) => PluginRun::Decided {
+            verdict,
+            outputs: Vec::new(),
+            version,
+            fuel,
+        },
+        Err(fault) => PluginRun::Faulted {
+            fault,
+            version,
+            fuel,
+        },
+    }
+}
+
+fn encode_outputs(codecs: &CodecSet, outputs: Vec<Outgoing>) -> Result<Vec<Outgoing>, String> {
+    if codecs.is_empty() {
+        return Ok(outputs);
+    }
+    outputs
+        .into_iter()
+        .map(
+            |mut output| match codecs.encode(output.content_type.as_deref(), &output.body) {
+                Conversion::Unclaimed => Ok(output),
+                Conversion::Converted { content_type, body } => {
+                    output.content_type = Some(content_type);
+                    output.body = body;
+                    Ok(output)
+                }
+                Conversion::Refused(why) => Err(format!(
+                    "an output to '{}' could not be encoded: {why}",
+                    output.exchange
+                )),
+            },
+        )
+        .collect()
+}

@@ -1,0 +1,811 @@
+//! Carries out a delivery's settlement through a [`BrokerPort`], and
+//! reports how it ended.
+//!
+//! Every path ends in exactly one ack or one requeue of the delivery: an
+//! ack only after its work is confirmed (outputs published, or the copy to
+//! a retry rung, `.dlq` or `.parked` confirmed), a requeue when that copy
+//! could not be confirmed or shutdown interrupted a wait. What to do when a
+//! step fails is not decided here but by [`follow_up`] (decide.rs); this
+//! file only performs steps and notes what happened in a [`Report`], which
+//! the pipeline counts in metrics once.
+//!
+//! The port is the settlement's whole view of the outside world (the
+//! broker, the clock and the dice), so every path is unit-tested below with
+//! a recording double, as `topology/apply.rs` tests declarations.
+
+use std::time::Duration;
+
+use lapin::BasicProperties;
+
+use super::decide::{DeliveryFacts, Outcome, Setback, Settlement, follow_up};
+use crate::broker::publisher::{Publication, PublishError};
+use crate::envelope::{self, Envelope};
+use crate::plugin::Outgoing;
+use crate::retry::RetryPolicy;
+
+/// What carrying out a settlement needs from the broker (and the clock).
+///
+/// One port serves one delivery. Generic, not `dyn`: this is the hot path.
+/// Crate-private: its futures' `Send` bounds are those of the one real
+/// implementation, which the compiler sees at the call site.
+pub(crate) trait BrokerPort {
+    /// Publishes a handler's outputs (confirmed, mandatory): all of them
+    /// confirmed, or the first failure.
+    async fn publish(&self, outputs: Vec<Publication>) -> Result<(), PublishError>;
+    /// Publishes the delivery's own body to `queue` through the default
+    /// exchange (confirmed, mandatory).
+    async fn republish(&self, queue: &str, properties: BasicProperties)
+    -> Result<(), PublishError>;
+    /// Acknowledges the delivery (its work is done).
+    async fn ack(&self);
+    /// Gives the delivery back to its queue.
+    async fn requeue(&self);
+    /// Waits `wait`, unless shutdown begins first.
+    async fn wait(&self, wait: Duration) -> Waited;
+    /// Milliseconds since the Unix epoch.
+    fn now_ms(&self) -> u64;
+    /// A uniform sample in [0, 1) for retry jitter.
+    fn jitter_sample(&self) -> f64;
+}
+
+/// How a [`BrokerPort::wait`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    Elapsed,
+    ShutDown,
+}
+
+/// The delivery being settled, as the settlement reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct Subject<'a> {
+    pub queue: &'a str,
+    pub envelope: &'a Envelope,
+    /// The delivery's properties: every republish keeps them.
+    pub properties: &'a BasicProperties,
+}
+
+/// Where a retried delivery waited (the `where` label of
+/// `acemq.messages.retried.total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryPlace {
+    Consumer,
+    Broker,
+    /// Given back to its queue at once, attempt unchanged.
+    Requeued,
+}
+
+impl RetryPlace {
+    pub const ALL: [RetryPlace; 3] = [
+        RetryPlace::Consumer,
+        RetryPlace::Broker,
+        RetryPlace::Requeued,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryPlace::Consumer => "consumer",
+            RetryPlace::Broker => "broker",
+            RetryPlace::Requeued => "requeued",
+        }
+    }
+}
+
+/// How one delivery's settlement went: everything metrics count about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// The settlement that was carried out in the end.
+    pub outcome: Outcome,
+    /// Set when the delivery was retried.
+    pub retried: Option<RetryPlace>,
+    /// Set when a copy went to `.dlq` or `.parked` (the outcome says which).
+    pub set_aside: bool,
+    /// Broker retries that found their rung missing, by rung.
+    pub rung_missing: Option<String>,
+    /// A set-aside copy that was not confirmed, by target queue.
+    pub set_aside_failed: Option<String>,
+}
+
+/// A step that settled the delivery, and what it adds to the report.
+enum Done {
+    Acked,
+    Retried(RetryPlace),
+    SetAside,
+}
+
+/// Carries out `settlement`, and whatever [`follow_up`] decides when a step
+/// of it fails, until the delivery is acked or requeued.
+pub(crate) async fn settle(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    policy: &RetryPolicy,
+    settlement: Settlement,
+) -> Report {
+    let mut report = Report {
+        outcome: settlement.outcome(),
+        retried: None,
+        set_aside: false,
+        rung_missing: None,
+        set_aside_failed: None,
+    };
+    let mut settlement = settlement;
+    loop {
+        match carry_out(port, subject, &mut settlement).await {
+            Ok(done) => {
+                report.outcome = settlement.outcome();
+                match done {
+                    Done::Acked => {}
+                    Done::Retried(place) => report.retried = Some(place),
+                    Done::SetAside => report.set_aside = true,
+                }
+                return report;
+            }
+            Err(setback) => {
+                match (&setback, &settlement) {
+                    (Setback::RungMissing, Settlement::RetryInBroker { rung, .. }) => {
+                        report.rung_missing = Some(rung.clone());
+                    }
+                    (Setback::SetAsideFailed(_), Settlement::DeadLetter { queue, .. })
+                    | (Setback::SetAsideFailed(_), Settlement::Park { queue, .. }) => {
+                        report.set_aside_failed = Some(queue.clone());
+                    }
+                    _ => {}
+                }
+                let facts = DeliveryFacts {
+                    queue: subject.queue,
+                    envelope: subject.envelope,
+                    now_ms: port.now_ms(),
+                    jitter_sample: port.jitter_sample(),
+                };
+                // Never an accept again, and a requeue cannot fail: this ends.
+                settlement = follow_up(facts, &settlement, setback, policy);
+            }
+        }
+    }
+}
+
+/// One attempt at a settlement: it settled the delivery, or it hit a setback.
+///
+/// An accept's outputs are moved out of it (their bodies are not copied);
+/// a failed accept is followed up without them.
+async fn carry_out(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    settlement: &mut Settlement,
+) -> Result<Done, Setback> {
+    let queue = subject.queue;
+    let id = subject.envelope.id.as_str();
+    match settlement {
+        Settlement::Accept { outputs } => {
+            let now_ms = port.now_ms();
+            let publications = std::mem::take(outputs)
+                .into_iter()
+                .map(|o| output_publication(subject.envelope, o, now_ms))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(Setback::OutputsFailed)?;
+            if let Err(e) = port.publish(publications).await {
+                tracing::warn!(queue, message_id = id, error = %e, "outputs were not confirmed");
+                return Err(Setback::OutputsFailed(e.to_string()));
+            }
+            port.ack().await;
+            tracing::debug!(queue, message_id = id, "acked");
+            Ok(Done::Acked)
+        }
+        Settlement::RetryInConsumer { wait, reason } => {
+            if port.wait(*wait).await == Waited::ShutDown {
+                return Err(Setback::ShutdownDuringWait);
+            }
+            let properties = envelope::retry_properties(subject.properties, subject.envelope);
+            if let Err(e) = port.republish(queue, properties).await {
+                tracing::warn!(queue, message_id = id, error = %e, "retry republish failed; requeueing");
+                return Err(Setback::RetryNotPublished(e.to_string()));
+            }
+            port.ack().await;
+            tracing::info!(queue, message_id = id, wait = %humantime::format_duration(*wait), reason, "retried after waiting in the consumer");
+            Ok(Done::Retried(RetryPlace::Consumer))
+        }
+        Settlement::RetryInBroker { rung, reason, .. } => {
+            let properties = envelope::retry_properties(subject.properties, subject.envelope);
+            match port.republish(rung, properties).await {
+                Ok(()) => {
+                    port.ack().await;
+                    tracing::info!(queue, message_id = id, rung = %rung, reason = %reason, "retrying through the broker");
+                    Ok(Done::Retried(RetryPlace::Broker))
+                }
+                Err(PublishError::Unroutable { .. }) => {
+                    tracing::warn!(queue, rung = %rung, "retry rung missing; waiting in the consumer instead");
+                    Err(Setback::RungMissing)
+                }
+                Err(e) => {
+                    tracing::warn!(queue, message_id = id, error = %e, "retry republish failed; requeueing");
+                    Err(Setback::RetryNotPublished(e.to_string()))
+                }
+            }
+        }
+        Settlement::DeadLetter {
+            queue: target,
+            reason,
+            ..
+        }
+        | Settlement::Park {
+            queue: target,
+            reason,
+        } => {
+            let properties =
+                envelope::set_aside_properties(subject.properties, subject.envelope, reason);
+            if let Err(e) = port.republish(target, properties).await {
+                tracing::error!(queue, message_id = id, to = %target, error = %e, "set-aside publish failed; requeueing");
+                return Err(Setback::SetAsideFailed(e.to_string()));
+            }
+            port.ack().await;
+            tracing::warn!(queue, message_id = id, to = %target, reason = %reason, "set aside");
+            Ok(Done::SetAside)
+        }
+        Settlement::Requeue { why } => {
+            port.requeue().await;
+            tracing::debug!(queue, message_id = id, why = %why, "requeued");
+            Ok(Done::Retried(RetryPlace::Requeued))
+        }
+    }
+}
+
+/// A plugin's output as a new AceMQ message caused by `parent`.
+fn output_publication(
+    parent: &Envelope,
+    output: Outgoing,
+    now_ms: u64,
+) -> Result<Publication, String> {
+    let message_type = match &output.message_type {
+        Some(message_type) => message_type.clone(),
+        None => output.routing_key.clone(),
+    };
+    let child = Envelope::child_of(parent, message_type, envelope::default_origin(), now_ms);
+    let properties = envelope::outgoing_properties(
+        &child,
+        output.content_type.as_deref(),
+        output.persistent,
+        &output.headers,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Publication {
+        exchange: output.exchange,
+        routing_key: output.routing_key,
+        body: output.body,
+        properties,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+
+    use super::*;
+    use crate::delivery::decide::decide;
+    use crate::delivery::plugins::PluginRun;
+    use crate::plugin::Verdict;
+
+    const NOW_MS: u64 = 1_700_000_100_000;
+    const FIRST_SEEN_MS: u64 = 1_700_000_000_000;
+
+    /// What the settlement asked of the port, in order.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Call {
+        /// (exchange, routing key, envelope read back) of each output.
+        Publish(Vec<(String, String, Envelope)>),
+        /// Target queue, and the envelope read back off the properties.
+        Republish(String, Box<Envelope>),
+        Ack,
+        Requeue,
+        Wait(Duration),
+    }
+
+    /// A port that records every call and fails where it is told to.
+    #[derive(Default)]
+    struct Recorder {
+        calls: Mutex<Vec<Call>>,
+        /// Every output publish fails with this.
+        publish_fails: Option<PublishError>,
+        /// Republishes to these queues fail with these.
+        republish_fails: BTreeMap<String, PublishError>,
+        /// Shutdown begins during any wait.
+        shutting_down: bool,
+    }
+
+    impl Recorder {
+        fn calls(&self) -> Vec<Call> {
+            self.calls.lock().unwrap().clone()
+        }
+
+        fn record(&self, call: Call) {
+            self.calls.lock().unwrap().push(call);
+        }
+    }
+
+    fn read_back(properties: &BasicProperties) -> Envelope {
+        Envelope::read(properties, "", NOW_MS)
+    }
+
+    impl BrokerPort for Recorder {
+        async fn publish(&self, outputs: Vec<Publication>) -> Result<(), PublishError> {
+            self.record(Call::Publish(
+                outputs
+                    .iter()
+                    .map(|p| {
+                        (
+                            p.exchange.clone(),
+                            p.routing_key.clone(),
+                            read_back(&p.properties),
+                        )
+                    })
+                    .collect(),
+            ));
+            self.publish_fails.clone().map_or(Ok(()), Err)
+        }
+
+        async fn republish(
+            &self,
+            queue: &str,
+            properties: BasicProperties,
+        ) -> Result<(), PublishError> {
+            self.record(Call::Republish(
+                queue.to_string(),
+                Box::new(read_back(&properties)),
+            ));
+            self.republish_fails.get(queue).cloned().map_or(Ok(()), Err)
+        }
+
+        async fn ack(&self) {
+            self.record(Call::Ack);
+        }
+
+        async fn requeue(&self) {
+            self.record(Call::Requeue);
+        }
+
+        async fn wait(&self, wait: Duration) -> Waited {
+            self.record(Call::Wait(wait));
+            if self.shutting_down {
+                Waited::ShutDown
+            } else {
+                Waited::Elapsed
+            }
+        }
+
+        fn now_ms(&self) -> u64 {
+            NOW_MS
+        }
+
+        fn jitter_sample(&self) -> f64 {
+            0.5
+        }
+    }
+
+    /// A delivery at `attempt` with an application header and a content type.
+    fn delivered(attempt: u32) -> (Envelope, BasicProperties) {
+        let mut envelope = Envelope::new("order.created", "acemq@test", FIRST_SEEN_MS);
+        envelope.id = "message-1".into();
+        envelope.correlation_id = "correlation-1".into();
+        envelope.attempt = attempt;
+        let mut app = FieldTable::default();
+        app.insert(
+            "traceparent".into(),
+            AMQPValue::LongString(LongString::from("00-trace-01")),
+        );
+        let properties = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_headers(envelope.to_headers(&app));
+        (read_back(&properties), properties)
+    }
+
+    fn output(exchange: &str, routing_key: &str) -> Outgoing {
+        Outgoing {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            body: b"{}".to_vec(),
+            content_type: None,
+            headers: vec![],
+            message_type: None,
+            persistent: true,
+        }
+    }
+
+    fn verdict(verdict: Verdict, outputs: Vec<Outgoing>) -> PluginRun {
+        PluginRun::Decided {
+            verdict,
+            outputs,
+            version: "v1".into(),
+            fuel: None,
+        }
+    }
+
+    fn retry(reason: &str) -> PluginRun {
+        verdict(Verdict::Retry(reason.into()), vec![])
+    }
+
+    fn unroutable(routing_key: &str) -> PublishError {
+        PublishError::Unroutable {
+            id: "m1".into(),
+            exchange: String::new(),
+            routing_key: routing_key.into(),
+            reason: "no queue is bound to receive it".into(),
+        }
+    }
+
+    /// Decides and settles one delivery at `attempt` against `port`.
+    async fn run(
+        port: &Recorder,
+        attempt: u32,
+        plugins: PluginRun,
+        policy: &RetryPolicy,
+    ) -> Report {
+        let (envelope, properties) = delivered(attempt);
+        let facts = DeliveryFacts {
+            queue: "orders.new",
+            envelope: &envelope,
+            now_ms: NOW_MS,
+            jitter_sample: 0.5,
+        };
+        let settlement = decide(facts, plugins, policy);
+        let subject = Subject {
+            queue: "orders.new",
+            envelope: &envelope,
+            properties: &properties,
+        };
+        let report = settle(port, subject, policy, settlement).await;
+        let settled = port
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Ack | Call::Requeue))
+            .count();
+        assert_eq!(settled, 1, "exactly one ack or requeue: {:?}", port.calls());
+        report
+    }
+
+    fn report(outcome: Outcome) -> Report {
+        Report {
+            outcome,
+            retried: None,
+            set_aside: false,
+            rung_missing: None,
+            set_aside_failed: None,
+        }
+    }
+
+    /// Retries stay in the consumer up to 30 s, then use rungs; no jitter.
+    fn policy() -> RetryPolicy {
+        RetryPolicy::exponential(6, Duration::from_secs(10), Duration::from_secs(300))
+            .with_jitter(0.0)
+    }
+
+    #[tokio::test]
+    async fn accept_publishes_every_output_as_a_child_then_acks() {
+        let port = Recorder::default();
+        let outputs = vec![
+            output("orders.events", "order.accepted"),
+            output("audit", "order.seen"),
+        ];
+        let r = run(&port, 1, verdict(Verdict::Accept, outputs), &policy()).await;
+        assert_eq!(r, report(Outcome::Acked));
+        let (parent, _) = delivered(1);
+        let calls = port.calls();
+        let [Call::Publish(published), Call::Ack] = &calls[..] else {
+            panic!("publish then ack, got {calls:?}");
+        };
+        let routes: Vec<_> = published
+            .iter()
+            .map(|(e, k, _)| (e.as_str(), k.as_str()))
+            .collect();
+        assert_eq!(
+            routes,
+            [("orders.events", "order.accepted"), ("audit", "order.seen")]
+        );
+        for (_, key, child) in published {
+            assert_eq!(child.causation_id.as_deref(), Some(parent.id.as_str()));
+            assert_eq!(child.correlation_id, parent.correlation_id);
+            assert_eq!(
+                &child.message_type, key,
+                "the type defaults to the routing key"
+            );
+            assert_eq!(child.attempt, 1);
+            assert_eq!(child.first_seen_ms, NOW_MS);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_output_the_broker_refused_turns_the_accept_into_a_retry() {
+        let port = Recorder {
+            publish_fails: Some(PublishError::Unroutable {
+                id: "m1".into(),
+                exchange: "orders.events".into(),
+                routing_key: "nowhere".into(),
+                reason: "no queue is bound to receive it".into(),
+            }),
+            ..Recorder::default()
+        };
+        let accepted = verdict(Verdict::Accept, vec![output("orders.events", "nowhere")]);
+        let r = run(&port, 1, accepted, &policy()).await;
+        assert_eq!(
+            r,
+            Report {
+                retried: Some(RetryPlace::Consumer),
+                ..report(Outcome::Retried)
+            }
+        );
+        let calls = port.calls();
+        assert!(matches!(calls[0], Call::Publish(_)), "{calls:?}");
+        assert_eq!(calls[1], Call::Wait(Duration::from_secs(10)));
+        let Call::Republish(queue, copy) = &calls[2] else {
+            panic!("a retry republish, got {calls:?}");
+        };
+        assert_eq!((queue.as_str(), copy.attempt), ("orders.new", 2));
+        assert_eq!(calls[3..], [Call::Ack]);
+    }
+
+    #[tokio::test]
+    async fn an_output_with_a_reserved_header_is_never_published() {
+        let port = Recorder::default();
+        let mut bad = output("orders.events", "order.accepted");
+        bad.headers = vec![(
+            "x-acemq-attempt".into(),
+            crate::envelope::HeaderValue::Int(9),
+        )];
+        let r = run(
+            &port,
+            1,
+            verdict(Verdict::Accept, vec![bad]),
+            &RetryPolicy::none(),
+        )
+        .await;
+        assert_eq!(
+            r,
+            Report {
+                set_aside: true,
+                ..report(Outcome::DeadLettered)
+            }
+        );
+        let calls = port.calls();
+        let [Call::Republish(queue, copy), Call::Ack] = &calls[..] else {
+            panic!("nothing published, a dead letter, got {calls:?}");
+        };
+        assert_eq!(queue, "orders.new.dlq");
+        let error = copy.error.as_deref().unwrap_or_default();
+        assert!(
+            error.starts_with("exhausted 1 attempt: publishing its outputs failed: ")
+                && error.contains("x-acemq-attempt"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_short_retry_waits_in_the_consumer_then_republishes_to_its_queue() {
+        let port = Recorder::default();
+        let r = run(&port, 1, retry("db down"), &policy()).await;
+        assert_eq!(
+            r,
+            Report {
+                retried: Some(RetryPlace::Consumer),
+                ..report(Outcome::Retried)
+            }
+        );
+        let calls = port.calls();
+        assert_eq!(calls[0], Call::Wait(Duration::from_secs(10)));
+        let Call::Republish(queue, copy) = &calls[1] else {
+            panic!("{calls:?}");
+        };
+        let (original, _) = delivered(1);
+        assert_eq!(queue, "orders.new");
+        assert_eq!(copy.attempt, 2);
+        assert_eq!(copy.id, original.id, "a retry is the same message");
+        assert_eq!(copy.first_seen_ms, FIRST_SEEN_MS);
+        assert_eq!(copy.error, None);
+        assert_eq!(calls[2..], [Call::Ack]);
+    }
+
+    #[tokio::test]
+    async fn a_long_retry_goes_through_its_rung() {
+        let port = Recorder::default();
+        let r = run(&port, 3, retry("db down"), &policy()).await;
+        assert_eq!(
+            r,
+            Report {
+                retried: Some(RetryPlace::Broker),
+                ..report(Outcome::Retried)
+            }
+        );
+        let calls = port.calls();
+        let [Call::Republish(queue, copy), Call::Ack] = &calls[..] else {
+            panic!("{calls:?}");
+        };
+        assert_eq!((queue.as_str(), copy.attempt), ("orders.new.retry.40s", 4));
+    }
+
+    #[tokio::test]
+    async fn a_missing_rung_is_counted_and_the_wait_happens_in_the_consumer() {
+        let port = Recorder {
+            republish_fails: [(
+                "orders.new.retry.40s".to_string(),
+                unroutable("orders.new.retry.40s"),
+            )]
+            .into(),
+            ..Recorder::default()
+        };
+        let r = run(&port, 3, retry("db down"), &policy()).await;
+        assert_eq!(
+            r,
+            Report {
+                retried: Some(RetryPlace::Consumer),
+                rung_missing: Some("orders.new.retry.40s".into()),
+                ..report(Outcome::Retried)
+            }
+        );
+        let calls = port.calls();
+        let targets: Vec<_> = calls
+            .iter()
+            .map(|c| match c {
+                Call::Republish(queue, _) => format!("republish {queue}"),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            targets,
+            [
+                "republish orders.new.retry.40s",
+                "Wait(40s)",
+                "republish orders.new",
+                "Ack"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_retry_that_cannot_be_republished_is_requeued() {
+        let port = Recorder {
+            republish_fails: [(
+                "orders.new.retry.40s".to_string(),
+                PublishError::Unknown {
+                    id: "m1".into(),
+                    exchange: String::new(),
+                    routing_key: "orders.new.retry.40s".into(),
+                    reason: "channel closed".into(),
+                },
+            )]
+            .into(),
+            ..Recorder::default()
+        };
+        let r = run(&port, 3, retry("db down"), &policy()).await;
+        assert_eq!(
+            r,
+            Report {
+                retried: Some(RetryPlace::Requeued),
+                ..report(Outcome::Retried)
+            }
+        );
+        assert!(matches!(
+            port.calls()[..],
+            [Call::Republish(..), Call::Requeue]
+        ));
+    }
+
+    #[tokio::test]
+    async fn exhaustion_dead_letters_with_the_attempts_named() {
+        let port = Recorder::default();
+        let r = run(&port, 6, retry("still down"), &policy()).await;
+        assert_eq!(
+            r,
+            Report {
+                set_aside: true,
+                ..report(Outcome::DeadLettered)
+            }
+        );
+        let calls = port.calls();
+        let [Call::Republish(queue, copy), Call::Ack] = &calls[..] else {
+            panic!("{calls:?}");
+        };
+        assert_eq!(queue, "orders.new.dlq");
+        assert_eq!(
+            copy.error.as_deref(),
+            Some("exhausted 6 attempts: still down")
+        );
+        assert_eq!(copy.attempt, 6, "a set-aside copy keeps its attempt");
+    }
+
+    #[tokio::test]
+    async fn the_age_limit_dead_letters_before_the_attempts_run_out() {
+        let port = Recorder::default();
+        let policy = policy().give_up_after(Duration::from_secs(60));
+        let r = run(&port, 1, retry("slow"), &policy).await;
+        assert_eq!(r.outcome, Outcome::DeadLettered);
+        let calls = port.calls();
+        let [Call::Republish(queue, copy), Call::Ack] = &calls[..] else {
+            panic!("{calls:?}");
+        };
+        assert_eq!(queue, "orders.new.dlq");
+        let error = copy.error.as_deref().unwrap_or_default();
+        assert!(
+            error.starts_with("exceeded the maximum message age of 1m"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn reject_and_park_set_a_copy_aside_with_the_reason() {
+        for (plugins, queue, outcome, error) in [
+            (
+                verdict(Verdict::Reject("bad total".into()), vec![]),
+                "orders.new.dlq",
+                Outcome::Rejected,
+                "the handler rejected it: bad total",
+            ),
+            (
+                verdict(Verdict::Park("needs a human".into()), vec![]),
+                "orders.new.parked",
+                Outcome::Parked,
+                "the handler parked it: needs a human",
+            ),
+        ] {
+            let port = Recorder::default();
+            let r = run(&port, 2, plugins, &policy()).await;
+            assert_eq!(
+                r,
+                Report {
+                    set_aside: true,
+                    ..report(outcome)
+                }
+            );
+            let calls = port.calls();
+            let [Call::Republish(target, copy), Call::Ack] = &calls[..] else {
+                panic!("{calls:?}");
+            };
+            assert_eq!(target, queue);
+            assert_eq!(copy.error.as_deref(), Some(error));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_set_aside_that_fails_is_counted_and_requeued() {
+        let port = Recorder {
+            republish_fails: [(
+                "orders.new.parked".to_string(),
+                unroutable("orders.new.parked"),
+            )]
+            .into(),
+            ..Recorder::default()
+        };
+        let parked = verdict(Verdict::Park("odd".into()), vec![]);
+        let r = run(&port, 1, parked, &policy()).await;
+        assert_eq!(
+            r,
+            Report {
+                retried: Some(RetryPlace::Requeued),
+                set_aside_failed: Some("orders.new.parked".into()),
+                ..report(Outcome::Retried)
+            }
+        );
+        assert!(matches!(
+            port.calls()[..],
+            [Call::Republish(..), Call::Requeue]
+        ));
+    }
+
+    #[tokio::test]
+    async fn shutdown_during_a_consumer_wait_requeues_without_republishing() {
+        let port = Recorder {
+            shutting_down: true,
+            ..Recorder::default()
+        };
+        let r = run(&port, 1, retry("db down"), &policy()).await;
+        assert_eq!(
+            r,
+            Report {
+                retried: Some(RetryPlace::Requeued),
+                ..report(Outcome::Retried)
+            }
+        );
+        assert_eq!(
+            port.calls(),
+            [Call::Wait(Duration::from_secs(10)), Call::Requeue]
+        );
+    }
+}
