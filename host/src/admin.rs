@@ -191,7 +191,7 @@ impl Admin {
             .await
         {
             Ok(reports) => {
-                let refused = reports.iter().any(|r| r.outcome.is_refused());
+                let refused = reports.iter().any(|r| r.result.is_refused());
                 json(
                     if refused {
                         StatusCode::UNPROCESSABLE_ENTITY

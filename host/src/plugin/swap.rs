@@ -40,11 +40,11 @@ use crate::telemetry::{Metrics, PluginSwapLabels, PluginVersionLabels};
 /// (debounce), by what the last event said about the file:
 /// - renamed into place, or closed by its writer: it is complete; wait only
 ///   for the rest of the same burst of events;
-const SETTLE_COMPLETE: Duration = Duration::from_millis(10);
+const QUIET_COMPLETE: Duration = Duration::from_millis(10);
 /// - created, removed, attributes changed: something may follow;
-const SETTLE: Duration = Duration::from_millis(75);
+const QUIET: Duration = Duration::from_millis(75);
 /// - written but not yet closed (Linux reports closes): a copy is going on.
-const SETTLE_OPEN_FOR_WRITING: Duration = Duration::from_millis(500);
+const QUIET_OPEN_FOR_WRITING: Duration = Duration::from_millis(500);
 
 /// What asked for a reload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +83,7 @@ impl Trigger {
 
 /// How one consumer's reload ended.
 #[derive(Debug, Clone)]
-pub enum Outcome {
+pub enum ReloadResult {
     /// The new version serves every delivery from now on.
     Swapped {
         from: String,
@@ -103,17 +103,17 @@ pub enum Outcome {
     },
 }
 
-impl Outcome {
+impl ReloadResult {
     pub fn label(&self) -> &'static str {
         match self {
-            Outcome::Swapped { .. } => "swapped",
-            Outcome::Unchanged { .. } => "unchanged",
-            Outcome::Refused { .. } => "refused",
+            ReloadResult::Swapped { .. } => "swapped",
+            ReloadResult::Unchanged { .. } => "unchanged",
+            ReloadResult::Refused { .. } => "refused",
         }
     }
 
     pub fn is_refused(&self) -> bool {
-        matches!(self, Outcome::Refused { .. })
+        matches!(self, ReloadResult::Refused { .. })
     }
 }
 
@@ -122,7 +122,7 @@ impl Outcome {
 pub struct ReloadReport {
     pub queue: String,
     pub path: PathBuf,
-    pub outcome: Outcome,
+    pub result: ReloadResult,
 }
 
 impl ReloadReport {
@@ -131,11 +131,11 @@ impl ReloadReport {
         let mut json = serde_json::json!({
             "queue": self.queue,
             "path": self.path.display().to_string(),
-            "result": self.outcome.label(),
+            "result": self.result.label(),
         });
         let fields = json.as_object_mut().expect("an object");
-        match &self.outcome {
-            Outcome::Swapped {
+        match &self.result {
+            ReloadResult::Swapped {
                 from,
                 to,
                 took,
@@ -147,10 +147,10 @@ impl ReloadReport {
                 fields.insert("took_ms".into(), millis(*took).into());
                 fields.insert("from_cache".into(), (*from_cache).into());
             }
-            Outcome::Unchanged { sha256 } => {
+            ReloadResult::Unchanged { sha256 } => {
                 fields.insert("sha256".into(), sha256.as_str().into());
             }
-            Outcome::Refused {
+            ReloadResult::Refused {
                 sha256,
                 reason,
                 serving,
@@ -166,7 +166,7 @@ impl ReloadReport {
 
 /// A refused reload, kept for the admin endpoint.
 #[derive(Debug, Clone)]
-pub struct Refusal {
+pub struct RefusedReload {
     pub at: SystemTime,
     pub cause: Cause,
     pub sha256: Option<String>,
@@ -182,7 +182,7 @@ pub struct PluginStatus {
     pub size: usize,
     pub loaded_at: SystemTime,
     pub from_cache: bool,
-    pub last_refused: Option<Refusal>,
+    pub last_refused: Option<RefusedReload>,
 }
 
 impl PluginStatus {
@@ -217,7 +217,7 @@ struct Entry {
     slot: Arc<HandlerSlot>,
     /// Held for the whole of a reload: one reload per consumer at a time.
     reloading: tokio::sync::Mutex<()>,
-    last_refused: Mutex<Option<Refusal>>,
+    last_refused: Mutex<Option<RefusedReload>>,
 }
 
 /// A consumer name that matches no consumer.
@@ -337,12 +337,12 @@ impl Reloader {
             ))
         });
 
-        let outcome = match loaded {
-            Ok(None) => Outcome::Unchanged { sha256: serving },
+        let result = match loaded {
+            Ok(None) => ReloadResult::Unchanged { sha256: serving },
             Ok(Some((version, load_time))) => self.swap_in(entry, version, load_time, trigger),
             Err((sha256, error)) => self.refuse(entry, sha256, error, serving, trigger),
         };
-        if let Outcome::Unchanged { sha256 } = &outcome {
+        if let ReloadResult::Unchanged { sha256 } = &result {
             // A file event that changed nothing (a touch, our own rewrite of
             // the same bytes) is routine; an explicit request is worth a line.
             if trigger.cause == Cause::FileChanged {
@@ -354,7 +354,7 @@ impl Reloader {
         ReloadReport {
             queue: entry.queue.clone(),
             path: entry.path.clone(),
-            outcome,
+            result,
         }
     }
 
@@ -364,7 +364,7 @@ impl Reloader {
         version: Arc<HandlerVersion>,
         load_time: Duration,
         trigger: Trigger,
-    ) -> Outcome {
+    ) -> ReloadResult {
         let to = version.sha256.to_string();
         let from_cache = version.from_cache;
         // The swap itself: every delivery that loads the slot from here on
@@ -396,7 +396,7 @@ impl Reloader {
             from_cache,
             "plugin swapped"
         );
-        Outcome::Swapped {
+        ReloadResult::Swapped {
             from,
             to,
             took,
@@ -411,7 +411,7 @@ impl Reloader {
         error: PluginError,
         serving: String,
         trigger: Trigger,
-    ) -> Outcome {
+    ) -> ReloadResult {
         let reason = error.to_string();
         self.count(entry, "refused");
         tracing::warn!(
@@ -423,13 +423,13 @@ impl Reloader {
             reason = %reason,
             "plugin refused; the current version keeps serving"
         );
-        *entry.last_refused.lock().expect("poisoned") = Some(Refusal {
+        *entry.last_refused.lock().expect("poisoned") = Some(RefusedReload {
             at: SystemTime::now(),
             cause: trigger.cause,
             sha256: sha256.clone(),
             reason: reason.clone(),
         });
-        Outcome::Refused {
+        ReloadResult::Refused {
             sha256,
             reason,
             serving,
@@ -509,7 +509,7 @@ impl Reloader {
                 let _ = events.send(FileEvent {
                     consumers,
                     at: Instant::now(),
-                    settle: settle_after(&event.kind),
+                    quiet_for: quiet_for(&event.kind),
                 });
             }
         };
@@ -556,7 +556,7 @@ impl Reloader {
                     self.reload_entries(&all, Trigger::now(Cause::Signal)).await;
                 }
                 Some(first) = watched.recv() => {
-                    let Some((consumers, at)) = settle(first, &mut watched, &stop).await else {
+                    let Some((consumers, at)) = debounce(first, &mut watched, &stop).await else {
                         break;
                     };
                     let trigger = Trigger { cause: Cause::FileChanged, at };
@@ -573,7 +573,7 @@ struct FileEvent {
     consumers: Vec<usize>,
     at: Instant,
     /// How long to wait for more, were this the last event.
-    settle: Duration,
+    quiet_for: Duration,
 }
 
 /// Changes worth a reload: anything that can change the bytes at the path
@@ -587,25 +587,25 @@ fn is_change(kind: &EventKind) -> bool {
     }
 }
 
-fn settle_after(kind: &EventKind) -> Duration {
+fn quiet_for(kind: &EventKind) -> Duration {
     match kind {
         EventKind::Modify(ModifyKind::Name(_))
-        | EventKind::Access(AccessKind::Close(AccessMode::Write)) => SETTLE_COMPLETE,
-        EventKind::Modify(ModifyKind::Data(_)) => SETTLE_OPEN_FOR_WRITING,
-        _ => SETTLE,
+        | EventKind::Access(AccessKind::Close(AccessMode::Write)) => QUIET_COMPLETE,
+        EventKind::Modify(ModifyKind::Data(_)) => QUIET_OPEN_FOR_WRITING,
+        _ => QUIET,
     }
 }
 
 /// Debounce: collects events until the files have been quiet for as long as
-/// the last event asks ([`settle_after`]). Returns the consumers touched and
+/// the last event asks ([`quiet_for`]). Returns the consumers touched and
 /// when the first event came, or `None` on stop.
-async fn settle(
+async fn debounce(
     first: FileEvent,
     watched: &mut mpsc::UnboundedReceiver<FileEvent>,
     stop: &CancellationToken,
 ) -> Option<(Vec<usize>, Instant)> {
     let at = first.at;
-    let mut quiet = first.settle;
+    let mut quiet = first.quiet_for;
     let mut consumers: BTreeSet<usize> = first.consumers.into_iter().collect();
     loop {
         tokio::select! {
@@ -613,7 +613,7 @@ async fn settle(
             _ = stop.cancelled() => return None,
             next = watched.recv() => match next {
                 Some(event) => {
-                    quiet = event.settle;
+                    quiet = event.quiet_for;
                     consumers.extend(event.consumers);
                 }
                 None => break,
@@ -665,42 +665,42 @@ mod tests {
         let renamed = EventKind::Modify(ModifyKind::Name(RenameMode::To));
         let closed = EventKind::Access(AccessKind::Close(AccessMode::Write));
         let written = EventKind::Modify(ModifyKind::Data(DataChange::Any));
-        assert_eq!(settle_after(&renamed), SETTLE_COMPLETE);
-        assert_eq!(settle_after(&closed), SETTLE_COMPLETE);
-        assert_eq!(settle_after(&written), SETTLE_OPEN_FOR_WRITING);
-        assert_eq!(settle_after(&EventKind::Create(CreateKind::File)), SETTLE);
+        assert_eq!(quiet_for(&renamed), QUIET_COMPLETE);
+        assert_eq!(quiet_for(&closed), QUIET_COMPLETE);
+        assert_eq!(quiet_for(&written), QUIET_OPEN_FOR_WRITING);
+        assert_eq!(quiet_for(&EventKind::Create(CreateKind::File)), QUIET);
     }
 
     #[tokio::test]
-    async fn settle_merges_a_burst_and_waits_as_long_as_the_last_event_asks() {
+    async fn debounce_merges_a_burst_and_waits_as_long_as_the_last_event_asks() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();
-        let event = |consumers: Vec<usize>, settle| FileEvent {
+        let event = |consumers: Vec<usize>, quiet_for| FileEvent {
             consumers,
             at: Instant::now(),
-            settle,
+            quiet_for,
         };
         // Written, written, then closed: read soon after the close.
         let start = Instant::now();
-        tx.send(event(vec![1], SETTLE_OPEN_FOR_WRITING)).unwrap();
-        tx.send(event(vec![0, 1], SETTLE_COMPLETE)).unwrap();
-        let first = event(vec![2], SETTLE_OPEN_FOR_WRITING);
+        tx.send(event(vec![1], QUIET_OPEN_FOR_WRITING)).unwrap();
+        tx.send(event(vec![0, 1], QUIET_COMPLETE)).unwrap();
+        let first = event(vec![2], QUIET_OPEN_FOR_WRITING);
         let first_at = first.at;
-        let (consumers, at) = settle(first, &mut rx, &stop).await.unwrap();
+        let (consumers, at) = debounce(first, &mut rx, &stop).await.unwrap();
         assert_eq!(consumers, vec![0, 1, 2]);
         assert_eq!(at, first_at);
-        assert!(start.elapsed() < SETTLE, "{:?}", start.elapsed());
+        assert!(start.elapsed() < QUIET, "{:?}", start.elapsed());
 
         // Written and not closed: waits the long quiet period.
         let start = Instant::now();
-        settle(event(vec![0], SETTLE_OPEN_FOR_WRITING), &mut rx, &stop)
+        debounce(event(vec![0], QUIET_OPEN_FOR_WRITING), &mut rx, &stop)
             .await
             .unwrap();
-        assert!(start.elapsed() >= SETTLE_OPEN_FOR_WRITING);
+        assert!(start.elapsed() >= QUIET_OPEN_FOR_WRITING);
 
         stop.cancel();
         assert!(
-            settle(event(vec![0], SETTLE), &mut rx, &stop)
+            debounce(event(vec![0], QUIET), &mut rx, &stop)
                 .await
                 .is_none()
         );

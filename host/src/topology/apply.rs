@@ -80,18 +80,18 @@ pub fn to_amqp_value(value: &ArgValue) -> AMQPValue {
 
 /// Sends declarations somewhere: the broker in production, a recorder in tests.
 trait Declare {
-    async fn exchange(&self, decl: &ExchangeDecl) -> Result<(), Refusal>;
-    async fn queue(&self, decl: &QueueDecl) -> Result<(), Refusal>;
-    async fn binding(&self, decl: &BindingDecl) -> Result<(), Refusal>;
+    async fn exchange(&self, decl: &ExchangeDecl) -> Result<(), Declined>;
+    async fn queue(&self, decl: &QueueDecl) -> Result<(), Declined>;
+    async fn binding(&self, decl: &BindingDecl) -> Result<(), Declined>;
 }
 
 /// Why one declaration failed, before we know which declaration it was.
-struct Refusal {
+struct Declined {
     reply: String,
     source: Option<lapin::Error>,
 }
 
-impl Refusal {
+impl Declined {
     fn during(self, action: String) -> ApplyError {
         ApplyError {
             action,
@@ -101,7 +101,7 @@ impl Refusal {
     }
 }
 
-impl From<lapin::Error> for Refusal {
+impl From<lapin::Error> for Declined {
     fn from(error: lapin::Error) -> Self {
         // The broker's reply text already names the code and the reason;
         // lapin's own rendering would repeat the code in another spelling.
@@ -109,7 +109,7 @@ impl From<lapin::Error> for Refusal {
             ErrorKind::ProtocolError(amqp) => amqp.get_message().to_string(),
             _ => error.to_string(),
         };
-        Refusal {
+        Declined {
             reply,
             source: Some(error),
         }
@@ -151,7 +151,7 @@ async fn apply_with(
 struct OnBroker<'a>(&'a Connection);
 
 impl OnBroker<'_> {
-    async fn channel(&self) -> Result<Channel, Refusal> {
+    async fn channel(&self) -> Result<Channel, Declined> {
         Ok(self.0.create_channel().await?)
     }
 }
@@ -159,7 +159,7 @@ impl OnBroker<'_> {
 /// Closes a declaration's channel, unless the broker already did (a refusal
 /// closes it), and passes the declaration's own result on. A failed close
 /// after a declaration succeeded does not undo it, so it is only logged.
-async fn done(channel: Channel, result: lapin::Result<()>) -> Result<(), Refusal> {
+async fn done(channel: Channel, result: lapin::Result<()>) -> Result<(), Declined> {
     if channel.status().connected()
         && let Err(error) = channel.close(200, ShortString::from("OK")).await
     {
@@ -170,8 +170,8 @@ async fn done(channel: Channel, result: lapin::Result<()>) -> Result<(), Refusal
 
 /// A name as an AMQP short string, refused (rather than panicking in lapin)
 /// when it is longer than 255 bytes.
-fn short(what: &str, value: &str) -> Result<ShortString, Refusal> {
-    ShortString::try_new(value).map_err(|error| Refusal {
+fn short(what: &str, value: &str) -> Result<ShortString, Declined> {
+    ShortString::try_new(value).map_err(|error| Declined {
         reply: format!("the {what} cannot be sent: {error}"),
         source: None,
     })
@@ -187,7 +187,7 @@ fn lapin_kind(kind: ExchangeKind) -> lapin::ExchangeKind {
 }
 
 impl Declare for OnBroker<'_> {
-    async fn exchange(&self, e: &ExchangeDecl) -> Result<(), Refusal> {
+    async fn exchange(&self, e: &ExchangeDecl) -> Result<(), Declined> {
         let name = short("exchange name", &e.name)?;
         let options = ExchangeDeclareOptions {
             durable: e.durable,
@@ -206,7 +206,7 @@ impl Declare for OnBroker<'_> {
         done(channel, result).await
     }
 
-    async fn queue(&self, q: &QueueDecl) -> Result<(), Refusal> {
+    async fn queue(&self, q: &QueueDecl) -> Result<(), Declined> {
         let name = short("queue name", &q.name)?;
         let options = QueueDeclareOptions {
             durable: q.durable,
@@ -222,7 +222,7 @@ impl Declare for OnBroker<'_> {
         done(channel, result).await
     }
 
-    async fn binding(&self, b: &BindingDecl) -> Result<(), Refusal> {
+    async fn binding(&self, b: &BindingDecl) -> Result<(), Declined> {
         let queue = short("queue name", &b.queue)?;
         let exchange = short("exchange name", &b.exchange)?;
         let routing_key = short("routing key", &b.routing_key)?;
@@ -254,11 +254,11 @@ mod tests {
     }
 
     impl Recorder {
-        fn record(&self, what: String) -> Result<(), Refusal> {
+        fn record(&self, what: String) -> Result<(), Declined> {
             let refused = what == self.refuse;
             self.sent.borrow_mut().push(what);
             if refused {
-                return Err(Refusal {
+                return Err(Declined {
                     reply: "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue \
                             'orders.new' in vhost '/': received 'quorum' but current is 'classic'"
                         .into(),
@@ -270,13 +270,13 @@ mod tests {
     }
 
     impl Declare for Recorder {
-        async fn exchange(&self, e: &ExchangeDecl) -> Result<(), Refusal> {
+        async fn exchange(&self, e: &ExchangeDecl) -> Result<(), Declined> {
             self.record(format!("exchange {}", e.name))
         }
-        async fn queue(&self, q: &QueueDecl) -> Result<(), Refusal> {
+        async fn queue(&self, q: &QueueDecl) -> Result<(), Declined> {
             self.record(format!("queue {}", q.name))
         }
-        async fn binding(&self, b: &BindingDecl) -> Result<(), Refusal> {
+        async fn binding(&self, b: &BindingDecl) -> Result<(), Declined> {
             self.record(format!("binding {} <- {}", b.queue, b.exchange))
         }
     }
