@@ -4,7 +4,7 @@
 //!
 //! Two figures, measured in the same run: reusing pooled instances (the
 //! default) and a fresh instance per message (`isolation = "per-message"`).
-//! Targets (ARCHITECTURE.md §6): at most 2 µs and 10 µs per message.
+//! Targets (docs/targets.md, Performance): at most 2 µs and 10 µs per message.
 //!
 //! Run: `scripts/build-plugins && cargo bench -p acemq-host --bench dispatch`
 

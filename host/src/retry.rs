@@ -381,8 +381,8 @@ fn duration_from_nanos(nanos: u128) -> Duration {
     })
 }
 
-/// Access to the shared conformance fixture, read at test time from the
-/// checkout next to the repository (never copied, so it cannot drift).
+/// Access to the AceMQ contract fixture, the cross-language conformance file
+/// kept byte-for-byte in `tests/fixtures/acemq/` (see `tests/fixtures/README.md`).
 #[cfg(test)]
 pub(crate) mod contract_fixture {
     use std::time::Duration;
@@ -391,7 +391,7 @@ pub(crate) mod contract_fixture {
 
     pub const PATH: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/fixtures/acemq/contract-fixtures.json"
+        "/../tests/fixtures/acemq/contract-fixtures.json"
     );
 
     pub fn load() -> Value {

@@ -1,4 +1,4 @@
-//! Hot swap under load (ARCHITECTURE.md §6: new version serving <= 500 ms
+//! Hot swap under load (docs/targets.md, Performance: new version serving <= 500 ms
 //! after the file changes; throughput dip <= 10 % in the second of the swap).
 //!
 //! ```text

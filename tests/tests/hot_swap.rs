@@ -1,4 +1,4 @@
-//! Hot swap against a real broker (ARCHITECTURE.md §5): a handler plugin
+//! Hot swap against a real broker (docs/targets.md, Hot swap): a handler plugin
 //! replaced while messages flow loses nothing, handles nothing twice, never
 //! cancels the consumer, and switches versions at one point; a broken or
 //! wrong-world file is refused and the serving version keeps serving.

@@ -21,10 +21,11 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Connection, ExchangeKind};
 use serde_json::{Map, Value, json};
 
-/// The contract fixture, read where the design checkout keeps it (never copied).
+/// The AceMQ contract fixture, kept byte-for-byte in `tests/fixtures/acemq/`
+/// (see `tests/fixtures/README.md`).
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/fixtures/acemq/contract-fixtures.json"
+    "/fixtures/acemq/contract-fixtures.json"
 );
 
 /// The fixture's own prefix, replaced by a unique one in every test.

@@ -1,5 +1,5 @@
 //! Hot swap: replacing a consumer's handler plugin while the host runs
-//! (ARCHITECTURE.md §5).
+//! (docs/targets.md, Hot swap).
 //!
 //! A reload reads the plugin file, and unless its SHA-256 is the one already
 //! serving, compiles it on a blocking thread, type-checks it against the

@@ -1,4 +1,5 @@
-//! A PerfTest look-alike for acemq-host benchmarks (design: rabbitmq-and-lapin.md §3.3).
+//! A look-alike of RabbitMQ's PerfTest for acemq-host benchmarks (docs/targets.md):
+//! its short flags (`-C` count, `-s` size, `-c` confirm window, `-A` multi-ack) follow PerfTest's.
 //!
 //! ```text
 //! loadgen publish      --url URL --queue Q -C 20000 -s 1000 -c 500 --queue-type quorum
@@ -255,7 +256,8 @@ async fn declare(connection: &Connection, queue: &str, queue_type: QueueType) ->
             AMQPValue::LongString(LongString::from(kind)),
         );
     }
-    // Its own channel: a refused declaration closes the channel (§1.5).
+    // Its own channel: a refused declaration closes the channel, and lapin
+    // does not reopen one the broker closed (as in topology::apply).
     let channel = connection.create_channel().await?;
     channel
         .queue_declare(queue.into(), QueueDeclareOptions::durable(), arguments)
