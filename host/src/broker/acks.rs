@@ -25,18 +25,18 @@ use lapin::options::BasicAckOptions;
 use tokio::sync::Mutex;
 
 /// How long a ready delivery may wait for its ack to be sent.
-pub const ACK_LINGER: Duration = Duration::from_millis(5);
+const ACK_LINGER: Duration = Duration::from_millis(5);
 
 /// One `basic.ack` to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AckFrame {
-    pub delivery_tag: u64,
-    pub multiple: bool,
+struct AckFrame {
+    delivery_tag: u64,
+    multiple: bool,
 }
 
 /// Which deliveries of a channel are unsettled and which are ready to ack.
 #[derive(Debug, Default)]
-pub struct AckLedger {
+struct AckLedger {
     /// Received, and neither ready nor settled otherwise.
     unsettled: BTreeSet<u64>,
     /// Work done, ack not sent yet.
@@ -45,12 +45,12 @@ pub struct AckLedger {
 
 impl AckLedger {
     /// A delivery was received (it is unsettled until said otherwise).
-    pub fn received(&mut self, tag: u64) {
+    fn received(&mut self, tag: u64) {
         self.unsettled.insert(tag);
     }
 
     /// The delivery's work is done: it only needs its ack.
-    pub fn ready(&mut self, tag: u64) {
+    fn ready(&mut self, tag: u64) {
         if self.unsettled.remove(&tag) {
             self.ready.insert(tag);
         }
@@ -58,18 +58,18 @@ impl AckLedger {
 
     /// The delivery was settled another way (a nack already written), or
     /// will never be settled on this channel (it is left to the close).
-    pub fn forget(&mut self, tag: u64) {
+    fn forget(&mut self, tag: u64) {
         self.unsettled.remove(&tag);
     }
 
-    pub fn ready_count(&self) -> usize {
+    fn ready_count(&self) -> usize {
         self.ready.len()
     }
 
     /// The acks to send now: one `multiple` ack for the ready deliveries
     /// below the lowest unsettled one; with `everything`, also one single
     /// ack for each ready delivery above it. Taken acks leave the ledger.
-    pub fn take(&mut self, everything: bool) -> Vec<AckFrame> {
+    fn take(&mut self, everything: bool) -> Vec<AckFrame> {
         let mut frames = Vec::new();
         let below = match self.unsettled.first() {
             Some(&lowest) => {

@@ -105,10 +105,14 @@ pub struct DeliveryFacts<'a> {
 }
 
 impl DeliveryFacts<'_> {
-    /// Age of the message since it was first published. A first-seen in the
-    /// future (clock skew between hosts) counts as age zero.
+    /// Age of the message since it was first published.
     fn age(&self) -> Duration {
-        Duration::from_millis(self.now_ms.saturating_sub(self.envelope.first_seen_ms))
+        Duration::from_millis(self.envelope.age_ms(self.now_ms))
+    }
+
+    /// How long a retry waits in the consumer: the delay, jittered.
+    fn consumer_wait(&self, delay: Duration, policy: &RetryPolicy) -> Duration {
+        policy.wait_time(delay, WaitPlace::Consumer, self.jitter_sample)
     }
 }
 
@@ -196,7 +200,7 @@ pub fn follow_up(
         // instead, as every AceMQ library does.
         Setback::RungMissing => match failed {
             Settlement::RetryInBroker { delay, reason, .. } => Settlement::RetryInConsumer {
-                wait: policy.jittered(*delay, facts.jitter_sample),
+                wait: facts.consumer_wait(*delay, policy),
                 reason: reason.clone(),
             },
             other => requeue(format!("a retry rung was missing while settling {other:?}")),
@@ -217,7 +221,7 @@ fn retry_or_give_up(facts: DeliveryFacts<'_>, reason: String, policy: &RetryPoli
             delay,
             place: WaitPlace::Consumer,
         } => Settlement::RetryInConsumer {
-            wait: policy.jittered(delay, facts.jitter_sample),
+            wait: facts.consumer_wait(delay, policy),
             reason,
         },
         Decision::Wait {
@@ -232,7 +236,7 @@ fn retry_or_give_up(facts: DeliveryFacts<'_>, reason: String, policy: &RetryPoli
             // Policies with such delays are refused when the config loads;
             // should one get here anyway, waiting in the consumer loses nothing.
             Err(_) => Settlement::RetryInConsumer {
-                wait: policy.jittered(delay, facts.jitter_sample),
+                wait: facts.consumer_wait(delay, policy),
                 reason,
             },
         },

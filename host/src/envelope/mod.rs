@@ -225,9 +225,8 @@ impl Envelope {
     /// Milliseconds since the message was first seen; 0 when first-seen lies
     /// in the future (another machine's clock), so a skewed clock reads as a
     /// young message rather than an old one.
-    #[cfg(test)]
     #[must_use]
-    pub(crate) fn age_ms(&self, now_ms: u64) -> u64 {
+    pub fn age_ms(&self, now_ms: u64) -> u64 {
         now_ms.saturating_sub(self.first_seen_ms)
     }
 }

@@ -33,7 +33,7 @@ pub fn inspect_file(path: &Path) -> Result<String, PluginError> {
     Ok(render(path, &facts))
 }
 
-pub fn inspect_bytes(path: &Path, bytes: &[u8]) -> Result<PluginFacts, PluginError> {
+fn inspect_bytes(path: &Path, bytes: &[u8]) -> Result<PluginFacts, PluginError> {
     if !wasmparser::Parser::is_component(bytes) {
         let what = if wasmparser::Parser::is_core_wasm(bytes) {
             "is a core WebAssembly module, not a component; build it with scripts/build-plugins \

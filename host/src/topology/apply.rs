@@ -65,7 +65,7 @@ pub fn to_field_table(arguments: &Arguments) -> FieldTable {
 }
 
 /// One argument value as lapin sends it; see [`to_field_table`].
-pub fn to_amqp_value(value: &ArgValue) -> AMQPValue {
+fn to_amqp_value(value: &ArgValue) -> AMQPValue {
     match value {
         ArgValue::Str(s) => AMQPValue::LongString(LongString::from(s.as_str())),
         ArgValue::Int(i) => AMQPValue::LongLongInt(*i),
