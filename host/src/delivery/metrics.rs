@@ -172,39 +172,29 @@ mod tests {
 
     use super::*;
 
-    fn report(outcome: Outcome) -> Report {
-        Report {
-            outcome,
-            retried: None,
-            set_aside: false,
-            rung_missing: None,
-            set_aside_failed: None,
-        }
-    }
-
     #[test]
     fn a_report_is_counted_in_every_series_it_concerns() {
         let metrics = Arc::new(Metrics::new());
         let consumer = ConsumerMetrics::new(metrics.clone(), "orders.new");
-        consumer.count(&report(Outcome::Acked));
-        consumer.count(&report(Outcome::Acked));
+        consumer.count(&Report::new(Outcome::Acked));
+        consumer.count(&Report::new(Outcome::Acked));
         consumer.count(&Report {
             retried: Some(RetryPlace::Consumer),
             rung_missing: Some("orders.new.retry.40s".into()),
-            ..report(Outcome::Retried)
+            ..Report::new(Outcome::Retried)
         });
         consumer.count(&Report {
             set_aside: true,
-            ..report(Outcome::Parked)
+            ..Report::new(Outcome::Parked)
         });
         consumer.count(&Report {
             set_aside: true,
-            ..report(Outcome::Rejected)
+            ..Report::new(Outcome::Rejected)
         });
         consumer.count(&Report {
             retried: Some(RetryPlace::Requeued),
             set_aside_failed: Some("orders.new.dlq".into()),
-            ..report(Outcome::Retried)
+            ..Report::new(Outcome::Retried)
         });
         assert_eq!(metrics.consumed_count("orders.new", "acked"), 2);
         assert_eq!(metrics.consumed_count("orders.new", "retried"), 2);

@@ -105,6 +105,19 @@ pub struct Report {
     pub set_aside_failed: Option<String>,
 }
 
+impl Report {
+    /// A delivery that ended in `outcome`, with nothing else to count yet.
+    pub fn new(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            retried: None,
+            set_aside: false,
+            rung_missing: None,
+            set_aside_failed: None,
+        }
+    }
+}
+
 /// A step that settled the delivery, and what it adds to the report.
 enum Done {
     Acked,
@@ -120,13 +133,7 @@ pub(crate) async fn settle(
     policy: &RetryPolicy,
     settlement: Settlement,
 ) -> Report {
-    let mut report = Report {
-        outcome: settlement.outcome(),
-        retried: None,
-        set_aside: false,
-        rung_missing: None,
-        set_aside_failed: None,
-    };
+    let mut report = Report::new(settlement.outcome());
     let mut settlement = settlement;
     loop {
         match carry_out(port, subject, &mut settlement).await {
@@ -463,13 +470,12 @@ mod tests {
         report
     }
 
-    fn report(outcome: Outcome) -> Report {
-        Report {
-            outcome,
-            retried: None,
-            set_aside: false,
-            rung_missing: None,
-            set_aside_failed: None,
+    /// The one copy the settlement republished to `queue` before its ack,
+    /// read back; panics naming the calls when that is not what happened.
+    fn copy_to(port: &Recorder, queue: &str) -> Envelope {
+        match &port.calls()[..] {
+            [Call::Republish(target, copy), Call::Ack] if target == queue => (**copy).clone(),
+            calls => panic!("expected one republish to {queue}, then an ack; got {calls:?}"),
         }
     }
 
@@ -487,7 +493,7 @@ mod tests {
             output("audit", "order.seen"),
         ];
         let r = run(&port, 1, verdict(Verdict::Accept, outputs), &policy()).await;
-        assert_eq!(r, report(Outcome::Acked));
+        assert_eq!(r, Report::new(Outcome::Acked));
         let (parent, _) = delivered(1);
         let calls = port.calls();
         let [Call::Publish(published), Call::Ack] = &calls[..] else {
@@ -530,7 +536,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Consumer),
-                ..report(Outcome::Retried)
+                ..Report::new(Outcome::Retried)
             }
         );
         let calls = port.calls();
@@ -562,14 +568,10 @@ mod tests {
             r,
             Report {
                 set_aside: true,
-                ..report(Outcome::DeadLettered)
+                ..Report::new(Outcome::DeadLettered)
             }
         );
-        let calls = port.calls();
-        let [Call::Republish(queue, copy), Call::Ack] = &calls[..] else {
-            panic!("nothing published, a dead letter, got {calls:?}");
-        };
-        assert_eq!(queue, "orders.new.dlq");
+        let copy = copy_to(&port, "orders.new.dlq");
         let error = copy.error.as_deref().unwrap_or_default();
         assert!(
             error.starts_with("exhausted 1 attempt: publishing its outputs failed: ")
@@ -586,7 +588,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Consumer),
-                ..report(Outcome::Retried)
+                ..Report::new(Outcome::Retried)
             }
         );
         let calls = port.calls();
@@ -611,14 +613,10 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Broker),
-                ..report(Outcome::Retried)
+                ..Report::new(Outcome::Retried)
             }
         );
-        let calls = port.calls();
-        let [Call::Republish(queue, copy), Call::Ack] = &calls[..] else {
-            panic!("{calls:?}");
-        };
-        assert_eq!((queue.as_str(), copy.attempt), ("orders.new.retry.40s", 4));
+        assert_eq!(copy_to(&port, "orders.new.retry.40s").attempt, 4);
     }
 
     #[tokio::test]
@@ -637,7 +635,7 @@ mod tests {
             Report {
                 retried: Some(RetryPlace::Consumer),
                 rung_missing: Some("orders.new.retry.40s".into()),
-                ..report(Outcome::Retried)
+                ..Report::new(Outcome::Retried)
             }
         );
         let calls = port.calls();
@@ -679,7 +677,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Requeued),
-                ..report(Outcome::Retried)
+                ..Report::new(Outcome::Retried)
             }
         );
         assert!(matches!(
@@ -696,14 +694,10 @@ mod tests {
             r,
             Report {
                 set_aside: true,
-                ..report(Outcome::DeadLettered)
+                ..Report::new(Outcome::DeadLettered)
             }
         );
-        let calls = port.calls();
-        let [Call::Republish(queue, copy), Call::Ack] = &calls[..] else {
-            panic!("{calls:?}");
-        };
-        assert_eq!(queue, "orders.new.dlq");
+        let copy = copy_to(&port, "orders.new.dlq");
         assert_eq!(
             copy.error.as_deref(),
             Some("exhausted 6 attempts: still down")
@@ -717,11 +711,7 @@ mod tests {
         let policy = policy().give_up_after(Duration::from_secs(60));
         let r = run(&port, 1, retry("slow"), &policy).await;
         assert_eq!(r.outcome, Outcome::DeadLettered);
-        let calls = port.calls();
-        let [Call::Republish(queue, copy), Call::Ack] = &calls[..] else {
-            panic!("{calls:?}");
-        };
-        assert_eq!(queue, "orders.new.dlq");
+        let copy = copy_to(&port, "orders.new.dlq");
         let error = copy.error.as_deref().unwrap_or_default();
         assert!(
             error.starts_with("exceeded the maximum message age of 1m"),
@@ -751,14 +741,10 @@ mod tests {
                 r,
                 Report {
                     set_aside: true,
-                    ..report(outcome)
+                    ..Report::new(outcome)
                 }
             );
-            let calls = port.calls();
-            let [Call::Republish(target, copy), Call::Ack] = &calls[..] else {
-                panic!("{calls:?}");
-            };
-            assert_eq!(target, queue);
+            let copy = copy_to(&port, queue);
             assert_eq!(copy.error.as_deref(), Some(error));
         }
     }
@@ -780,7 +766,7 @@ mod tests {
             Report {
                 retried: Some(RetryPlace::Requeued),
                 set_aside_failed: Some("orders.new.parked".into()),
-                ..report(Outcome::Retried)
+                ..Report::new(Outcome::Retried)
             }
         );
         assert!(matches!(
@@ -800,7 +786,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Requeued),
-                ..report(Outcome::Retried)
+                ..Report::new(Outcome::Retried)
             }
         );
         assert_eq!(
