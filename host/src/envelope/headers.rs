@@ -6,9 +6,8 @@
 
 use lapin::types::{AMQPValue, ByteArray, FieldTable, ShortString};
 
+use super::amqp::{integer_value, long_string};
 use super::is_reserved;
-use super::properties::long_string;
-use super::read::integer_value;
 
 /// AMQP short strings (header names, `message-id`, `content-type`) carry a
 /// one-byte length.

@@ -24,12 +24,16 @@
 //!   republish ([`retry_properties`], [`set_aside_properties`]) and of every
 //!   plugin output ([`outgoing_properties`]), and [`Envelope::to_headers`],
 //!   which writes the envelope into them.
+//! * `amqp.rs`, for the three above: the AMQP value conversions they share
+//!   (integers of any width, long and short strings), so none of them
+//!   depends on another in a circle.
 //!
 //! Reading is tolerant and writing is strict; `read.rs` and `properties.rs`
 //! each say why.
 
 use std::sync::OnceLock;
 
+mod amqp;
 mod headers;
 mod properties;
 mod read;

@@ -9,8 +9,9 @@
 //! integers, absent optional fields omitted rather than written empty.
 
 use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable};
 
+use super::amqp::{long_string, short_string};
 use super::headers::{
     HeaderError, HeaderValue, check_plugin_headers, plugin_headers_to_table, preview,
 };
@@ -191,20 +192,10 @@ pub fn outgoing_properties(
     Ok(properties)
 }
 
-/// Every string this host writes into a header table is a long string (see
-/// [`HeaderValue::to_amqp`] for why); plugin headers and the envelope share it.
-pub(super) fn long_string(value: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(value))
-}
-
-/// `None` when the value is too long for a short string, so the caller can
-/// leave the property out or refuse it where lapin's `From` would panic.
-fn short_string(value: &str) -> Option<ShortString> {
-    ShortString::try_new(value).ok()
-}
-
 #[cfg(test)]
 mod tests {
+    use lapin::types::ShortString;
+
     use super::*;
     use crate::envelope::test_support::*;
     use crate::envelope::{DEFAULT_MESSAGE_TYPE, NO_REASON, default_origin};

@@ -10,6 +10,7 @@
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
+use super::amqp::integer_value;
 use super::headers::HeaderValue;
 use super::{Envelope, header, is_reserved, non_empty, or_default_type};
 
@@ -228,21 +229,6 @@ fn integer(value: &AMQPValue) -> Option<i128> {
         other => return integer_value(other),
     };
     std::str::from_utf8(digits).ok()?.trim().parse().ok()
-}
-
-/// The value of an AMQP integer type, `None` for every other type.
-pub(super) fn integer_value(value: &AMQPValue) -> Option<i128> {
-    Some(match *value {
-        AMQPValue::ShortShortInt(n) => n.into(),
-        AMQPValue::ShortShortUInt(n) => n.into(),
-        AMQPValue::ShortInt(n) => n.into(),
-        AMQPValue::ShortUInt(n) => n.into(),
-        AMQPValue::LongInt(n) => n.into(),
-        AMQPValue::LongUInt(n) => n.into(),
-        AMQPValue::LongLongInt(n) => n.into(),
-        AMQPValue::Timestamp(n) => n.into(),
-        _ => return None,
-    })
 }
 
 /// `x-acemq-first-seen` as epoch milliseconds. An AMQP timestamp counts

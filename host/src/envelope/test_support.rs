@@ -7,7 +7,7 @@ use lapin::types::generation::gen_field_table;
 use lapin::types::parsing::parse_field_table;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 
-use super::properties::long_string;
+use super::amqp::long_string;
 use super::{Envelope, is_reserved};
 
 pub(super) const NOW: u64 = 1_770_091_506_789;
