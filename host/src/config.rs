@@ -13,6 +13,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::broker::address::{BrokerUrl, redact_url};
+
 /// Environment variable that overrides `[broker] url`.
 pub const URL_ENV: &str = "ACEMQ_URL";
 
@@ -42,17 +44,32 @@ pub struct Config {
 }
 
 /// `[broker]`: where to connect.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BrokerConfig {
-    /// AMQP URL; `ACEMQ_URL` wins when set.
-    pub url: Option<String>,
+    /// AMQP URL; `ACEMQ_URL` wins when set. Holds the password: read it
+    /// through [`LoadedConfig::broker_url`], which shows it masked.
+    pub url: Option<Spanned<String>>,
     /// How long to keep trying to reach the broker at start before giving up.
     #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Name shown for this connection in the broker's management UI.
     #[serde(default = "defaults::connection_name")]
     pub connection_name: String,
+}
+
+// By hand, so that a config printed with `{:?}` never shows the password.
+impl fmt::Debug for BrokerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BrokerConfig")
+            .field(
+                "url",
+                &self.url.as_ref().map(|url| redact_url(url.get_ref())),
+            )
+            .field("connect_timeout", &self.connect_timeout)
+            .field("connection_name", &self.connection_name)
+            .finish()
+    }
 }
 
 impl Default for BrokerConfig {
@@ -299,7 +316,12 @@ impl LoadedConfig {
             line: None,
             message: format!("cannot read the config file: {e}"),
         })?;
-        Self::parse(path, text)
+        let loaded = Self::parse(path, text)?;
+        // The URL is checked here, before anything connects, so a bad one
+        // is a config error (exit 2) rather than a connection that fails
+        // over and over.
+        loaded.configured_broker_url(url_from_env())?;
+        Ok(loaded)
     }
 
     /// Parses and checks config text; `path` is used for messages and to
@@ -340,16 +362,33 @@ impl LoadedConfig {
     }
 
     /// The broker URL: `ACEMQ_URL`, else `[broker] url`.
-    pub fn broker_url(&self) -> Result<String, ConfigError> {
-        if let Ok(url) = std::env::var(URL_ENV)
-            && !url.trim().is_empty()
-        {
-            return Ok(url);
-        }
-        self.config.broker.url.clone().ok_or_else(|| {
+    pub fn broker_url(&self) -> Result<BrokerUrl, ConfigError> {
+        self.configured_broker_url(url_from_env())?
+            .ok_or_else(|| {
+                self.error_at(
+                    None,
+                    format!("broker.url: no broker URL; set [broker] url or the {URL_ENV} environment variable"),
+                )
+            })
+    }
+
+    /// The broker URL from `env` (the value of `ACEMQ_URL`), else from
+    /// `[broker] url`; `None` when neither sets one. An invalid URL is an
+    /// error naming where it came from, never its text.
+    fn configured_broker_url(&self, env: Option<String>) -> Result<Option<BrokerUrl>, ConfigError> {
+        let (text, key, at) = match (env, &self.config.broker.url) {
+            (Some(text), _) => (text, URL_ENV.to_string(), None),
+            (None, Some(url)) => (
+                url.get_ref().clone(),
+                "broker.url".to_string(),
+                Some(url.span().start),
+            ),
+            (None, None) => return Ok(None),
+        };
+        BrokerUrl::parse(&text).map(Some).map_err(|e| {
             self.error_at(
-                None,
-                format!("broker.url: no broker URL; set [broker] url or the {URL_ENV} environment variable"),
+                at,
+                format!("{key}: the broker URL is invalid: {e} (the URL is not shown, as it may hold a password)"),
             )
         })
     }
@@ -412,22 +451,11 @@ fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
-/// The URL with any password replaced, safe for logs.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let (authority, tail) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}{tail}")
-        }
-        None => url.to_string(),
-    }
+/// The value of `ACEMQ_URL`, unless it is unset or blank.
+fn url_from_env() -> Option<String> {
+    std::env::var(URL_ENV)
+        .ok()
+        .filter(|url| !url.trim().is_empty())
 }
 
 #[cfg(test)]
@@ -493,11 +521,51 @@ mod tests {
     }
 
     #[test]
-    fn redaction_hides_the_password_only() {
-        assert_eq!(
-            redact_url("amqp://guest:secret@localhost:5672/%2f"),
-            "amqp://guest:***@localhost:5672/%2f"
+    fn the_environment_url_wins_over_the_file() {
+        let loaded = parse("[broker]\nurl = \"amqp://file-host\"\n").unwrap();
+        let url = loaded
+            .configured_broker_url(Some("amqp://u:pw@env-host/".into()))
+            .unwrap();
+        assert_eq!(url.unwrap().to_string(), "amqp://u:***@env-host/");
+        let url = loaded.configured_broker_url(None).unwrap();
+        assert_eq!(url.unwrap().to_string(), "amqp://file-host");
+    }
+
+    #[test]
+    fn an_invalid_url_in_the_file_names_its_key_and_line_not_its_text() {
+        let loaded =
+            parse("[broker]\nconnection_name = \"x\"\nurl = \"amqp:guest:s3cret@h\"\n").unwrap();
+        let err = loaded.configured_broker_url(None).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "host.toml:3: broker.url: the broker URL is invalid: there is no '//'"
+            ),
+            "{text}"
         );
-        assert_eq!(redact_url("amqp://localhost"), "amqp://localhost");
+        assert!(!text.contains("s3cret"), "{text}");
+        assert!(!format!("{:?}", loaded.config.broker).contains("s3cret"));
+    }
+
+    #[test]
+    fn an_invalid_url_in_the_environment_names_the_variable_not_its_text() {
+        let loaded = parse("").unwrap();
+        let err = loaded
+            .configured_broker_url(Some("amqp://guest:pa/ss-s3cret@127.0.0.1:1/%2f".into()))
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "host.toml: ACEMQ_URL: the broker URL is invalid: invalid port number"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("s3cret"), "{text}");
+    }
+
+    #[test]
+    fn no_url_at_all_is_not_an_error_until_one_is_needed() {
+        let loaded = parse("").unwrap();
+        assert!(loaded.configured_broker_url(None).unwrap().is_none());
     }
 }

@@ -7,10 +7,12 @@
 //! other way round.
 
 pub mod acks;
+pub mod address;
 pub mod connection;
 pub mod publisher;
 pub mod subscription;
 
+pub use address::{BrokerUrl, UrlError};
 pub use connection::connect;
 pub use publisher::{PublishError, Publisher};
 pub use subscription::{Receipt, Received, SubscriptionEnv, SubscriptionSpec};

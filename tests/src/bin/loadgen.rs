@@ -52,6 +52,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use tokio_util::sync::CancellationToken;
 
 use acemq_host::app;
+use acemq_host::broker::BrokerUrl;
 use acemq_host::config::LoadedConfig;
 use acemq_host::telemetry::Metrics;
 
@@ -175,12 +176,16 @@ fn main() -> Result<()> {
 }
 
 async fn connect(url: &str, name: &str) -> Result<Connection> {
-    Connection::connect(
-        url,
+    // Parsed as the host parses it, so that neither an invalid URL nor
+    // lapin's errors (which repeat a URL it parsed itself) show the password.
+    let url =
+        BrokerUrl::parse(url).map_err(|e| anyhow!("--url: the broker URL is invalid: {e}"))?;
+    Connection::connect_uri(
+        url.amqp_uri(),
         ConnectionProperties::default().with_connection_name(name.into()),
     )
     .await
-    .with_context(|| format!("connecting to {}", acemq_host::config::redact_url(url)))
+    .map_err(|e| anyhow!("connecting to {url}: {}", url.scrub(&e.to_string())))
 }
 
 // ---------------------------------------------------------------- publish
