@@ -64,6 +64,9 @@ pub struct HostOptions {
     pub url: Option<String>,
     /// Print each log line as it arrives, after this prefix.
     pub echo: Option<String>,
+    /// Passed as `RUST_LOG`; `None` runs the host with its own default
+    /// filter, as an operator who sets nothing gets it.
+    pub rust_log: Option<String>,
 }
 
 impl Default for HostOptions {
@@ -72,6 +75,9 @@ impl Default for HostOptions {
             consumers: 1,
             url: None,
             echo: None,
+            // ACEMQ_TEST_HOST_LOG raises the host's log level when a test
+            // needs to be diagnosed (for example `acemq_host=debug`).
+            rust_log: Some(std::env::var("ACEMQ_TEST_HOST_LOG").unwrap_or_else(|_| "info".into())),
         }
     }
 }
@@ -79,7 +85,7 @@ impl Default for HostOptions {
 /// An `acemq-host run` child process with its config in a temporary folder.
 pub struct HostProcess {
     child: Child,
-    /// Every line the host wrote to stderr so far.
+    /// Every line the host wrote, to stderr (its log) or stdout, so far.
     log: Arc<Mutex<Vec<String>>>,
     _dir: tempfile::TempDir,
 }
@@ -102,37 +108,31 @@ impl HostProcess {
     }
 
     /// Starts `acemq-host run --config PATH`; `dir` lives as long as the host.
+    /// With `consumers: 0` it returns at once, for a host expected to exit
+    /// by itself ([`wait_with_log`](Self::wait_with_log)).
     pub fn start_with(path: &Path, dir: tempfile::TempDir, options: &HostOptions) -> Result<Self> {
         let mut command = Command::new(host_binary());
         command
             .args(["run", "--config"])
             .arg(path)
-            // ACEMQ_TEST_HOST_LOG raises the host's log level when a test
-            // needs to be diagnosed (for example `acemq_host=debug`).
-            .env(
-                "RUST_LOG",
-                std::env::var("ACEMQ_TEST_HOST_LOG").unwrap_or_else(|_| "info".into()),
-            )
+            .env_remove("RUST_LOG")
             .env_remove("ACEMQ_URL")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(filter) = &options.rust_log {
+            command.env("RUST_LOG", filter);
+        }
         if let Some(url) = &options.url {
             command.env("ACEMQ_URL", url);
         }
         let mut child = command.spawn().context("cannot start acemq-host")?;
-        let stderr = child.stderr.take().expect("stderr is piped");
         let log = Arc::new(Mutex::new(Vec::new()));
-        let sink = log.clone();
-        let echo = options.echo.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(prefix) = &echo {
-                    println!("{prefix}{line}");
-                }
-                sink.lock().expect("log poisoned").push(line);
-            }
-        });
+        // Both streams, so a test that reads the log reads all the host said.
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        collect_lines(stdout, log.clone(), options.echo.clone());
+        collect_lines(stderr, log.clone(), options.echo.clone());
         let mut host = Self {
             child,
             log,
@@ -186,7 +186,7 @@ impl HostProcess {
 
     /// Like [`terminate`](Self::terminate), and returns everything the host
     /// logged, for tests that examine what it said.
-    pub fn terminate_with_log(mut self, timeout: Duration) -> Result<(ExitStatus, Vec<String>)> {
+    pub fn terminate_with_log(self, timeout: Duration) -> Result<(ExitStatus, Vec<String>)> {
         let pid = libc::pid_t::try_from(self.child.id())?;
         // SAFETY: plain kill(2) on our own child's pid.
         if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
@@ -195,23 +195,45 @@ impl HostProcess {
                 std::io::Error::last_os_error()
             );
         }
+        self.wait_with_log(timeout).context("after SIGTERM")
+    }
+
+    /// Waits for the host to exit by itself and returns everything it logged.
+    pub fn wait_with_log(mut self, timeout: Duration) -> Result<(ExitStatus, Vec<String>)> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait()? {
-                // Give the reader thread a moment to collect the last lines.
+                // Give the reader threads a moment to collect the last lines.
                 std::thread::sleep(Duration::from_millis(50));
                 return Ok((status, self.log_lines()));
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 bail!(
-                    "acemq-host did not exit within {timeout:?} of SIGTERM:\n{}",
+                    "acemq-host did not exit within {timeout:?}:\n{}",
                     self.log_text()
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// Appends each line of `stream` to `log` as it arrives (echoed after
+/// `echo`, when set), on a thread of its own.
+fn collect_lines(
+    stream: impl std::io::Read + Send + 'static,
+    log: Arc<Mutex<Vec<String>>>,
+    echo: Option<String>,
+) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            if let Some(prefix) = &echo {
+                println!("{prefix}{line}");
+            }
+            log.lock().expect("log poisoned").push(line);
+        }
+    });
 }
 
 impl Drop for HostProcess {
