@@ -9,15 +9,16 @@
 //! same way.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use wasmtime::Store;
 use wasmtime::component::Linker;
 
 use super::bindings::codec_world::{CodecPlugin, CodecPluginPre};
 use super::engine::PluginEngine;
-use super::fault;
+use super::fault::CallEvidence;
 use super::host_state::MemoryLimiter;
+use super::pool::{Instantiate, Observed, Pool, Warm};
 use super::{Limits, PluginError};
 
 /// The store data of a codec instance: codecs import nothing, so only limits.
@@ -25,19 +26,47 @@ struct CodecState {
     limiter: MemoryLimiter,
 }
 
-struct WarmCodec {
-    store: Store<CodecState>,
-    plugin: CodecPlugin,
+/// A codec logs nothing: a refused memory growth is all there is to report.
+impl Observed for CodecState {
+    fn evidence(&self) -> CallEvidence {
+        CallEvidence {
+            refused_memory: self.limiter.refused,
+            last_error_log: None,
+        }
+    }
+}
+
+/// What makes a codec's instances.
+struct Instances {
+    engine: wasmtime::Engine,
+    pre: CodecPluginPre<CodecState>,
+    limits: Limits,
+}
+
+impl Instantiate for Instances {
+    type Instance = Warm<CodecState, CodecPlugin>;
+
+    fn instantiate(&self) -> wasmtime::Result<Self::Instance> {
+        let limit = usize::try_from(self.limits.max_memory_bytes).unwrap_or(usize::MAX);
+        let mut store = Store::new(
+            &self.engine,
+            CodecState {
+                limiter: MemoryLimiter::new(limit),
+            },
+        );
+        store.limiter(|state| &mut state.limiter);
+        store.set_epoch_deadline(PluginEngine::deadline_ticks(self.limits.deadline));
+        let bindings = self.pre.instantiate(&mut store)?;
+        Ok(Warm { store, bindings })
+    }
 }
 
 /// One loaded codec component.
 pub struct CodecVersion {
     pub name: String,
     pub sha256: String,
-    engine: wasmtime::Engine,
-    pre: CodecPluginPre<CodecState>,
-    limits: Limits,
-    idle: Mutex<Vec<WarmCodec>>,
+    /// Its instances; a codec call always reuses an idle one.
+    instances: Pool<Instances>,
 }
 
 /// Which way a body is converted.
@@ -72,33 +101,24 @@ impl CodecVersion {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| path.display().to_string());
-        let codec = Arc::new(Self {
+        let (deadline, memory_limit) = (limits.deadline, limits.max_memory_bytes);
+        let instances = Pool::new(
+            Instances {
+                engine: engine.engine().clone(),
+                pre,
+                limits,
+            },
+            deadline,
+            memory_limit,
+        );
+        instances
+            .warm()
+            .map_err(|e| PluginError::new(path, format!("cannot be instantiated: {e:#}")))?;
+        Ok(Arc::new(Self {
             name,
             sha256: compiled.sha256,
-            engine: engine.engine().clone(),
-            pre,
-            limits,
-            idle: Mutex::new(Vec::new()),
-        });
-        let warm = codec
-            .instantiate()
-            .map_err(|e| PluginError::new(path, format!("cannot be instantiated: {e:#}")))?;
-        codec.idle.lock().expect("codec pool poisoned").push(warm);
-        Ok(codec)
-    }
-
-    fn instantiate(&self) -> wasmtime::Result<WarmCodec> {
-        let limit = usize::try_from(self.limits.max_memory_bytes).unwrap_or(usize::MAX);
-        let mut store = Store::new(
-            &self.engine,
-            CodecState {
-                limiter: MemoryLimiter::new(limit),
-            },
-        );
-        store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(PluginEngine::deadline_ticks(self.limits.deadline));
-        let plugin = self.pre.instantiate(&mut store)?;
-        Ok(WarmCodec { store, plugin })
+            instances,
+        }))
     }
 
     /// Converts one body; `Err` is the codec's refusal or its fault.
@@ -108,38 +128,17 @@ impl CodecVersion {
         content_type: &str,
         body: &[u8],
     ) -> Result<(String, Vec<u8>), String> {
-        let pooled = self.idle.lock().expect("codec pool poisoned").pop();
-        let mut warm = match pooled.map(Ok).unwrap_or_else(|| self.instantiate()) {
-            Ok(warm) => warm,
-            Err(e) => return Err(fault::instantiation_failed(&e).reason),
-        };
-        warm.store.data_mut().limiter.refused = None;
-        warm.store
-            .set_epoch_deadline(PluginEngine::deadline_ticks(self.limits.deadline));
-        let codec = warm.plugin.acemq_plugin_codec();
-        let result = match direction {
-            Direction::Decode => codec.call_decode(&mut warm.store, content_type, body),
-            Direction::Encode => codec.call_encode(&mut warm.store, content_type, body),
-        };
-        match result {
-            Ok(answer) => {
-                self.idle.lock().expect("codec pool poisoned").push(warm);
-                answer
+        let converted = self.instances.with_instance(true, |warm| {
+            // The limiter's memory of a refusal is per call.
+            warm.store.data_mut().limiter.refused = None;
+            let codec = warm.bindings.acemq_plugin_codec();
+            match direction {
+                Direction::Decode => codec.call_decode(&mut warm.store, content_type, body),
+                Direction::Encode => codec.call_encode(&mut warm.store, content_type, body),
             }
-            Err(e) => {
-                let evidence = fault::CallEvidence {
-                    refused_memory: warm.store.data().limiter.refused,
-                    last_error_log: None,
-                };
-                Err(fault::classify(
-                    &e,
-                    &evidence,
-                    self.limits.deadline,
-                    self.limits.max_memory_bytes,
-                )
-                .reason)
-            }
-        }
+        });
+        // Ok(Err(why)) is the codec refusing, and its instance stays pooled.
+        converted.unwrap_or_else(|fault| Err(fault.reason))
     }
 }
 

@@ -13,15 +13,34 @@ use wasmtime::component::{HasSelf, Linker};
 use super::bindings::handler_world::acemq::plugin::types;
 use super::bindings::handler_world::{HandlerPlugin, HandlerPluginPre};
 use super::engine::{CompiledPlugin, PluginEngine};
-use super::fault::{self, Fault};
+use super::fault::Fault;
 use super::host_state::HostState;
+use super::pool::{Instantiate, Pool, Warm};
 use super::{ConsumerContext, Input, Outgoing, PluginError, Verdict};
 use crate::config::Isolation;
 
-/// An instance ready to take a call, with the store it lives in.
-struct Warm {
-    store: Store<HostState>,
-    plugin: HandlerPlugin,
+/// What makes a handler version's instances.
+struct Instances {
+    engine: wasmtime::Engine,
+    fuel_metering: bool,
+    pre: HandlerPluginPre<HostState>,
+    context: Arc<ConsumerContext>,
+}
+
+impl Instantiate for Instances {
+    type Instance = Warm<HostState, HandlerPlugin>;
+
+    fn instantiate(&self) -> wasmtime::Result<Self::Instance> {
+        let mut store = Store::new(&self.engine, HostState::new(self.context.clone()));
+        store.limiter(|state| &mut state.limiter);
+        if self.fuel_metering {
+            store.set_fuel(u64::MAX)?;
+        }
+        // Instantiation runs guest code (start functions): bound it too.
+        store.set_epoch_deadline(PluginEngine::deadline_ticks(self.context.limits.deadline));
+        let bindings = self.pre.instantiate(&mut store)?;
+        Ok(Warm { store, bindings })
+    }
 }
 
 /// One loaded version of a consumer's handler plugin.
@@ -32,12 +51,8 @@ pub struct HandlerVersion {
     pub from_cache: bool,
     /// When this version finished loading (shown by the admin endpoint).
     pub loaded_at: SystemTime,
-    engine: wasmtime::Engine,
-    fuel_metering: bool,
-    pre: HandlerPluginPre<HostState>,
-    context: Arc<ConsumerContext>,
-    /// Idle instances, reused when the consumer's isolation is `pooled`.
-    idle: Mutex<Vec<Warm>>,
+    /// Its instances, reused when the consumer's isolation is `pooled`.
+    instances: Pool<Instances>,
 }
 
 /// The result of one handler call.
@@ -94,30 +109,35 @@ impl HandlerVersion {
                 ),
             )
         })?;
-        let version = Arc::new(Self {
+        let (deadline, memory_limit) = (context.limits.deadline, context.limits.max_memory_bytes);
+        let instances = Pool::new(
+            Instances {
+                engine: engine.engine().clone(),
+                fuel_metering: engine.fuel_metering(),
+                pre,
+                context,
+            },
+            deadline,
+            memory_limit,
+        );
+        // Warm even when every call takes a fresh instance: the one real
+        // instantiation is what proves the start-up code runs.
+        instances.warm().map_err(|e| {
+            PluginError::new(&path, format!("cannot be instantiated: {}", chain(&e)))
+        })?;
+        Ok(Arc::new(Self {
             sha256: compiled.sha256.into(),
             size: compiled.size,
             from_cache: compiled.from_cache,
             loaded_at: SystemTime::now(),
-            engine: engine.engine().clone(),
-            fuel_metering: engine.fuel_metering(),
-            pre,
-            context,
-            idle: Mutex::new(Vec::new()),
-        });
-        // Warm: one real instantiation proves the start-up code runs, and
-        // leaves an instance ready for the first message.
-        let warm = version.instantiate().map_err(|e| {
-            PluginError::new(&path, format!("cannot be instantiated: {}", chain(&e)))
-        })?;
-        version.idle.lock().expect("idle pool poisoned").push(warm);
-        Ok(version)
+            instances,
+        }))
     }
 
     /// What the consumer allows its plugin: hot swap loads the next version
     /// with the same context.
     pub fn context(&self) -> &Arc<ConsumerContext> {
-        &self.context
+        &self.instances.source().context
     }
 
     /// A short form of the hash for log lines.
@@ -125,69 +145,36 @@ impl HandlerVersion {
         &self.sha256[..12.min(self.sha256.len())]
     }
 
-    fn instantiate(&self) -> wasmtime::Result<Warm> {
-        let mut store = Store::new(&self.engine, HostState::new(self.context.clone()));
-        store.limiter(|state| &mut state.limiter);
-        if self.fuel_metering {
-            store.set_fuel(u64::MAX)?;
-        }
-        // Instantiation runs guest code (start functions): bound it too.
-        store.set_epoch_deadline(PluginEngine::deadline_ticks(self.context.limits.deadline));
-        let plugin = self.pre.instantiate(&mut store)?;
-        Ok(Warm { store, plugin })
-    }
-
     /// Calls the handler for one message. Blocking: run it off the async
     /// runtime's worker threads.
     pub fn invoke(&self, input: Input) -> Invocation {
-        let pooled = self.context.limits.isolation == Isolation::Pooled;
-        let reused = if pooled {
-            self.idle.lock().expect("idle pool poisoned").pop()
-        } else {
-            None
-        };
-        let mut warm = match reused.map(Ok).unwrap_or_else(|| self.instantiate()) {
-            Ok(warm) => warm,
-            Err(e) => return self.failed(fault::instantiation_failed(&e), None),
-        };
-        let message = warm.store.data_mut().begin_call(input);
-        let limits = &self.context.limits;
-        warm.store
-            .set_epoch_deadline(PluginEngine::deadline_ticks(limits.deadline));
-        let fuel_before = self
-            .fuel_metering
-            .then(|| warm.store.get_fuel().unwrap_or(0));
-        let result = warm
-            .plugin
-            .acemq_plugin_handler()
-            .call_handle(&mut warm.store, message);
-        let fuel =
-            fuel_before.map(|before| before.saturating_sub(warm.store.get_fuel().unwrap_or(0)));
-        let outputs = warm.store.data_mut().end_call();
+        let source = self.instances.source();
+        let reuse = source.context.limits.isolation == Isolation::Pooled;
+        // Counted whether the call succeeds or fails; `None` when metering is
+        // off or no instance could be made.
+        let mut fuel = None;
+        let result = self.instances.with_instance(reuse, |warm| {
+            let message = warm.store.data_mut().begin_call(input);
+            let fuel_before = source
+                .fuel_metering
+                .then(|| warm.store.get_fuel().unwrap_or(0));
+            let result = warm
+                .bindings
+                .acemq_plugin_handler()
+                .call_handle(&mut warm.store, message);
+            fuel =
+                fuel_before.map(|before| before.saturating_sub(warm.store.get_fuel().unwrap_or(0)));
+            let outputs = warm.store.data_mut().end_call();
+            result.map(|outcome| (outcome, outputs))
+        });
         match result {
-            Ok(outcome) => {
-                if pooled {
-                    self.idle.lock().expect("idle pool poisoned").push(warm);
-                }
-                Invocation {
-                    result: Ok(verdict(outcome)),
-                    outputs,
-                    version: self.sha256.clone(),
-                    fuel,
-                }
-            }
-            Err(e) => {
-                // The instance that failed is dropped here, never reused: its
-                // memory may be corrupt and the component model forbids
-                // re-entering an instance after a trap.
-                let fault = fault::classify(
-                    &e,
-                    &warm.store.data().evidence(),
-                    limits.deadline,
-                    limits.max_memory_bytes,
-                );
-                self.failed(fault, fuel)
-            }
+            Ok((outcome, outputs)) => Invocation {
+                result: Ok(verdict(outcome)),
+                outputs,
+                version: self.sha256.clone(),
+                fuel,
+            },
+            Err(fault) => self.failed(fault, fuel),
         }
     }
 
@@ -202,7 +189,7 @@ impl HandlerVersion {
 
     /// Idle instances currently pooled (for tests and the admin view).
     pub fn idle_instances(&self) -> usize {
-        self.idle.lock().expect("idle pool poisoned").len()
+        self.instances.idle()
     }
 }
 

@@ -9,6 +9,7 @@ use wasmtime::component::Resource;
 
 use super::bindings::handler_world::acemq::plugin::{host, types};
 use super::fault::CallEvidence;
+use super::pool::Observed;
 use super::{ConsumerContext, Input, Outgoing};
 use crate::envelope::{self, HeaderValue};
 
@@ -88,14 +89,6 @@ impl HostState {
             .map_or("", |message| message.envelope.id.as_str())
     }
 
-    /// What the host saw during the call, for naming a fault.
-    pub fn evidence(&self) -> CallEvidence {
-        CallEvidence {
-            refused_memory: self.limiter.refused,
-            last_error_log: self.call.last_error_log.clone(),
-        }
-    }
-
     fn buffer(&mut self, msg: types::Outgoing) -> Result<(), String> {
         let limits = &self.context.limits;
         if !self.context.publish_to.contains(&msg.exchange) {
@@ -140,6 +133,16 @@ impl HostState {
             persistent: msg.persistent,
         });
         Ok(())
+    }
+}
+
+/// What the host saw during the call, for naming a fault.
+impl Observed for HostState {
+    fn evidence(&self) -> CallEvidence {
+        CallEvidence {
+            refused_memory: self.limiter.refused,
+            last_error_log: self.call.last_error_log.clone(),
+        }
     }
 }
 

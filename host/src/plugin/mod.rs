@@ -30,6 +30,7 @@ mod fault;
 mod handler;
 mod host_state;
 pub mod inspect;
+mod pool;
 pub mod swap;
 
 use std::collections::{BTreeMap, BTreeSet};
