@@ -140,11 +140,6 @@ impl HandlerVersion {
         &self.instances.source().context
     }
 
-    /// A short form of the hash for log lines.
-    pub fn short_id(&self) -> &str {
-        &self.sha256[..12.min(self.sha256.len())]
-    }
-
     /// Calls the handler for one message. Blocking: run it off the async
     /// runtime's worker threads.
     pub fn invoke(&self, input: Input) -> Invocation {
