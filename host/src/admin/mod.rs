@@ -12,6 +12,8 @@
 //!   unchanged, 422 when one was refused (its reason is in the body), 404 for
 //!   a queue no consumer reads.
 
+pub mod policy;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
