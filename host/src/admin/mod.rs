@@ -1,5 +1,4 @@
-//! The admin HTTP endpoint, on `[host] admin_listen` (plain HTTP/1.1; bind it
-//! to loopback or a private interface: it has no authentication).
+//! The admin HTTP endpoint, on `[host] admin_listen` (plain HTTP/1.1).
 //!
 //! - `GET /health`: `{"status": "UP"|"DOWN", "consuming": "n/m", "consumers":
 //!   [{queue, sha256}]}`: UP (200) once every consumer holds its
@@ -11,31 +10,143 @@
 //!   one), answering each consumer's result: 200 when each was swapped or
 //!   unchanged, 422 when one was refused (its reason is in the body), 404 for
 //!   a queue no consumer reads.
+//!
+//! What it enforces (the rules are pure, in [`policy`]; this file does the
+//! I/O): it listens on loopback unless `admin_allow_remote`; each request
+//! must name this endpoint in its `Host` (421 otherwise: DNS rebinding);
+//! a POST from another origin is refused (403: a web page's form); with an
+//! admin token configured every request needs `Authorization: Bearer TOKEN`
+//! (401), without one reads are open and POSTs refused (403), so that
+//! orchestrators' health checks need no secret. Request bodies are refused
+//! over [`policy::MAX_BODY_BYTES`] (413), connections over
+//! [`MAX_CONNECTIONS`] are closed at once, and a connection that sends no
+//! request head for [`HEADER_READ_TIMEOUT`] (a new one, or an idle kept-alive
+//! one) is closed.
 
 pub mod policy;
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
+use hyper::http::request::Parts;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::{ConfigError, LoadedConfig};
 use crate::plugin::swap::{Cause, Reloader, Trigger};
 use crate::telemetry::Metrics;
+use policy::{Policy, Refusal, TOKEN_ENV, Token};
 
-/// A client must send its request head within this time.
+/// A client must send a request head within this time, on a new connection
+/// and between requests on a kept-alive one (hyper restarts the timer once a
+/// response is written), so it also bounds how long an idle connection stays.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open requests may take to finish once the endpoint stops.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// Connections served at once; more are closed as soon as they are accepted.
+/// Orchestrators and scrapers hold a few; this many means something is wrong.
+pub const MAX_CONNECTIONS: usize = 64;
+/// At most one warning per this time about connections closed over the cap.
+const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The endpoint's settings from `[host]`, checked, with the token read.
+#[derive(Debug)]
+pub struct Settings {
+    pub listen: String,
+    pub allow_remote: bool,
+    /// Host headers accepted besides the bound address's.
+    pub allowed_hosts: Vec<String>,
+    pub token: Option<Token>,
+}
+
+impl Settings {
+    /// The endpoint's settings, or `None` when `admin_listen` is absent.
+    /// Reads the token (`ACEMQ_ADMIN_TOKEN`, else `admin_token_file`), so an
+    /// unusable one fails the start before anything connects.
+    pub fn from_config(config: &LoadedConfig) -> Result<Option<Self>, ConfigError> {
+        let host = &config.config.host;
+        let Some(listen) = &host.admin_listen else {
+            return Ok(None);
+        };
+        let token = read_token(config)?;
+        if host.admin_allow_remote && token.is_none() {
+            return Err(config.error_at(
+                Some(listen.span().start),
+                format!(
+                    "host.admin_allow_remote: an admin endpoint reachable from other machines \
+                     needs a token; set admin_token_file in [host] or the {TOKEN_ENV} \
+                     environment variable"
+                ),
+            ));
+        }
+        Ok(Some(Self {
+            listen: listen.get_ref().clone(),
+            allow_remote: host.admin_allow_remote,
+            allowed_hosts: host
+                .admin_allowed_hosts
+                .iter()
+                .map(|entry| entry.get_ref().clone())
+                .collect(),
+            token,
+        }))
+    }
+}
+
+/// The token from `ACEMQ_ADMIN_TOKEN` (set but empty is refused, not
+/// ignored: it is usually a deploy's missing secret) or `admin_token_file`.
+fn read_token(config: &LoadedConfig) -> Result<Option<Token>, ConfigError> {
+    match std::env::var(TOKEN_ENV) {
+        Ok(text) => {
+            let token = Token::new(&text)
+                .map_err(|reason| config.error_at(None, format!("{TOKEN_ENV}: {reason}")))?;
+            tracing::info!(source = TOKEN_ENV, "admin endpoint: token read");
+            return Ok(Some(token));
+        }
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(config.error_at(None, format!("{TOKEN_ENV}: the token is not valid UTF-8")));
+        }
+        Err(std::env::VarError::NotPresent) => {}
+    }
+    let Some(file) = &config.config.host.admin_token_file else {
+        return Ok(None);
+    };
+    let path = config.resolve(file.get_ref());
+    let at = Some(file.span().start);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        config.error_at(
+            at,
+            format!("host.admin_token_file: cannot read {}: {e}", path.display()),
+        )
+    })?;
+    let token = Token::new(&text).map_err(|reason| {
+        config.error_at(
+            at,
+            format!("host.admin_token_file: {}: {reason}", path.display()),
+        )
+    })?;
+    warn_if_readable_by_all(&path);
+    tracing::info!(source = %path.display(), "admin endpoint: token read");
+    Ok(Some(token))
+}
+
+fn warn_if_readable_by_all(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Ok(metadata) = std::fs::metadata(path)
+        && metadata.permissions().mode() & 0o004 != 0
+    {
+        tracing::warn!(file = %path.display(), "the admin token file is readable by every user; chmod 600 it");
+    }
+}
 
 /// What the endpoint serves from.
 pub struct Admin {
@@ -47,35 +158,68 @@ pub struct Admin {
     pub consuming: Arc<AtomicUsize>,
 }
 
-/// Binds the endpoint's address. Done before the host connects anywhere, so
-/// an address in use fails the start rather than the first health check.
-pub async fn bind(address: &str) -> anyhow::Result<TcpListener> {
-    let listener = TcpListener::bind(address)
-        .await
-        .with_context(|| format!("[host] admin_listen: cannot listen on {address}"))?;
-    Ok(listener)
+/// A bound endpoint and the policy for its address.
+pub struct Bound {
+    listener: TcpListener,
+    address: SocketAddr,
+    policy: Policy,
 }
 
-/// Serves on `listener` until `stop` is cancelled, then lets open requests
+/// Binds the endpoint's address. Done before the host connects anywhere, so
+/// an address in use fails the start rather than the first health check.
+pub async fn bind(settings: Settings) -> anyhow::Result<Bound> {
+    let address = &settings.listen;
+    let listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("host.admin_listen: cannot listen on {address}"))?;
+    let bound = listener.local_addr()?;
+    // The config check trusts `localhost` to be loopback; a resolver that
+    // says otherwise must not open the endpoint to the network.
+    if !settings.allow_remote && !bound.ip().is_loopback() {
+        anyhow::bail!(
+            "host.admin_listen: \"{address}\" resolved to {bound}, which is reachable from \
+             other machines; bind to 127.0.0.1 or [::1], or set admin_allow_remote = true in [host]"
+        );
+    }
+    Ok(Bound {
+        listener,
+        address: bound,
+        policy: Policy::new(bound, &settings.allowed_hosts, settings.token),
+    })
+}
+
+/// Serves on `bound` until `stop` is cancelled, then lets open requests
 /// finish (for at most [`CLOSE_GRACE`]).
 pub fn spawn(
-    listener: TcpListener,
+    bound: Bound,
     admin: Arc<Admin>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    if let Ok(address) = listener.local_addr() {
-        tracing::info!(address = %address, "admin endpoint listening");
+    let Bound {
+        listener,
+        address,
+        policy,
+    } = bound;
+    if policy.has_token() {
+        tracing::info!(address = %address, "admin endpoint listening (bearer token required)");
+    } else {
+        tracing::warn!(
+            address = %address,
+            "admin endpoint listening without a token: anyone who can connect may read it, and POST /plugins/reload is refused"
+        );
     }
+    let policy = Arc::new(policy);
     tokio::spawn(async move {
         let mut connections = JoinSet::new();
+        let mut over_cap = Throttle::new(CAP_WARN_EVERY);
         loop {
             let accepted = tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,
                 accepted = listener.accept() => accepted,
             };
-            let stream = match accepted {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors, usually: wait rather than spin.
                     tracing::warn!(error = %e, "admin endpoint: accept failed");
@@ -83,12 +227,27 @@ pub fn spawn(
                     continue;
                 }
             };
+            while connections.try_join_next().is_some() {}
+            if connections.len() >= MAX_CONNECTIONS {
+                drop(stream);
+                if let Some(closed) = over_cap.note(Instant::now()) {
+                    tracing::warn!(
+                        peer = %peer,
+                        closed,
+                        limit = MAX_CONNECTIONS,
+                        "admin endpoint: too many connections; closing new ones at once"
+                    );
+                }
+                continue;
+            }
             let admin = admin.clone();
+            let policy = policy.clone();
             let stop = stop.clone();
             connections.spawn(async move {
                 let service = hyper::service::service_fn(move |request| {
                     let admin = admin.clone();
-                    async move { Ok::<_, Infallible>(admin.route(request).await) }
+                    let policy = policy.clone();
+                    async move { Ok::<_, Infallible>(admin.serve(&policy, request).await) }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -107,7 +266,6 @@ pub fn spawn(
                     tracing::debug!(error = %e, "admin endpoint connection");
                 }
             });
-            while connections.try_join_next().is_some() {}
         }
         drop(listener);
         let closed = tokio::time::timeout(CLOSE_GRACE, async {
@@ -120,10 +278,54 @@ pub fn spawn(
     })
 }
 
+/// Counts events and says when to log them: the first at once, later ones
+/// at most once per period, with how many there were since the last log.
+struct Throttle {
+    every: Duration,
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl Throttle {
+    fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last: None,
+            unlogged: 0,
+        }
+    }
+
+    /// Notes one event at `now`; `Some(count)` when it is time to log `count`.
+    fn note(&mut self, now: Instant) -> Option<u64> {
+        self.unlogged += 1;
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < self.every)
+        {
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
+
 impl Admin {
-    async fn route(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
-        let path = request.uri().path();
-        let method = request.method();
+    /// Answers one request: refused by the policy, or routed. The body is
+    /// never read (no route takes one; the policy bounds its size).
+    async fn serve(&self, policy: &Policy, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let (head, _body) = request.into_parts();
+        match policy::authorize(&head, policy) {
+            Ok(()) => self.route(&head).await,
+            Err(refusal) => {
+                tracing::debug!(method = %head.method, path = head.uri.path(), %refusal, "admin endpoint: request refused");
+                refused(&refusal)
+            }
+        }
+    }
+
+    async fn route(&self, head: &Parts) -> Response<Full<Bytes>> {
+        let path = head.uri.path();
+        let method = &head.method;
         match (path, method) {
             ("/health", &Method::GET) => self.health(),
             ("/metrics", &Method::GET) => text(
@@ -142,7 +344,7 @@ impl Admin {
                 ),
             ),
             ("/plugins/reload", &Method::POST) => {
-                let queue = request.uri().query().and_then(|query| {
+                let queue = head.uri.query().and_then(|query| {
                     form_urlencoded::parse(query.as_bytes())
                         .find(|(key, _)| key == "queue")
                         .map(|(_, value)| value.into_owned())
@@ -228,6 +430,19 @@ fn json(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
     text(status, "application/json", text_body)
 }
 
+fn refused(refusal: &Refusal) -> Response<Full<Bytes>> {
+    let mut response = json(
+        refusal.status(),
+        &serde_json::json!({ "error": refusal.to_string() }),
+    );
+    if refusal.challenges() {
+        response
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
 fn not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
     let mut response = json(
         StatusCode::METHOD_NOT_ALLOWED,
@@ -237,4 +452,22 @@ fn not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
         .headers_mut()
         .insert(ALLOW, HeaderValue::from_static(allow));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_over_cap_warning_comes_once_per_period_with_its_count() {
+        let start = Instant::now();
+        let mut throttle = Throttle::new(Duration::from_secs(10));
+        assert_eq!(throttle.note(start), Some(1));
+        for ms in [1, 500, 9_999] {
+            assert_eq!(throttle.note(start + Duration::from_millis(ms)), None);
+        }
+        assert_eq!(throttle.note(start + Duration::from_secs(10)), Some(4));
+        assert_eq!(throttle.note(start + Duration::from_secs(11)), None);
+        assert_eq!(throttle.note(start + Duration::from_secs(20)), Some(2));
+    }
 }
