@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use tokio_util::sync::CancellationToken;
 
+use acemq_host::admin::policy::TOKEN_ENV;
 use acemq_host::app;
 use acemq_host::config::LoadedConfig;
 use acemq_host::telemetry::Metrics;
@@ -64,6 +65,8 @@ pub struct HostOptions {
     pub url: Option<String>,
     /// Print each log line as it arrives, after this prefix.
     pub echo: Option<String>,
+    /// Passed as `ACEMQ_ADMIN_TOKEN`; the test process's own never is.
+    pub admin_token: Option<String>,
 }
 
 impl Default for HostOptions {
@@ -72,6 +75,7 @@ impl Default for HostOptions {
             consumers: 1,
             url: None,
             echo: None,
+            admin_token: None,
         }
     }
 }
@@ -103,6 +107,39 @@ impl HostProcess {
 
     /// Starts `acemq-host run --config PATH`; `dir` lives as long as the host.
     pub fn start_with(path: &Path, dir: tempfile::TempDir, options: &HostOptions) -> Result<Self> {
+        let mut host = Self::spawn(path, dir, options)?;
+        host.wait_for_log("consuming", options.consumers, Duration::from_secs(60))?;
+        Ok(host)
+    }
+
+    /// Runs `acemq-host run --config PATH` expecting it to refuse to start:
+    /// returns its exit status and log once it exits. A host still running
+    /// after `timeout` is an error (and is killed).
+    pub fn run_refused(
+        path: &Path,
+        dir: tempfile::TempDir,
+        options: &HostOptions,
+        timeout: Duration,
+    ) -> Result<(ExitStatus, String)> {
+        let mut host = Self::spawn(path, dir, options)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = host.child.try_wait()? {
+                // Give the reader thread a moment to collect the last lines.
+                std::thread::sleep(Duration::from_millis(50));
+                return Ok((status, host.log_text()));
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "acemq-host was expected to refuse to start, but still runs after {timeout:?}:\n{}",
+                    host.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn spawn(path: &Path, dir: tempfile::TempDir, options: &HostOptions) -> Result<Self> {
         let mut command = Command::new(host_binary());
         command
             .args(["run", "--config"])
@@ -114,11 +151,15 @@ impl HostProcess {
                 std::env::var("ACEMQ_TEST_HOST_LOG").unwrap_or_else(|_| "info".into()),
             )
             .env_remove("ACEMQ_URL")
+            .env_remove(TOKEN_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         if let Some(url) = &options.url {
             command.env("ACEMQ_URL", url);
+        }
+        if let Some(token) = &options.admin_token {
+            command.env(TOKEN_ENV, token);
         }
         let mut child = command.spawn().context("cannot start acemq-host")?;
         let stderr = child.stderr.take().expect("stderr is piped");
@@ -133,13 +174,11 @@ impl HostProcess {
                 sink.lock().expect("log poisoned").push(line);
             }
         });
-        let mut host = Self {
+        Ok(Self {
             child,
             log,
             _dir: dir,
-        };
-        host.wait_for_log("consuming", options.consumers, Duration::from_secs(60))?;
-        Ok(host)
+        })
     }
 
     /// Waits until `needle` appeared on `count` lines of the host's log.

@@ -47,6 +47,7 @@ async fn main() -> Result<()> {
         consumers: 1,
         url: Some(broker.amqp_url().to_string()),
         echo: Some("   host | ".to_string()),
+        ..HostOptions::default()
     };
     let host = HostProcess::start_with(&config, tempfile::tempdir()?, &options)?;
     println!();
