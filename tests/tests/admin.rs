@@ -373,12 +373,16 @@ fn connections_over_the_cap_are_closed_at_once_and_idle_ones_time_out() {
         );
         held.push(stream);
     }
-    // One more: closed without an answer.
+    // One more: closed without an answer (were it served, the answer and
+    // then the end of the stream would come).
     let mut extra = TcpStream::connect(&admin).unwrap();
     extra
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
-    let _ = write!(extra, "GET /health HTTP/1.1\r\nHost: {admin}\r\n\r\n");
+    let _ = write!(
+        extra,
+        "GET /health HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
+    );
     let mut answer = Vec::new();
     match extra.read_to_end(&mut answer) {
         Ok(_) => assert!(
