@@ -33,6 +33,8 @@ pub struct Prepared {
     /// Codecs shared by every consumer, in config order.
     pub codecs: Arc<CodecSet>,
     pub consumers: Vec<PreparedConsumer>,
+    /// The admin endpoint's settings (token read); none without `admin_listen`.
+    pub admin: Option<crate::admin::Settings>,
 }
 
 /// One consumer: what it subscribes to, and what its pipeline runs.
@@ -48,6 +50,7 @@ pub struct PreparedConsumer {
 pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
     let topology = Topology::from_config(&config.config)
         .map_err(|problems| anyhow::anyhow!("{}: {problems}", config.path.display()))?;
+    let admin = crate::admin::Settings::from_config(&config)?;
     let engine = Arc::new(PluginEngine::new(engine_settings(&config))?);
     let codecs = Arc::new(load_codecs(&config, &engine)?);
     let mut consumers = Vec::new();
@@ -60,6 +63,7 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
         engine,
         codecs,
         consumers,
+        admin,
     })
 }
 
@@ -165,11 +169,11 @@ pub async fn run(
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<()> {
     let config = &prepared.config;
-    // Hot swap and the admin endpoint (plugin/swap.rs, admin.rs). The admin
+    // Hot swap and the admin endpoint (plugin/swap.rs, admin/). The admin
     // address is bound first, so one in use fails the start before anything
     // is declared or consumed.
-    let admin_listener = match &config.config.host.admin_listen {
-        Some(address) => Some(crate::admin::bind(address).await?),
+    let admin_bound = match prepared.admin {
+        Some(settings) => Some(crate::admin::bind(settings).await?),
         None => None,
     };
     let reloader = Arc::new(Reloader::new(
@@ -242,14 +246,14 @@ pub async fn run(
     let reloads_stop = shutdown.child_token();
     let reloads = reloader.start(reloads_stop.clone());
     let admin_stop = CancellationToken::new();
-    let admin = admin_listener.map(|listener| {
+    let admin = admin_bound.map(|bound| {
         let admin = crate::admin::Admin {
             reloader: reloader.clone(),
             metrics: metrics.clone(),
             shutdown: shutdown.clone(),
             consuming: env.consuming.clone(),
         };
-        crate::admin::spawn(listener, Arc::new(admin), admin_stop.clone())
+        crate::admin::spawn(bound, Arc::new(admin), admin_stop.clone())
     });
 
     let mut first_failure = None;

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::admin::policy;
 use crate::broker::address::{BrokerUrl, redact_url};
 
 /// Environment variable that overrides `[broker] url`.
@@ -89,8 +90,23 @@ pub struct HostConfig {
     /// How long running deliveries may take to finish at shutdown.
     #[serde(default = "defaults::drain_timeout", with = "humantime_serde")]
     pub drain_timeout: Duration,
-    /// Where the admin HTTP endpoint listens (`/health`, `/metrics`, `/plugins`); off when absent.
-    pub admin_listen: Option<String>,
+    /// Where the admin HTTP endpoint listens (`/health`, `/metrics`,
+    /// `/plugins`); off when absent. Loopback only, unless `admin_allow_remote`.
+    pub admin_listen: Option<Spanned<String>>,
+    /// Lets `admin_listen` be reachable from other machines; then a token is required.
+    #[serde(default)]
+    pub admin_allow_remote: bool,
+    /// File holding the admin endpoint's bearer token, relative to the config
+    /// file; `ACEMQ_ADMIN_TOKEN` wins when set.
+    pub admin_token_file: Option<Spanned<PathBuf>>,
+    /// Host headers (`name:port`) the admin endpoint answers besides its own address.
+    #[serde(default)]
+    pub admin_allowed_hosts: Vec<Spanned<String>>,
+    /// Never accepted (configs get copied, committed and pasted into
+    /// tickets); parsed only so that a token written here is refused with a
+    /// sentence saying where it goes instead of "unknown field".
+    #[serde(default)]
+    admin_token: Option<Spanned<toml::Value>>,
     /// Where compiled plugins are cached; no cache when absent.
     pub plugin_cache_dir: Option<PathBuf>,
     /// Count the fuel (roughly, instructions) every handler call burns and
@@ -104,6 +120,10 @@ impl Default for HostConfig {
         Self {
             drain_timeout: defaults::drain_timeout(),
             admin_listen: None,
+            admin_allow_remote: false,
+            admin_token_file: None,
+            admin_allowed_hosts: Vec::new(),
+            admin_token: None,
             plugin_cache_dir: None,
             fuel_metering: false,
         }
@@ -395,6 +415,7 @@ impl LoadedConfig {
 
     /// Checks that only need the file: references between tables and value ranges.
     fn check(&self) -> Result<(), ConfigError> {
+        self.check_admin()?;
         let c = &self.config;
         for (i, consumer) in c.consumers.iter().enumerate() {
             if let Some(name) = &consumer.retry
@@ -441,6 +462,40 @@ impl LoadedConfig {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// The admin endpoint's keys; the token itself is read at start (see
+    /// `admin::Settings`), as it lives outside the file.
+    fn check_admin(&self) -> Result<(), ConfigError> {
+        let host = &self.config.host;
+        if let Some(inline) = &host.admin_token {
+            return Err(self.error_at(
+                Some(inline.span().start),
+                format!(
+                    "host.admin_token: the admin token does not belong in the config \
+                     (configs get copied, committed and shared); put it in a file named by \
+                     admin_token_file in [host], or in the {} environment variable",
+                    policy::TOKEN_ENV
+                ),
+            ));
+        }
+        if let Some(listen) = &host.admin_listen {
+            policy::check_listen(listen.get_ref(), host.admin_allow_remote).map_err(|reason| {
+                self.error_at(
+                    Some(listen.span().start),
+                    format!("host.admin_listen: {reason}"),
+                )
+            })?;
+        }
+        for (i, entry) in host.admin_allowed_hosts.iter().enumerate() {
+            policy::check_allowed_host(entry.get_ref()).map_err(|reason| {
+                self.error_at(
+                    Some(entry.span().start),
+                    format!("host.admin_allowed_hosts[{i}]: {reason}"),
+                )
+            })?;
         }
         Ok(())
     }
@@ -564,5 +619,50 @@ mod tests {
     fn no_url_at_all_is_not_an_error_until_one_is_needed() {
         let loaded = parse("").unwrap();
         assert!(loaded.configured_broker_url(None).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_inline_admin_token_is_refused_with_where_it_goes() {
+        let err = parse(
+            "[host]\nadmin_listen = \"127.0.0.1:9090\"\nadmin_token = \"s3cret-s3cret-s3cret\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(err.line, Some(3), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("host.admin_token:")
+                && text.contains("admin_token_file")
+                && text.contains("ACEMQ_ADMIN_TOKEN"),
+            "{text}"
+        );
+        assert!(!text.contains("s3cret"), "{text}");
+    }
+
+    #[test]
+    fn a_remote_admin_address_needs_admin_allow_remote() {
+        let err = parse("[host]\n\nadmin_listen = \"0.0.0.0:9090\"\n").unwrap_err();
+        assert_eq!(err.line, Some(3), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("host.admin_listen: \"0.0.0.0:9090\"")
+                && text.contains("admin_allow_remote = true"),
+            "{text}"
+        );
+        let loaded =
+            parse("[host]\nadmin_listen = \"0.0.0.0:9090\"\nadmin_allow_remote = true\n").unwrap();
+        assert!(loaded.config.host.admin_allow_remote);
+        let loaded = parse("[host]\nadmin_listen = \"localhost:9090\"\n").unwrap();
+        assert!(!loaded.config.host.admin_allow_remote);
+    }
+
+    #[test]
+    fn a_malformed_allowed_host_is_named() {
+        let err = parse("[host]\nadmin_allowed_hosts = [\"a:1\",\n  \"http://acemq-1:9090\"]\n")
+            .unwrap_err();
+        assert_eq!(err.line, Some(3), "{err}");
+        assert!(
+            err.message.starts_with("host.admin_allowed_hosts[1]: "),
+            "{err}"
+        );
     }
 }

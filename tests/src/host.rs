@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use tokio_util::sync::CancellationToken;
 
+use acemq_host::admin::policy::TOKEN_ENV;
 use acemq_host::app;
 use acemq_host::config::LoadedConfig;
 use acemq_host::telemetry::Metrics;
@@ -67,6 +68,8 @@ pub struct HostOptions {
     /// Passed as `RUST_LOG`; `None` runs the host with its own default
     /// filter, as an operator who sets nothing gets it.
     pub rust_log: Option<String>,
+    /// Passed as `ACEMQ_ADMIN_TOKEN`; the test process's own never is.
+    pub admin_token: Option<String>,
 }
 
 impl Default for HostOptions {
@@ -78,6 +81,7 @@ impl Default for HostOptions {
             // ACEMQ_TEST_HOST_LOG raises the host's log level when a test
             // needs to be diagnosed (for example `acemq_host=debug`).
             rust_log: Some(std::env::var("ACEMQ_TEST_HOST_LOG").unwrap_or_else(|_| "info".into())),
+            admin_token: None,
         }
     }
 }
@@ -111,12 +115,34 @@ impl HostProcess {
     /// With `consumers: 0` it returns at once, for a host expected to exit
     /// by itself ([`wait_with_log`](Self::wait_with_log)).
     pub fn start_with(path: &Path, dir: tempfile::TempDir, options: &HostOptions) -> Result<Self> {
+        let mut host = Self::spawn(path, dir, options)?;
+        host.wait_for_log("consuming", options.consumers, Duration::from_secs(60))?;
+        Ok(host)
+    }
+
+    /// Runs `acemq-host run --config PATH` expecting it to refuse to start:
+    /// returns its exit status and log once it exits. A host still running
+    /// after `timeout` is an error (and is killed).
+    pub fn run_refused(
+        path: &Path,
+        dir: tempfile::TempDir,
+        options: &HostOptions,
+        timeout: Duration,
+    ) -> Result<(ExitStatus, String)> {
+        let (status, log) = Self::spawn(path, dir, options)?
+            .wait_with_log(timeout)
+            .context("acemq-host was expected to refuse to start")?;
+        Ok((status, log.join("\n")))
+    }
+
+    fn spawn(path: &Path, dir: tempfile::TempDir, options: &HostOptions) -> Result<Self> {
         let mut command = Command::new(host_binary());
         command
             .args(["run", "--config"])
             .arg(path)
             .env_remove("RUST_LOG")
             .env_remove("ACEMQ_URL")
+            .env_remove(TOKEN_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -126,6 +152,9 @@ impl HostProcess {
         if let Some(url) = &options.url {
             command.env("ACEMQ_URL", url);
         }
+        if let Some(token) = &options.admin_token {
+            command.env(TOKEN_ENV, token);
+        }
         let mut child = command.spawn().context("cannot start acemq-host")?;
         let log = Arc::new(Mutex::new(Vec::new()));
         // Both streams, so a test that reads the log reads all the host said.
@@ -133,13 +162,11 @@ impl HostProcess {
         let stderr = child.stderr.take().expect("stderr is piped");
         collect_lines(stdout, log.clone(), options.echo.clone());
         collect_lines(stderr, log.clone(), options.echo.clone());
-        let mut host = Self {
+        Ok(Self {
             child,
             log,
             _dir: dir,
-        };
-        host.wait_for_log("consuming", options.consumers, Duration::from_secs(60))?;
-        Ok(host)
+        })
     }
 
     /// Waits until `needle` appeared on `count` lines of the host's log.

@@ -28,6 +28,9 @@ const BATCH: u32 = 25;
 const BATCH_EVERY: Duration = Duration::from_millis(50);
 /// The new version is deployed once this many outputs came from the old one.
 const SWAP_AFTER: u32 = 1000;
+/// The admin endpoint's token (reloading over HTTP needs one), in the file
+/// `admin.token` beside the plugin.
+const ADMIN_TOKEN: &str = "hot-swap-test-admin-token";
 
 /// One test's names, plugin folder and admin address.
 struct Scenario {
@@ -40,11 +43,13 @@ struct Scenario {
 
 impl Scenario {
     fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("admin.token"), ADMIN_TOKEN).unwrap();
         Self {
             input: unique_name("swap.in"),
             out_exchange: unique_name("swap.out"),
             output: unique_name("swap.stamped"),
-            dir: tempfile::tempdir().unwrap(),
+            dir,
             admin: format!("127.0.0.1:{}", free_port()),
         }
     }
@@ -62,6 +67,7 @@ connect_timeout = "10s"
 
 [host]
 admin_listen = "{admin}"
+admin_token_file = "{token_file}"
 
 [[exchanges]]
 name = "{out}"
@@ -91,6 +97,7 @@ out_exchange = "{out}"
 "#,
             url = shared_broker().amqp_url(),
             admin = self.admin,
+            token_file = self.dir.path().join("admin.token").display(),
             out = self.out_exchange,
             input = self.input,
             output = self.output,
@@ -213,9 +220,16 @@ fn http(method: &str, url: &str) -> (u16, String) {
             .timeout_global(Some(Duration::from_secs(30)))
             .build()
             .new_agent();
+        let authorization = format!("Bearer {ADMIN_TOKEN}");
         let mut response = match method {
-            "GET" => agent.get(url).call(),
-            "POST" => agent.post(url).send_empty(),
+            "GET" => agent
+                .get(url)
+                .header("Authorization", &authorization)
+                .call(),
+            "POST" => agent
+                .post(url)
+                .header("Authorization", &authorization)
+                .send_empty(),
             other => panic!("no {other} here"),
         }
         .unwrap_or_else(|e| panic!("{method} {url}: {e}"));

@@ -1,0 +1,473 @@
+//! The admin HTTP endpoint, on `[host] admin_listen` (plain HTTP/1.1).
+//!
+//! - `GET /health`: `{"status": "UP"|"DOWN", "consuming": "n/m", "consumers":
+//!   [{queue, sha256}]}`: UP (200) once every consumer holds its
+//!   subscription, DOWN (503) before that and from the start of shutdown.
+//! - `GET /metrics`: every metric, in the Prometheus (OpenMetrics) text format.
+//! - `GET /plugins`: each consumer's plugin: queue, path, sha256, size,
+//!   loaded_at, from_cache, and the last refused reload with its reason.
+//! - `POST /plugins/reload[?queue=NAME]`: reloads every consumer's plugin (or
+//!   one), answering each consumer's result: 200 when each was swapped or
+//!   unchanged, 422 when one was refused (its reason is in the body), 404 for
+//!   a queue no consumer reads.
+//!
+//! What it enforces (the rules are pure, in [`policy`]; this file does the
+//! I/O): it listens on loopback unless `admin_allow_remote`; each request
+//! must name this endpoint in its `Host` (421 otherwise: DNS rebinding);
+//! a POST from another origin is refused (403: a web page's form); with an
+//! admin token configured every request needs `Authorization: Bearer TOKEN`
+//! (401), without one reads are open and POSTs refused (403), so that
+//! orchestrators' health checks need no secret. Request bodies are refused
+//! over [`policy::MAX_BODY_BYTES`] (413), connections over
+//! [`MAX_CONNECTIONS`] are closed at once, and a connection that sends no
+//! request head for [`HEADER_READ_TIMEOUT`] (a new one, or an idle kept-alive
+//! one) is closed.
+
+pub mod policy;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
+use hyper::http::request::Parts;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ConfigError, LoadedConfig};
+use crate::plugin::swap::{Cause, Reloader, Trigger};
+use crate::telemetry::Metrics;
+use policy::{Policy, Refusal, TOKEN_ENV, Token};
+
+/// A client must send a request head within this time, on a new connection
+/// and between requests on a kept-alive one (hyper restarts the timer once a
+/// response is written), so it also bounds how long an idle connection stays.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long open requests may take to finish once the endpoint stops.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// Connections served at once; more are closed as soon as they are accepted.
+/// Orchestrators and scrapers hold a few; this many means something is wrong.
+pub const MAX_CONNECTIONS: usize = 64;
+/// At most one warning per this time about connections closed over the cap.
+const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The endpoint's settings from `[host]`, checked, with the token read.
+#[derive(Debug)]
+pub struct Settings {
+    pub listen: String,
+    pub allow_remote: bool,
+    /// Host headers accepted besides the bound address's.
+    pub allowed_hosts: Vec<String>,
+    pub token: Option<Token>,
+}
+
+impl Settings {
+    /// The endpoint's settings, or `None` when `admin_listen` is absent.
+    /// Reads the token (`ACEMQ_ADMIN_TOKEN`, else `admin_token_file`), so an
+    /// unusable one fails the start before anything connects.
+    pub fn from_config(config: &LoadedConfig) -> Result<Option<Self>, ConfigError> {
+        let host = &config.config.host;
+        let Some(listen) = &host.admin_listen else {
+            return Ok(None);
+        };
+        let token = read_token(config)?;
+        if host.admin_allow_remote && token.is_none() {
+            return Err(config.error_at(
+                Some(listen.span().start),
+                format!(
+                    "host.admin_allow_remote: an admin endpoint reachable from other machines \
+                     needs a token; set admin_token_file in [host] or the {TOKEN_ENV} \
+                     environment variable"
+                ),
+            ));
+        }
+        Ok(Some(Self {
+            listen: listen.get_ref().clone(),
+            allow_remote: host.admin_allow_remote,
+            allowed_hosts: host
+                .admin_allowed_hosts
+                .iter()
+                .map(|entry| entry.get_ref().clone())
+                .collect(),
+            token,
+        }))
+    }
+}
+
+/// The token from `ACEMQ_ADMIN_TOKEN` (set but empty is refused, not
+/// ignored: it is usually a deploy's missing secret) or `admin_token_file`.
+fn read_token(config: &LoadedConfig) -> Result<Option<Token>, ConfigError> {
+    match std::env::var(TOKEN_ENV) {
+        Ok(text) => {
+            let token = Token::new(&text)
+                .map_err(|reason| config.error_at(None, format!("{TOKEN_ENV}: {reason}")))?;
+            tracing::info!(source = TOKEN_ENV, "admin endpoint: token read");
+            return Ok(Some(token));
+        }
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(config.error_at(None, format!("{TOKEN_ENV}: the token is not valid UTF-8")));
+        }
+        Err(std::env::VarError::NotPresent) => {}
+    }
+    let Some(file) = &config.config.host.admin_token_file else {
+        return Ok(None);
+    };
+    let path = config.resolve(file.get_ref());
+    let at = Some(file.span().start);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        config.error_at(
+            at,
+            format!("host.admin_token_file: cannot read {}: {e}", path.display()),
+        )
+    })?;
+    let token = Token::new(&text).map_err(|reason| {
+        config.error_at(
+            at,
+            format!("host.admin_token_file: {}: {reason}", path.display()),
+        )
+    })?;
+    warn_if_readable_by_all(&path);
+    tracing::info!(source = %path.display(), "admin endpoint: token read");
+    Ok(Some(token))
+}
+
+fn warn_if_readable_by_all(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Ok(metadata) = std::fs::metadata(path)
+        && metadata.permissions().mode() & 0o004 != 0
+    {
+        tracing::warn!(file = %path.display(), "the admin token file is readable by every user; chmod 600 it");
+    }
+}
+
+/// What the endpoint serves from.
+pub struct Admin {
+    pub reloader: Arc<Reloader>,
+    pub metrics: Arc<Metrics>,
+    /// Cancelled when the host begins shutting down: `/health` turns DOWN.
+    pub shutdown: CancellationToken,
+    /// Consumers holding a subscription right now (the reloader knows them all).
+    pub consuming: Arc<AtomicUsize>,
+}
+
+/// A bound endpoint and the policy for its address.
+pub struct Bound {
+    listener: TcpListener,
+    address: SocketAddr,
+    policy: Policy,
+}
+
+/// Binds the endpoint's address. Done before the host connects anywhere, so
+/// an address in use fails the start rather than the first health check.
+pub async fn bind(settings: Settings) -> anyhow::Result<Bound> {
+    let address = &settings.listen;
+    let listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("host.admin_listen: cannot listen on {address}"))?;
+    let bound = listener.local_addr()?;
+    // The config check trusts `localhost` to be loopback; a resolver that
+    // says otherwise must not open the endpoint to the network.
+    if !settings.allow_remote && !bound.ip().is_loopback() {
+        anyhow::bail!(
+            "host.admin_listen: \"{address}\" resolved to {bound}, which is reachable from \
+             other machines; bind to 127.0.0.1 or [::1], or set admin_allow_remote = true in [host]"
+        );
+    }
+    Ok(Bound {
+        listener,
+        address: bound,
+        policy: Policy::new(bound, &settings.allowed_hosts, settings.token),
+    })
+}
+
+/// Serves on `bound` until `stop` is cancelled, then lets open requests
+/// finish (for at most [`CLOSE_GRACE`]).
+pub fn spawn(
+    bound: Bound,
+    admin: Arc<Admin>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let Bound {
+        listener,
+        address,
+        policy,
+    } = bound;
+    if policy.has_token() {
+        tracing::info!(address = %address, "admin endpoint listening (bearer token required)");
+    } else {
+        tracing::warn!(
+            address = %address,
+            "admin endpoint listening without a token: anyone who can connect may read it, and POST /plugins/reload is refused"
+        );
+    }
+    let policy = Arc::new(policy);
+    tokio::spawn(async move {
+        let mut connections = JoinSet::new();
+        let mut over_cap = Throttle::new(CAP_WARN_EVERY);
+        loop {
+            let accepted = tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
+                accepted = listener.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, usually: wait rather than spin.
+                    tracing::warn!(error = %e, "admin endpoint: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            while connections.try_join_next().is_some() {}
+            if connections.len() >= MAX_CONNECTIONS {
+                drop(stream);
+                if let Some(closed) = over_cap.note(Instant::now()) {
+                    tracing::warn!(
+                        peer = %peer,
+                        closed,
+                        limit = MAX_CONNECTIONS,
+                        "admin endpoint: too many connections; closing new ones at once"
+                    );
+                }
+                continue;
+            }
+            let admin = admin.clone();
+            let policy = policy.clone();
+            let stop = stop.clone();
+            connections.spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let admin = admin.clone();
+                    let policy = policy.clone();
+                    async move { Ok::<_, Infallible>(admin.serve(&policy, request).await) }
+                });
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), service);
+                tokio::pin!(connection);
+                let served = tokio::select! {
+                    served = connection.as_mut() => served,
+                    _ = stop.cancelled() => {
+                        // Finish the request in progress, then close.
+                        connection.as_mut().graceful_shutdown();
+                        connection.await
+                    }
+                };
+                if let Err(e) = served {
+                    tracing::debug!(error = %e, "admin endpoint connection");
+                }
+            });
+        }
+        drop(listener);
+        let closed = tokio::time::timeout(CLOSE_GRACE, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
+        if closed.is_err() {
+            connections.abort_all();
+        }
+    })
+}
+
+/// Counts events and says when to log them: the first at once, later ones
+/// at most once per period, with how many there were since the last log.
+struct Throttle {
+    every: Duration,
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl Throttle {
+    fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last: None,
+            unlogged: 0,
+        }
+    }
+
+    /// Notes one event at `now`; `Some(count)` when it is time to log `count`.
+    fn note(&mut self, now: Instant) -> Option<u64> {
+        self.unlogged += 1;
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < self.every)
+        {
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
+
+impl Admin {
+    /// Answers one request: refused by the policy, or routed. The body is
+    /// never read (no route takes one; the policy bounds its size).
+    async fn serve(&self, policy: &Policy, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let (head, _body) = request.into_parts();
+        match policy::authorize(&head, policy) {
+            Ok(()) => self.route(&head).await,
+            Err(refusal) => {
+                tracing::debug!(method = %head.method, path = head.uri.path(), %refusal, "admin endpoint: request refused");
+                refused(&refusal)
+            }
+        }
+    }
+
+    async fn route(&self, head: &Parts) -> Response<Full<Bytes>> {
+        let path = head.uri.path();
+        let method = &head.method;
+        match (path, method) {
+            ("/health", &Method::GET) => self.health(),
+            ("/metrics", &Method::GET) => text(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                self.metrics.render(),
+            ),
+            ("/plugins", &Method::GET) => json(
+                StatusCode::OK,
+                &serde_json::Value::Array(
+                    self.reloader
+                        .status()
+                        .iter()
+                        .map(|status| status.to_json())
+                        .collect(),
+                ),
+            ),
+            ("/plugins/reload", &Method::POST) => {
+                let queue = head.uri.query().and_then(|query| {
+                    form_urlencoded::parse(query.as_bytes())
+                        .find(|(key, _)| key == "queue")
+                        .map(|(_, value)| value.into_owned())
+                });
+                self.reload(queue.as_deref()).await
+            }
+            ("/health" | "/metrics" | "/plugins", _) => not_allowed("GET"),
+            ("/plugins/reload", _) => not_allowed("POST"),
+            _ => json(
+                StatusCode::NOT_FOUND,
+                &serde_json::json!({
+                    "error": format!("no such endpoint: {path}"),
+                    "endpoints": ["GET /health", "GET /metrics", "GET /plugins", "POST /plugins/reload[?queue=NAME]"],
+                }),
+            ),
+        }
+    }
+
+    fn health(&self) -> Response<Full<Bytes>> {
+        // UP means serving: every consumer subscribed (not merely started)
+        // and no shutdown under way.
+        let consumers: Vec<_> = self
+            .reloader
+            .status()
+            .iter()
+            .map(|s| serde_json::json!({"queue": s.queue, "sha256": s.sha256}))
+            .collect();
+        let consuming = self.consuming.load(Ordering::SeqCst);
+        let up = !self.shutdown.is_cancelled() && consuming == consumers.len();
+        json(
+            if up {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            },
+            &serde_json::json!({
+                "status": if up { "UP" } else { "DOWN" },
+                "consuming": format!("{consuming}/{}", consumers.len()),
+                "consumers": consumers,
+            }),
+        )
+    }
+
+    async fn reload(&self, queue: Option<&str>) -> Response<Full<Bytes>> {
+        match self
+            .reloader
+            .reload(queue, Trigger::now(Cause::Admin))
+            .await
+        {
+            Ok(reports) => {
+                let refused = reports.iter().any(|r| r.result.is_refused());
+                json(
+                    if refused {
+                        StatusCode::UNPROCESSABLE_ENTITY
+                    } else {
+                        StatusCode::OK
+                    },
+                    &serde_json::json!({
+                        "results": reports.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
+                    }),
+                )
+            }
+            Err(unknown) => json(
+                StatusCode::NOT_FOUND,
+                &serde_json::json!({ "error": unknown.to_string() }),
+            ),
+        }
+    }
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn json(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut text_body = body.to_string();
+    text_body.push('\n');
+    text(status, "application/json", text_body)
+}
+
+fn refused(refusal: &Refusal) -> Response<Full<Bytes>> {
+    let mut response = json(
+        refusal.status(),
+        &serde_json::json!({ "error": refusal.to_string() }),
+    );
+    if refusal.challenges() {
+        response
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+fn not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
+    let mut response = json(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &serde_json::json!({ "error": format!("use {allow}") }),
+    );
+    response
+        .headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(allow));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_over_cap_warning_comes_once_per_period_with_its_count() {
+        let start = Instant::now();
+        let mut throttle = Throttle::new(Duration::from_secs(10));
+        assert_eq!(throttle.note(start), Some(1));
+        for ms in [1, 500, 9_999] {
+            assert_eq!(throttle.note(start + Duration::from_millis(ms)), None);
+        }
+        assert_eq!(throttle.note(start + Duration::from_secs(10)), Some(4));
+        assert_eq!(throttle.note(start + Duration::from_secs(11)), None);
+        assert_eq!(throttle.note(start + Duration::from_secs(20)), Some(2));
+    }
+}

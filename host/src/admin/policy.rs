@@ -1,0 +1,691 @@
+//! Who may use the admin endpoint, decided from a request's head alone.
+//!
+//! Pure: no sockets, files or environment. The server (`admin/mod.rs`)
+//! hands [`authorize`] each request's head and answers the [`Refusal`];
+//! config checks call [`check_listen`] and [`check_allowed_host`]; the token's
+//! text comes from a file or the environment and is checked by
+//! [`Token::new`].
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, HOST, HeaderMap, ORIGIN, TRANSFER_ENCODING};
+use hyper::http::request::Parts;
+use hyper::{Method, StatusCode};
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
+
+/// Environment variable holding the admin token; wins over `[host] admin_token_file`.
+pub const TOKEN_ENV: &str = "ACEMQ_ADMIN_TOKEN";
+
+/// Shortest token accepted: 16 random characters are out of reach of
+/// guessing over HTTP, and a shorter one is more likely a placeholder.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+/// Largest request body accepted. No route reads a body, so this only
+/// bounds what a client can make the server receive and throw away.
+pub const MAX_BODY_BYTES: u64 = 1024;
+
+/// The admin token. Only its SHA-256 is kept: the token itself cannot end up
+/// in a log or a `Debug` print, and comparing digests of equal length takes
+/// the same time whatever the length of the guess.
+#[derive(Clone)]
+pub struct Token {
+    digest: [u8; 32],
+}
+
+impl Token {
+    /// Checks a token's text; surrounding whitespace (a file's trailing
+    /// newline) is not part of it. The refusal never quotes the token.
+    pub fn new(text: &str) -> Result<Self, String> {
+        let token = text.trim();
+        if token.is_empty() {
+            return Err("the token is empty".into());
+        }
+        // It travels in an HTTP header; anything else could never match.
+        if !token.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(
+                "the token has a space, a control character or a non-ASCII character; \
+                 use printable ASCII only (for example `openssl rand -hex 32`)"
+                    .into(),
+            );
+        }
+        if token.len() < MIN_TOKEN_CHARS {
+            return Err(format!(
+                "the token is {} characters long; use at least {MIN_TOKEN_CHARS} \
+                 (for example `openssl rand -hex 32`)",
+                token.len()
+            ));
+        }
+        Ok(Self {
+            digest: Sha256::digest(token).into(),
+        })
+    }
+
+    fn matches(&self, presented: &[u8]) -> bool {
+        let presented: [u8; 32] = Sha256::digest(presented).into();
+        self.digest.ct_eq(&presented).into()
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(redacted)")
+    }
+}
+
+/// Whether an `admin_listen` address is reachable from other machines.
+///
+/// Literal loopback addresses and `localhost` are not; every other name
+/// could resolve to anything, so it counts as remote.
+pub fn is_remote(address: &str) -> Result<bool, String> {
+    if let Ok(socket) = address.parse::<SocketAddr>() {
+        return Ok(!socket.ip().is_loopback());
+    }
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return Err(format!(
+            "\"{address}\" is not HOST:PORT (for example \"127.0.0.1:9090\")"
+        ));
+    };
+    if port.parse::<u16>().is_err() {
+        return Err(format!(
+            "\"{address}\": the port \"{port}\" is not a number from 0 to 65535"
+        ));
+    }
+    Ok(!host.eq_ignore_ascii_case("localhost"))
+}
+
+/// Refuses an `admin_listen` address reachable from other machines unless
+/// `admin_allow_remote` says so; the message names both keys.
+pub fn check_listen(address: &str, allow_remote: bool) -> Result<(), String> {
+    if is_remote(address)? && !allow_remote {
+        return Err(format!(
+            "\"{address}\" is reachable from other machines; bind the admin endpoint to \
+             loopback (127.0.0.1:PORT, [::1]:PORT or localhost:PORT), or set \
+             admin_allow_remote = true in [host] (which also requires an admin token)"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an `admin_allowed_hosts` entry: the Host header clients send.
+pub fn check_allowed_host(entry: &str) -> Result<(), String> {
+    let shape = "must be HOST:PORT as clients send it in the Host header \
+                 (for example \"acemq-1.internal:9090\")";
+    if entry.is_empty()
+        || entry.contains("://")
+        || entry.contains(['/', '?', '#', '@'])
+        || entry.chars().any(|c| !c.is_ascii_graphic())
+    {
+        return Err(format!("\"{entry}\" {shape}"));
+    }
+    if port_of(entry).is_none_or(|port| port.parse::<u16>().is_err()) {
+        return Err(format!("\"{entry}\" has no port number; it {shape}"));
+    }
+    Ok(())
+}
+
+/// The port of a `host:port` authority (`[v6]:port` included), if it has one.
+fn port_of(authority: &str) -> Option<&str> {
+    let after_host = match authority.strip_prefix('[') {
+        Some(rest) => &rest[rest.find(']')? + 1..],
+        None => &authority[authority.find(':')?..],
+    };
+    after_host.strip_prefix(':').filter(|port| !port.is_empty())
+}
+
+/// An authority as compared with the allowed hosts: lowercase, and with the
+/// port HTTP implies when a client leaves it out.
+fn normalize(authority: &str) -> String {
+    let lower = authority.to_ascii_lowercase();
+    if port_of(&lower).is_some() {
+        lower
+    } else {
+        format!("{lower}:80")
+    }
+}
+
+/// What the endpoint lets through.
+#[derive(Debug)]
+pub struct Policy {
+    /// Normalized authorities a request may name (see [`normalize`]).
+    hosts: Vec<String>,
+    token: Option<Token>,
+}
+
+impl Policy {
+    /// The policy of an endpoint bound to `bound`: requests may name the
+    /// bound address (or loopback and `localhost` when it is loopback or
+    /// every interface) or one of `configured` (each passed
+    /// [`check_allowed_host`]).
+    pub fn new(bound: SocketAddr, configured: &[String], token: Option<Token>) -> Self {
+        let port = bound.port();
+        let ip = bound.ip();
+        let mut hosts = Vec::new();
+        if ip.is_loopback() || ip.is_unspecified() {
+            hosts.push(format!("localhost:{port}"));
+        }
+        // An unspecified address is never what a client connects to; the
+        // loopback addresses it also covers are.
+        match ip {
+            IpAddr::V4(v4) if v4.is_unspecified() => {
+                hosts.push(authority(Ipv4Addr::LOCALHOST, port))
+            }
+            IpAddr::V6(v6) if v6.is_unspecified() => {
+                hosts.push(authority(Ipv6Addr::LOCALHOST, port));
+                hosts.push(authority(Ipv4Addr::LOCALHOST, port));
+            }
+            _ => hosts.push(bound.to_string()),
+        }
+        hosts.extend(configured.iter().map(|host| normalize(host)));
+        Self { hosts, token }
+    }
+
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    fn allows_host(&self, authority: &str) -> bool {
+        let wanted = normalize(authority);
+        self.hosts.contains(&wanted)
+    }
+}
+
+fn authority(ip: impl Into<IpAddr>, port: u16) -> String {
+    SocketAddr::new(ip.into(), port).to_string()
+}
+
+/// Why a request was refused; its status and a sentence for the body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Another host's name: DNS rebinding (a web page whose name now
+    /// resolves to loopback) or a proxy sending the wrong name.
+    #[error(
+        "this endpoint does not answer for host \"{0}\"; if clients reach it by that name, add it to admin_allowed_hosts in [host]"
+    )]
+    UnknownHost(String),
+    #[error("the request names no host; send a Host header")]
+    NoHost,
+    #[error("a request body of undeclared length is refused: this endpoint takes no body")]
+    LengthRequired,
+    #[error(
+        "a request body of {0} bytes is over the limit of {MAX_BODY_BYTES}: this endpoint takes no body"
+    )]
+    BodyTooLarge(u64),
+    /// A web page's form or script: without this a page in an operator's
+    /// browser could reload plugins on a loopback endpoint.
+    #[error(
+        "a {method} from origin \"{origin}\" is refused: only same-origin requests may change state"
+    )]
+    CrossOrigin { method: Method, origin: String },
+    #[error(
+        "send the admin token as Authorization: Bearer TOKEN (the token in admin_token_file or {TOKEN_ENV})"
+    )]
+    MissingToken,
+    #[error("the bearer token is wrong")]
+    WrongToken,
+    #[error(
+        "a token must be configured to reload over HTTP (or to send any other {0}): set admin_token_file in [host] or the {TOKEN_ENV} environment variable; SIGHUP and plugin file changes still reload"
+    )]
+    NoTokenConfigured(Method),
+}
+
+impl Refusal {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::UnknownHost(_) | Self::NoHost => StatusCode::MISDIRECTED_REQUEST,
+            Self::LengthRequired => StatusCode::LENGTH_REQUIRED,
+            Self::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::CrossOrigin { .. } | Self::NoTokenConfigured(_) => StatusCode::FORBIDDEN,
+            Self::MissingToken | Self::WrongToken => StatusCode::UNAUTHORIZED,
+        }
+    }
+
+    /// Whether the answer carries `WWW-Authenticate: Bearer`.
+    pub fn challenges(&self) -> bool {
+        self.status() == StatusCode::UNAUTHORIZED
+    }
+}
+
+/// Longest refused host or origin quoted back, so a refusal stays small.
+const QUOTE_MAX: usize = 100;
+
+/// Lets a request through or says why not. Checks, in order: the host it
+/// names, its body, where it comes from (state-changing methods), the token.
+pub fn authorize(head: &Parts, policy: &Policy) -> Result<(), Refusal> {
+    check_host(head, policy)?;
+    check_body(&head.headers)?;
+    let changes_state = !head.method.is_safe();
+    if changes_state {
+        check_origin(head)?;
+    }
+    match &policy.token {
+        Some(token) => check_token(&head.headers, token),
+        None if changes_state => Err(Refusal::NoTokenConfigured(head.method.clone())),
+        None => Ok(()),
+    }
+}
+
+/// The authority a request names: its target's when absolute (which, per
+/// RFC 9112, overrides Host), else its one Host header.
+fn requested_host(head: &Parts) -> Result<String, Refusal> {
+    if let Some(authority) = head.uri.authority() {
+        return Ok(authority.as_str().to_string());
+    }
+    let mut values = head.headers.get_all(HOST).iter();
+    match (values.next(), values.next()) {
+        (Some(value), None) => Ok(String::from_utf8_lossy(value.as_bytes()).into_owned()),
+        (None, _) => Err(Refusal::NoHost),
+        (Some(first), Some(_)) => Err(Refusal::UnknownHost(quote(first.as_bytes()))),
+    }
+}
+
+fn check_host(head: &Parts, policy: &Policy) -> Result<(), Refusal> {
+    let host = requested_host(head)?;
+    if policy.allows_host(&host) {
+        Ok(())
+    } else {
+        Err(Refusal::UnknownHost(quote(host.as_bytes())))
+    }
+}
+
+fn check_body(headers: &HeaderMap) -> Result<(), Refusal> {
+    // A chunked body's size is only known once it has all been read.
+    if headers.contains_key(TRANSFER_ENCODING) {
+        return Err(Refusal::LengthRequired);
+    }
+    let Some(length) = headers.get(CONTENT_LENGTH) else {
+        return Ok(());
+    };
+    // hyper refuses a malformed Content-Length before a request gets here.
+    let length = length
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    if length > MAX_BODY_BYTES {
+        return Err(Refusal::BodyTooLarge(length));
+    }
+    Ok(())
+}
+
+fn check_origin(head: &Parts) -> Result<(), Refusal> {
+    let Some(origin) = head.headers.get(ORIGIN) else {
+        // Not from a browser's cross-origin request: browsers always send
+        // Origin on a cross-origin POST.
+        return Ok(());
+    };
+    let same = origin
+        .to_str()
+        .ok()
+        .and_then(|origin| origin.strip_prefix("http://"))
+        .zip(requested_host(head).ok())
+        .is_some_and(|(origin, host)| normalize(origin) == normalize(&host));
+    if same {
+        Ok(())
+    } else {
+        Err(Refusal::CrossOrigin {
+            method: head.method.clone(),
+            origin: quote(origin.as_bytes()),
+        })
+    }
+}
+
+fn check_token(headers: &HeaderMap, token: &Token) -> Result<(), Refusal> {
+    let presented = headers.get(AUTHORIZATION).and_then(|value| {
+        let value = value.as_bytes();
+        let space = value.iter().position(|b| *b == b' ')?;
+        let (scheme, rest) = value.split_at(space);
+        scheme
+            .eq_ignore_ascii_case(b"bearer")
+            .then_some(rest.trim_ascii())
+    });
+    match presented {
+        None => Err(Refusal::MissingToken),
+        Some(presented) if token.matches(presented) => Ok(()),
+        Some(_) => Err(Refusal::WrongToken),
+    }
+}
+
+/// A client's header value, safe to quote back: lossy text, at most
+/// [`QUOTE_MAX`] characters.
+fn quote(value: &[u8]) -> String {
+    let text = String::from_utf8_lossy(value);
+    match text.char_indices().nth(QUOTE_MAX) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text.into_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "0123456789abcdef-secret";
+    const BOUND: &str = "127.0.0.1:9090";
+
+    fn policy(token: Option<&str>) -> Policy {
+        Policy::new(
+            BOUND.parse().unwrap(),
+            &["ACEMQ-1.internal:9090".to_string()],
+            token.map(|t| Token::new(t).unwrap()),
+        )
+    }
+
+    /// A request head; `headers` are (name, value) pairs.
+    fn head(method: Method, headers: &[(&str, &str)]) -> Parts {
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri("/plugins/reload");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(()).unwrap().into_parts().0
+    }
+
+    fn bearer(token: &str) -> String {
+        format!("Bearer {token}")
+    }
+
+    #[test]
+    fn a_request_with_the_token_passes() {
+        let auth = bearer(TOKEN);
+        for method in [Method::GET, Method::POST] {
+            let request = head(method, &[("host", BOUND), ("authorization", &auth)]);
+            assert_eq!(authorize(&request, &policy(Some(TOKEN))), Ok(()));
+        }
+    }
+
+    #[test]
+    fn with_a_token_configured_every_request_needs_it() {
+        for method in [Method::GET, Method::POST] {
+            let request = head(method, &[("host", BOUND)]);
+            let refusal = authorize(&request, &policy(Some(TOKEN))).unwrap_err();
+            assert_eq!(refusal, Refusal::MissingToken);
+            assert_eq!(refusal.status(), StatusCode::UNAUTHORIZED);
+            assert!(refusal.challenges());
+        }
+    }
+
+    #[test]
+    fn a_wrong_token_or_another_scheme_is_refused() {
+        let p = policy(Some(TOKEN));
+        let wrong = bearer("0123456789abcdef-secreT");
+        let request = head(Method::GET, &[("host", BOUND), ("authorization", &wrong)]);
+        assert_eq!(authorize(&request, &p), Err(Refusal::WrongToken));
+        let prefix = bearer(&TOKEN[..TOKEN.len() - 1]);
+        let request = head(Method::GET, &[("host", BOUND), ("authorization", &prefix)]);
+        assert_eq!(authorize(&request, &p), Err(Refusal::WrongToken));
+        let basic = format!("Basic {TOKEN}");
+        let request = head(Method::GET, &[("host", BOUND), ("authorization", &basic)]);
+        assert_eq!(authorize(&request, &p), Err(Refusal::MissingToken));
+    }
+
+    #[test]
+    fn the_scheme_is_case_insensitive() {
+        let auth = format!("bearer  {TOKEN}");
+        let request = head(Method::GET, &[("host", BOUND), ("authorization", &auth)]);
+        assert_eq!(authorize(&request, &policy(Some(TOKEN))), Ok(()));
+    }
+
+    #[test]
+    fn without_a_token_reads_pass_and_changes_are_refused() {
+        let p = policy(None);
+        assert_eq!(
+            authorize(&head(Method::GET, &[("host", BOUND)]), &p),
+            Ok(())
+        );
+        let refusal = authorize(&head(Method::POST, &[("host", BOUND)]), &p).unwrap_err();
+        assert_eq!(refusal, Refusal::NoTokenConfigured(Method::POST));
+        assert_eq!(refusal.status(), StatusCode::FORBIDDEN);
+        let text = refusal.to_string();
+        assert!(
+            text.contains("a token must be configured to reload over HTTP")
+                && text.contains("SIGHUP"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_foreign_host_is_refused_and_named() {
+        // DNS rebinding: the page's own name, now resolving to 127.0.0.1.
+        let request = head(Method::GET, &[("host", "evil.example:9090")]);
+        let refusal = authorize(&request, &policy(None)).unwrap_err();
+        assert_eq!(refusal, Refusal::UnknownHost("evil.example:9090".into()));
+        assert_eq!(refusal.status(), StatusCode::MISDIRECTED_REQUEST);
+        assert!(refusal.to_string().contains("\"evil.example:9090\""));
+        // The right name on another port is another origin.
+        let request = head(Method::GET, &[("host", "127.0.0.1:9091")]);
+        assert!(authorize(&request, &policy(None)).is_err());
+        // It is checked before the token: a rebinding page learns nothing.
+        let request = head(Method::GET, &[("host", "evil.example:9090")]);
+        assert!(matches!(
+            authorize(&request, &policy(Some(TOKEN))),
+            Err(Refusal::UnknownHost(_))
+        ));
+    }
+
+    #[test]
+    fn bound_loopback_localhost_and_configured_hosts_pass() {
+        let p = policy(None);
+        for host in [
+            "127.0.0.1:9090",
+            "localhost:9090",
+            "LocalHost:9090",
+            "acemq-1.internal:9090",
+        ] {
+            assert_eq!(
+                authorize(&head(Method::GET, &[("host", host)]), &p),
+                Ok(()),
+                "{host}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_without_a_host_or_with_two_is_refused() {
+        assert_eq!(
+            authorize(&head(Method::GET, &[]), &policy(None)),
+            Err(Refusal::NoHost)
+        );
+        let request = head(
+            Method::GET,
+            &[("host", BOUND), ("host", "evil.example:9090")],
+        );
+        assert!(matches!(
+            authorize(&request, &policy(None)),
+            Err(Refusal::UnknownHost(_))
+        ));
+    }
+
+    #[test]
+    fn an_absolute_target_names_the_host() {
+        let mut request = head(Method::GET, &[("host", BOUND)]);
+        request.uri = "http://evil.example:9090/plugins".parse().unwrap();
+        assert_eq!(
+            authorize(&request, &policy(None)),
+            Err(Refusal::UnknownHost("evil.example:9090".into()))
+        );
+    }
+
+    #[test]
+    fn hosts_follow_the_bound_address() {
+        let on = |bound: &str, host: &str| {
+            let p = Policy::new(bound.parse().unwrap(), &[], None);
+            authorize(&head(Method::GET, &[("host", host)]), &p).is_ok()
+        };
+        assert!(on("[::1]:9090", "[::1]:9090"));
+        assert!(on("[::1]:9090", "localhost:9090"));
+        assert!(!on("[::1]:9090", "127.0.0.1:9090"));
+        assert!(on("0.0.0.0:9090", "127.0.0.1:9090"));
+        assert!(!on("0.0.0.0:9090", "0.0.0.0:9090"));
+        assert!(on("[::]:9090", "[::1]:9090"));
+        assert!(on("10.1.2.3:9090", "10.1.2.3:9090"));
+        assert!(!on("10.1.2.3:9090", "localhost:9090"));
+        // Without a port, a Host names port 80.
+        assert!(on("127.0.0.1:80", "127.0.0.1"));
+        assert!(!on("127.0.0.1:9090", "127.0.0.1"));
+    }
+
+    #[test]
+    fn a_cross_origin_post_is_refused_even_with_the_token() {
+        let auth = bearer(TOKEN);
+        for origin in ["http://evil.example", "null", "https://127.0.0.1:9090"] {
+            let request = head(
+                Method::POST,
+                &[
+                    ("host", BOUND),
+                    ("origin", origin),
+                    ("authorization", &auth),
+                ],
+            );
+            let refusal = authorize(&request, &policy(Some(TOKEN))).unwrap_err();
+            assert_eq!(
+                refusal,
+                Refusal::CrossOrigin {
+                    method: Method::POST,
+                    origin: origin.into()
+                }
+            );
+            assert_eq!(refusal.status(), StatusCode::FORBIDDEN);
+        }
+        // And without a token configured, the origin is what is named.
+        let request = head(
+            Method::POST,
+            &[("host", BOUND), ("origin", "http://evil.example")],
+        );
+        assert!(matches!(
+            authorize(&request, &policy(None)),
+            Err(Refusal::CrossOrigin { .. })
+        ));
+    }
+
+    #[test]
+    fn a_same_origin_post_and_a_cross_origin_get_pass() {
+        let auth = bearer(TOKEN);
+        let request = head(
+            Method::POST,
+            &[
+                ("host", BOUND),
+                ("origin", "http://127.0.0.1:9090"),
+                ("authorization", &auth),
+            ],
+        );
+        assert_eq!(authorize(&request, &policy(Some(TOKEN))), Ok(()));
+        // A cross-origin GET cannot read the answer (no CORS headers) and
+        // changes nothing.
+        let request = head(
+            Method::GET,
+            &[("host", BOUND), ("origin", "http://evil.example")],
+        );
+        assert_eq!(authorize(&request, &policy(None)), Ok(()));
+    }
+
+    #[test]
+    fn bodies_over_the_limit_or_of_unknown_length_are_refused() {
+        let auth = bearer(TOKEN);
+        let p = policy(Some(TOKEN));
+        let with = |extra: (&str, &str)| {
+            authorize(
+                &head(
+                    Method::POST,
+                    &[("host", BOUND), ("authorization", &auth), extra],
+                ),
+                &p,
+            )
+        };
+        assert_eq!(with(("content-length", "1024")), Ok(()));
+        let refusal = with(("content-length", "1025")).unwrap_err();
+        assert_eq!(refusal, Refusal::BodyTooLarge(1025));
+        assert_eq!(refusal.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let refusal = with(("transfer-encoding", "chunked")).unwrap_err();
+        assert_eq!(refusal, Refusal::LengthRequired);
+        assert_eq!(refusal.status(), StatusCode::LENGTH_REQUIRED);
+        // Before the token: an oversize request is refused unread, whoever sends it.
+        let request = head(Method::GET, &[("host", BOUND), ("content-length", "4096")]);
+        assert_eq!(authorize(&request, &p), Err(Refusal::BodyTooLarge(4096)));
+    }
+
+    #[test]
+    fn a_refused_host_is_quoted_short() {
+        let long = format!("{}:9090", "a".repeat(500));
+        let Err(Refusal::UnknownHost(quoted)) =
+            authorize(&head(Method::GET, &[("host", &long)]), &policy(None))
+        else {
+            panic!("not refused");
+        };
+        assert_eq!(quoted.len(), QUOTE_MAX + 3, "{quoted}");
+    }
+
+    #[test]
+    fn tokens_are_checked_and_never_shown() {
+        let short = Token::new("  short-token\n").unwrap_err();
+        assert!(
+            short.contains("11 characters long") && short.contains("at least 16"),
+            "{short}"
+        );
+        assert!(!short.contains("short-token"), "{short}");
+        assert!(Token::new("\n").unwrap_err().contains("empty"));
+        assert!(
+            Token::new("0123456789 abcdef")
+                .unwrap_err()
+                .contains("space")
+        );
+        assert!(Token::new("0123456789abcdéf0").is_err());
+        let token = Token::new(&format!("{TOKEN}\n")).unwrap();
+        assert!(token.matches(TOKEN.as_bytes()));
+        assert_eq!(format!("{token:?}"), "Token(redacted)");
+    }
+
+    #[test]
+    fn loopback_addresses_are_local_and_the_rest_remote() {
+        for local in [
+            "127.0.0.1:9090",
+            "127.3.4.5:1",
+            "[::1]:9090",
+            "localhost:9090",
+            "LOCALHOST:0",
+        ] {
+            assert_eq!(is_remote(local), Ok(false), "{local}");
+        }
+        for remote in [
+            "0.0.0.0:9090",
+            "[::]:9090",
+            "10.0.0.5:9090",
+            "acemq-1.internal:9090",
+            "[::ffff:127.0.0.1]:9090",
+        ] {
+            assert_eq!(is_remote(remote), Ok(true), "{remote}");
+        }
+        assert!(is_remote("127.0.0.1").unwrap_err().contains("HOST:PORT"));
+        assert!(is_remote("localhost:http").unwrap_err().contains("port"));
+    }
+
+    #[test]
+    fn a_remote_address_needs_admin_allow_remote() {
+        let refusal = check_listen("0.0.0.0:9090", false).unwrap_err();
+        assert!(
+            refusal.contains("\"0.0.0.0:9090\"") && refusal.contains("admin_allow_remote = true"),
+            "{refusal}"
+        );
+        assert_eq!(check_listen("0.0.0.0:9090", true), Ok(()));
+        assert_eq!(check_listen("127.0.0.1:9090", false), Ok(()));
+    }
+
+    #[test]
+    fn allowed_hosts_must_look_like_a_host_header() {
+        assert_eq!(check_allowed_host("ACEMQ-1.internal:9090"), Ok(()));
+        assert_eq!(check_allowed_host("[fd00::1]:9090"), Ok(()));
+        for bad in [
+            "acemq-1.internal",
+            "acemq-1:http",
+            "http://acemq-1:9090",
+            "acemq-1:9090/x",
+            "",
+            "a b:1",
+            "[fd00::1]",
+        ] {
+            assert!(check_allowed_host(bad).is_err(), "{bad}");
+        }
+    }
+}
