@@ -186,7 +186,9 @@ impl CodecSet {
     }
 
     fn convert(&self, direction: Direction, content_type: Option<&str>, body: &[u8]) -> Conversion {
-        let Some(content_type) = content_type else {
+        // Every delivery and output passes here: a host without codecs (the
+        // common case) answers before the content type is even normalised.
+        let (false, Some(content_type)) = (self.entries.is_empty(), content_type) else {
             return Conversion::Unclaimed;
         };
         let wanted = media_type(content_type);
