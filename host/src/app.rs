@@ -88,11 +88,16 @@ fn engine_settings(config: &LoadedConfig) -> EngineSettings {
     // Each consumer holds at most `concurrency` instances at once, plus one
     // warm instance per version while a swap is being prepared.
     let instances: usize = consumers.iter().map(|c| c.concurrency * 2 + 2).sum();
+    // Codecs run under the default limits (load_codecs), so their budget
+    // bounds the pool's memory slots as much as any consumer's does.
+    let codec_budget =
+        (!config.config.codecs.is_empty()).then(|| Limits::default().max_memory_bytes);
     EngineSettings {
         max_instances: u32::try_from(instances.max(16)).unwrap_or(u32::MAX),
         max_memory_bytes: consumers
             .iter()
             .map(|c| c.max_memory_bytes)
+            .chain(codec_budget)
             .max()
             .unwrap_or(64 << 20),
         cache_dir: config

@@ -11,6 +11,7 @@ use wasmtime::component::Component;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::PluginError;
+use super::host_state::{MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_TABLES};
 
 /// How often the engine's epoch advances. A call's deadline is counted in
 /// these ticks, so a deadline is honoured to within one tick.
@@ -21,7 +22,8 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 pub struct EngineSettings {
     /// Upper bound on live plugin instances across all consumers (pool slots).
     pub max_instances: u32,
-    /// Largest linear memory any consumer allows, in bytes.
+    /// Largest per-instance memory budget of any plugin (consumer or codec),
+    /// in bytes: the size of each pooled memory slot.
     pub max_memory_bytes: u64,
     /// Where compiled plugins are cached; `None` compiles at every start.
     pub cache_dir: Option<PathBuf>,
@@ -227,14 +229,29 @@ fn engine_config(settings: &EngineSettings, pooling: bool) -> Config {
     config.consume_fuel(settings.fuel_metering);
     if pooling {
         let slots = settings.max_instances.max(1);
+        // The pool admits exactly what each store's `MemoryLimiter` admits
+        // (host_state.rs), so a plugin behaves the same with and without
+        // pooling, and a pool sized for `slots` instances of the largest
+        // plugin allowed never runs out of memory or table slots first.
+        let per_instance = |count: usize| u32::try_from(count).expect("a small constant");
+        let (instances, memories, tables) = (
+            per_instance(MAX_CORE_INSTANCES),
+            per_instance(MAX_MEMORIES),
+            per_instance(MAX_TABLES),
+        );
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(slots)
-            // A Rust guest is one core module plus the small adapter modules
-            // wit-component generates; 8 per component leaves room.
-            .max_core_instances_per_component(8)
-            .total_core_instances(slots.saturating_mul(4))
-            .total_memories(slots)
-            .total_tables(slots.saturating_mul(2))
+            .max_core_instances_per_component(instances)
+            .total_core_instances(slots.saturating_mul(instances))
+            .max_memories_per_component(memories)
+            .max_memories_per_module(memories)
+            .total_memories(slots.saturating_mul(memories))
+            .max_tables_per_component(tables)
+            .max_tables_per_module(tables)
+            .total_tables(slots.saturating_mul(tables))
+            // The limiter's budget covers all of an instance's memories
+            // together, so one memory can reach the whole budget and never
+            // more: the largest budget is each memory slot's size.
             .max_memory_size(usize::try_from(settings.max_memory_bytes).unwrap_or(usize::MAX))
             // A fresh instance per message would otherwise spend most of its
             // time in the kernel: page faults on the guest's stack, data and
