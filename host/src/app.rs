@@ -48,6 +48,7 @@ pub struct PreparedConsumer {
 pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
     let topology = Topology::from_config(&config.config)
         .map_err(|problems| anyhow::anyhow!("{}: {problems}", config.path.display()))?;
+    check_plugin_paths(&config)?;
     let engine = Arc::new(PluginEngine::new(engine_settings(&config))?);
     let codecs = Arc::new(load_codecs(&config, &engine)?);
     let mut consumers = Vec::new();
@@ -81,6 +82,21 @@ fn load_codecs(config: &LoadedConfig, engine: &PluginEngine) -> anyhow::Result<C
         codecs.add(&codec.content_types, version);
     }
     Ok(codecs)
+}
+
+/// Refuses, before anything is loaded, a plugin file or folder that another
+/// user, or anyone but its owner, could write: they could choose the code
+/// the host runs (hot swap picks up a replaced file within a second). The
+/// folders are watched for hot swap afterwards, not checked again.
+fn check_plugin_paths(config: &LoadedConfig) -> anyhow::Result<()> {
+    let c = &config.config;
+    let handlers = c.consumers.iter().map(|consumer| &consumer.plugin);
+    let codecs = c.codecs.iter().map(|codec| &codec.plugin);
+    for plugin in handlers.chain(codecs) {
+        crate::fs_trust::check_plugin(&config.resolve(plugin.get_ref()))
+            .map_err(|e| config.error_at(Some(plugin.span().start), e.to_string()))?;
+    }
+    Ok(())
 }
 
 fn engine_settings(config: &LoadedConfig) -> EngineSettings {

@@ -100,6 +100,34 @@ fn garbage_a_core_module_and_a_wrong_world_are_each_named() {
     }
 }
 
+/// A plugin in a folder its group can write is refused at start, naming
+/// the folder, its mode and its owner, before the plugin is even read.
+#[test]
+fn a_plugin_folder_others_can_write_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    let plugin = plugins.join("echo.wasm");
+    std::fs::copy(plugin_path("echo"), &plugin).unwrap();
+    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o775)).unwrap();
+
+    let (output, _dir) = acemq_host(&["run"], Some(&consumer_config(&plugin)));
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "plugin folder {}: is writable by its group (mode 0775, owner uid ",
+            plugins.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        !err.contains("connect"),
+        "it must not have tried the broker: {err}"
+    );
+}
+
 #[test]
 fn an_unreachable_broker_is_retried_then_gives_up_without_showing_the_password() {
     let config = format!(
