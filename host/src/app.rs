@@ -101,6 +101,7 @@ fn check_plugin_paths(config: &LoadedConfig) -> anyhow::Result<()> {
 
 fn engine_settings(config: &LoadedConfig) -> EngineSettings {
     let consumers = &config.config.consumers;
+    let host = &config.config.host;
     // Each consumer holds at most `concurrency` instances at once, plus one
     // warm instance per version while a swap is being prepared.
     let instances: usize = consumers.iter().map(|c| c.concurrency * 2 + 2).sum();
@@ -116,13 +117,15 @@ fn engine_settings(config: &LoadedConfig) -> EngineSettings {
             .chain(codec_budget)
             .max()
             .unwrap_or(64 << 20),
-        cache_dir: config
-            .config
-            .host
+        cache_dir: host
             .plugin_cache_dir
             .as_ref()
             .map(|dir| config.resolve(dir)),
-        fuel_metering: config.config.host.fuel_metering,
+        cache_key_file: host
+            .plugin_cache_key_file
+            .as_ref()
+            .map(|key| config.resolve(key.get_ref())),
+        fuel_metering: host.fuel_metering,
     }
 }
 

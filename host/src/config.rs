@@ -76,6 +76,9 @@ pub struct HostConfig {
     pub admin_listen: Option<String>,
     /// Where compiled plugins are cached; no cache when absent.
     pub plugin_cache_dir: Option<PathBuf>,
+    /// The key that authenticates cache entries (created when missing);
+    /// `<plugin_cache_dir>.key`, beside the folder, when absent.
+    pub plugin_cache_key_file: Option<Spanned<PathBuf>>,
     /// Count the fuel (roughly, instructions) every handler call burns and
     /// report it as `acemq_plugin_fuel_total`. Costs some speed.
     #[serde(default)]
@@ -88,6 +91,7 @@ impl Default for HostConfig {
             drain_timeout: defaults::drain_timeout(),
             admin_listen: None,
             plugin_cache_dir: None,
+            plugin_cache_key_file: None,
             fuel_metering: false,
         }
     }
@@ -357,6 +361,14 @@ impl LoadedConfig {
     /// Checks that only need the file: references between tables and value ranges.
     fn check(&self) -> Result<(), ConfigError> {
         let c = &self.config;
+        if let Some(key_file) = &c.host.plugin_cache_key_file
+            && c.host.plugin_cache_dir.is_none()
+        {
+            return Err(self.error_at(
+                Some(key_file.span().start),
+                "host.plugin_cache_key_file: there is no [host] plugin_cache_dir for this key to protect",
+            ));
+        }
         for (i, consumer) in c.consumers.iter().enumerate() {
             if let Some(name) = &consumer.retry
                 && !c.retry.contains_key(name.get_ref())
@@ -490,6 +502,14 @@ mod tests {
             loaded.resolve(loaded.config.consumers[0].plugin.get_ref()),
             PathBuf::from("/etc/acemq/p.wasm")
         );
+    }
+
+    #[test]
+    fn a_cache_key_without_a_cache_is_refused() {
+        let err = parse("[host]\nplugin_cache_key_file = \"k\"\n").unwrap_err();
+        assert_eq!(err.line, Some(2), "{err}");
+        assert!(err.message.contains("no [host] plugin_cache_dir"), "{err}");
+        parse("[host]\nplugin_cache_dir = \"c\"\nplugin_cache_key_file = \"k\"\n").unwrap();
     }
 
     #[test]
