@@ -51,6 +51,7 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
     let topology = Topology::from_config(&config.config)
         .map_err(|problems| anyhow::anyhow!("{}: {problems}", config.path.display()))?;
     let admin = crate::admin::Settings::from_config(&config)?;
+    check_plugin_paths(&config)?;
     let engine = Arc::new(PluginEngine::new(engine_settings(&config))?);
     let codecs = Arc::new(load_codecs(&config, &engine)?);
     let mut consumers = Vec::new();
@@ -87,25 +88,48 @@ fn load_codecs(config: &LoadedConfig, engine: &PluginEngine) -> anyhow::Result<C
     Ok(codecs)
 }
 
+/// Refuses, before anything is loaded, a plugin file or folder that another
+/// user, or anyone but its owner, could write: they could choose the code
+/// the host runs (hot swap picks up a replaced file within a second). The
+/// folders are watched for hot swap afterwards, not checked again.
+fn check_plugin_paths(config: &LoadedConfig) -> anyhow::Result<()> {
+    let c = &config.config;
+    let handlers = c.consumers.iter().map(|consumer| &consumer.plugin);
+    let codecs = c.codecs.iter().map(|codec| &codec.plugin);
+    for plugin in handlers.chain(codecs) {
+        crate::fs_trust::check_plugin(&config.resolve(plugin.get_ref()))
+            .map_err(|e| config.error_at(Some(plugin.span().start), e.to_string()))?;
+    }
+    Ok(())
+}
+
 fn engine_settings(config: &LoadedConfig) -> EngineSettings {
     let consumers = &config.config.consumers;
+    let host = &config.config.host;
     // Each consumer holds at most `concurrency` instances at once, plus one
     // warm instance per version while a swap is being prepared.
     let instances: usize = consumers.iter().map(|c| c.concurrency * 2 + 2).sum();
+    // Codecs run under the default limits (load_codecs), so their budget
+    // bounds the pool's memory slots as much as any consumer's does.
+    let codec_budget =
+        (!config.config.codecs.is_empty()).then(|| Limits::default().max_memory_bytes);
     EngineSettings {
         max_instances: u32::try_from(instances.max(16)).unwrap_or(u32::MAX),
         max_memory_bytes: consumers
             .iter()
             .map(|c| c.max_memory_bytes)
+            .chain(codec_budget)
             .max()
             .unwrap_or(64 << 20),
-        cache_dir: config
-            .config
-            .host
+        cache_dir: host
             .plugin_cache_dir
             .as_ref()
             .map(|dir| config.resolve(dir)),
-        fuel_metering: config.config.host.fuel_metering,
+        cache_key_file: host
+            .plugin_cache_key_file
+            .as_ref()
+            .map(|key| config.resolve(key.get_ref())),
+        fuel_metering: host.fuel_metering,
     }
 }
 

@@ -109,6 +109,9 @@ pub struct HostConfig {
     admin_token: Option<Spanned<toml::Value>>,
     /// Where compiled plugins are cached; no cache when absent.
     pub plugin_cache_dir: Option<PathBuf>,
+    /// The key that authenticates cache entries (created when missing);
+    /// `<plugin_cache_dir>.key`, beside the folder, when absent.
+    pub plugin_cache_key_file: Option<Spanned<PathBuf>>,
     /// Count the fuel (roughly, instructions) every handler call burns and
     /// report it as `acemq_plugin_fuel_total`. Costs some speed.
     #[serde(default)]
@@ -125,6 +128,7 @@ impl Default for HostConfig {
             admin_allowed_hosts: Vec::new(),
             admin_token: None,
             plugin_cache_dir: None,
+            plugin_cache_key_file: None,
             fuel_metering: false,
         }
     }
@@ -417,6 +421,14 @@ impl LoadedConfig {
     fn check(&self) -> Result<(), ConfigError> {
         self.check_admin()?;
         let c = &self.config;
+        if let Some(key_file) = &c.host.plugin_cache_key_file
+            && c.host.plugin_cache_dir.is_none()
+        {
+            return Err(self.error_at(
+                Some(key_file.span().start),
+                "host.plugin_cache_key_file: there is no [host] plugin_cache_dir for this key to protect",
+            ));
+        }
         for (i, consumer) in c.consumers.iter().enumerate() {
             if let Some(name) = &consumer.retry
                 && !c.retry.contains_key(name.get_ref())
@@ -664,5 +676,13 @@ mod tests {
             err.message.starts_with("host.admin_allowed_hosts[1]: "),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_cache_key_without_a_cache_is_refused() {
+        let err = parse("[host]\nplugin_cache_key_file = \"k\"\n").unwrap_err();
+        assert_eq!(err.line, Some(2), "{err}");
+        assert!(err.message.contains("no [host] plugin_cache_dir"), "{err}");
+        parse("[host]\nplugin_cache_dir = \"c\"\nplugin_cache_key_file = \"k\"\n").unwrap();
     }
 }

@@ -22,6 +22,7 @@ pub mod cli;
 pub mod config;
 pub mod delivery;
 pub mod envelope;
+pub mod fs_trust;
 pub mod plugin;
 pub mod retry;
 pub mod telemetry;

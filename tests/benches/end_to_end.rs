@@ -353,7 +353,10 @@ impl Bench {
         let concurrency = s.concurrency.to_string();
         let multi_ack = s.multi_ack.to_string();
         let plugin = self.plugin.to_string_lossy();
-        let cache = self.cache.path().to_string_lossy();
+        // A folder inside the temporary one, so that its key (beside it)
+        // goes away with it too.
+        let cache_dir = self.cache.path().join("entries");
+        let cache = cache_dir.to_string_lossy();
         let sink = unique_name("bench.sink");
         match mode {
             Mode::Bare => args[0] = "consume-bare",

@@ -100,6 +100,124 @@ fn garbage_a_core_module_and_a_wrong_world_are_each_named() {
     }
 }
 
+/// A plugin in a folder its group can write is refused at start, naming
+/// the folder, its mode and its owner, before the plugin is even read.
+#[test]
+fn a_plugin_folder_others_can_write_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    let plugin = plugins.join("echo.wasm");
+    std::fs::copy(plugin_path("echo"), &plugin).unwrap();
+    std::fs::set_permissions(&plugins, std::fs::Permissions::from_mode(0o775)).unwrap();
+
+    let (output, _dir) = acemq_host(&["run"], Some(&consumer_config(&plugin)));
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "plugin folder {}: is writable by its group (mode 0775, owner uid ",
+            plugins.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        !err.contains("connect"),
+        "it must not have tried the broker: {err}"
+    );
+}
+
+/// A config with a compiled-plugin cache in `cache` and the echo plugin.
+fn cached_config(cache: &Path) -> String {
+    format!(
+        "[host]\nplugin_cache_dir = \"{}\"\n\n{}",
+        cache.display(),
+        consumer_config(&plugin_path("echo"))
+    )
+}
+
+#[test]
+fn a_cache_folder_or_key_others_could_reach_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let chmod = |path: &Path, mode| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    chmod(&cache, 0o770);
+    let (output, _dir) = acemq_host(&["validate"], Some(&cached_config(&cache)));
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "plugin cache folder {}: is writable by its group (mode 0770, owner uid ",
+            cache.display()
+        )),
+        "{err}"
+    );
+
+    chmod(&cache, 0o700);
+    let key = dir.path().join("cache.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    chmod(&key, 0o640);
+    let (output, _dir) = acemq_host(&["validate"], Some(&cached_config(&cache)));
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "plugin cache key file {}: is accessible to its group or others (mode 0640",
+            key.display()
+        )),
+        "{err}"
+    );
+}
+
+/// A changed cache entry is named in a warning and compiled again from the
+/// plugin; the next start uses the rewritten entry without a word.
+#[test]
+fn a_tampered_cache_entry_is_named_and_compiled_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let config = cached_config(&cache);
+    let validate = || {
+        let (output, _dir) = acemq_host(&["validate"], Some(&config));
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(0), "{err}");
+        err
+    };
+    assert!(validate().contains("from_cache=false"));
+    let [entry] = &std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("one cache entry expected")
+    };
+    let mut bytes = std::fs::read(entry).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x55;
+    std::fs::write(entry, bytes).unwrap();
+
+    let err = validate();
+    let warning = err
+        .lines()
+        .find(|line| line.contains("WARN"))
+        .unwrap_or_else(|| panic!("no warning:\n{err}"));
+    assert!(
+        warning.contains("compiled-plugin cache entry is not trusted: its MAC does not match"),
+        "{warning}"
+    );
+    assert!(warning.contains(&entry.display().to_string()), "{warning}");
+    assert!(err.contains("from_cache=false"), "{err}");
+    let err = validate();
+    assert!(
+        !err.contains("WARN") && err.contains("from_cache=true"),
+        "{err}"
+    );
+}
+
 #[test]
 fn an_unreachable_broker_is_retried_then_gives_up_without_showing_the_password() {
     let config = format!(

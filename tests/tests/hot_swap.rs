@@ -7,7 +7,8 @@
 //! are the real ones; its admin endpoint is on a free loopback port. The
 //! plugin file lives in a temporary folder as `handler.wasm`, and versions
 //! are deployed as a deploy tool would: written beside it, then renamed over
-//! it (or, for the broken ones, written over it in place).
+//! it (or, for the broken ones, written over it in place). Compiled versions
+//! are cached in another temporary folder, as in production.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,8 @@ struct Scenario {
     out_exchange: String,
     output: String,
     dir: tempfile::TempDir,
+    /// Holds the compiled-plugin cache (`entries/`) and its key.
+    cache: tempfile::TempDir,
     admin: String,
 }
 
@@ -50,12 +53,35 @@ impl Scenario {
             out_exchange: unique_name("swap.out"),
             output: unique_name("swap.stamped"),
             dir,
+            cache: tempfile::tempdir().unwrap(),
             admin: format!("127.0.0.1:{}", free_port()),
         }
     }
 
     fn handler(&self) -> PathBuf {
         self.dir.path().join("handler.wasm")
+    }
+
+    fn cache_entries(&self) -> PathBuf {
+        self.cache.path().join("entries")
+    }
+
+    /// The compiled-plugin cache entry of the version hashing to `sha256`.
+    fn cache_entry(&self, sha256: &str) -> PathBuf {
+        let entries: Vec<PathBuf> = std::fs::read_dir(self.cache_entries())
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| {
+                path.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(sha256)
+            })
+            .collect();
+        let [entry] = &entries[..] else {
+            panic!("one cache entry expected for {sha256}: {entries:?}")
+        };
+        entry.clone()
     }
 
     fn config(&self) -> String {
@@ -68,6 +94,7 @@ connect_timeout = "10s"
 [host]
 admin_listen = "{admin}"
 admin_token_file = "{token_file}"
+plugin_cache_dir = "{cache}"
 
 [[exchanges]]
 name = "{out}"
@@ -98,6 +125,7 @@ out_exchange = "{out}"
             url = shared_broker().amqp_url(),
             admin = self.admin,
             token_file = self.dir.path().join("admin.token").display(),
+            cache = self.cache_entries().display(),
             out = self.out_exchange,
             input = self.input,
             output = self.output,
@@ -531,7 +559,11 @@ async fn a_plugin_swapped_under_load_loses_nothing_and_broken_versions_are_refus
     );
     assert_eq!(s.swaps("refused"), 4.0);
 
-    // --- roll back to v1: swapped again; a reload of the same file is a no-op
+    // --- roll back to v1 through a poisoned cache: swapped again, as v1 ----
+    // v2's compiled entry copied over v1's (v1's name kept): the swap must
+    // not run v2's code under v1's hash, but compile v1 from its file.
+    let v1_entry = s.cache_entry(&sha_v1);
+    std::fs::copy(s.cache_entry(&sha_v2), &v1_entry).unwrap();
     s.deploy(&plugin_path("stamp-v1"));
     wait_for_log(&mut host, "plugin swapped", 2);
     s.publish(STREAM + 40..STREAM + 60).await;
@@ -539,6 +571,13 @@ async fn a_plugin_swapped_under_load_loses_nothing_and_broken_versions_are_refus
         s.outputs(20, &host).await.iter().all(|(_, v)| v == "v1"),
         "v1 is not serving after the rollback"
     );
+    let untrusted = log_lines_with(&host, "compiled-plugin cache entry is not trusted");
+    assert!(
+        untrusted.len() == 1 && untrusted[0].contains(&v1_entry.display().to_string()),
+        "{untrusted:?}"
+    );
+    assert_eq!(s.plugin()["from_cache"], false);
+    // A reload of the same file is a no-op.
     let (status, answer) = s.post_reload(&format!("?queue={}", s.input));
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["results"][0]["result"], "unchanged", "{answer}");

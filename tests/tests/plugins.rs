@@ -4,13 +4,14 @@
 //! before the handler and park what they cannot read.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use acemq_host::envelope::{self, Envelope};
 use acemq_host::plugin::{
-    CodecSet, CodecVersion, ConsumerContext, Conversion, EngineSettings, FaultKind, HandlerVersion,
-    Input, Limits, PluginEngine, Verdict,
+    CodecSet, CodecVersion, CompiledPlugin, ConsumerContext, Conversion, EngineSettings, FaultKind,
+    HandlerVersion, Input, Limits, PluginEngine, Verdict,
 };
 use acemq_tests::host::{InProcessHost, plugin_path};
 use acemq_tests::{ReceivedMessage, shared_broker, unique_name};
@@ -222,6 +223,121 @@ fn a_message_read_after_its_call_returned_traps_with_a_reason() {
             envelope::HeaderValue::Text("acme".into())
         )]
     );
+}
+
+/// What the stamp plugin compiled as `compiled` stamps on its output:
+/// `"v1"` or `"v2"`, whatever its hash says.
+fn stamped_version(engine: &PluginEngine, compiled: CompiledPlugin) -> String {
+    let context = ConsumerContext {
+        queue: "stamp".into(),
+        config: BTreeMap::from([("out_exchange".to_string(), "out".to_string())]),
+        publish_to: BTreeSet::from(["out".to_string()]),
+        ..ConsumerContext::default()
+    };
+    let version = HandlerVersion::from_compiled(engine, compiled, Arc::new(context)).unwrap();
+    let done = version.invoke(Input {
+        envelope: Arc::new(Envelope::new("test", envelope::default_origin(), 0)),
+        exchange: String::new(),
+        routing_key: "stamp".into(),
+        redelivered: false,
+        stream_offset: None,
+        content_type: Some("text/plain".into()),
+        headers: Vec::new(),
+        body: b"hello".to_vec().into(),
+    });
+    assert_eq!(done.result, Ok(Verdict::Accept));
+    let stamped: serde_json::Value = serde_json::from_slice(&done.outputs[0].body).unwrap();
+    stamped["version"].as_str().unwrap().to_string()
+}
+
+/// The cache entry of the plugin whose source hashes to `sha256`.
+fn cache_entry(cache: &Path, sha256: &str) -> PathBuf {
+    let entries: Vec<PathBuf> = std::fs::read_dir(cache)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(sha256)
+        })
+        .collect();
+    let [entry] = &entries[..] else {
+        panic!("one cache entry expected for {sha256}: {entries:?}")
+    };
+    entry.clone()
+}
+
+/// Plugin A's compiled entry copied over plugin B's (B's file name kept)
+/// must not run as B: the entry's MAC binds it to A's source, so loading B
+/// refuses it, compiles B from its source and overwrites the entry. Whether
+/// B comes at start (compile_file) or by hot swap (compile_bytes), and
+/// whether the planted entry carries A's MAC or none (as hosts before the
+/// MAC wrote them), B runs as B under B's hash.
+#[test]
+fn another_plugins_cache_entry_is_refused_and_the_plugin_compiled_from_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let engine = || {
+        PluginEngine::new(EngineSettings {
+            cache_dir: Some(cache.clone()),
+            ..EngineSettings::default()
+        })
+        .unwrap()
+    };
+    let host = engine();
+    let (a_path, b_path) = (plugin_path("stamp-v1"), plugin_path("stamp-v2"));
+    let a = host.compile_file(&a_path).unwrap();
+    let b = host.compile_file(&b_path).unwrap();
+    assert!(!a.from_cache && !b.from_cache);
+    assert_ne!(a.sha256, b.sha256);
+    // The cache works: a restart (a new engine, the same key) takes B from it.
+    let restarted = engine();
+    let b_again = restarted.compile_file(&b_path).unwrap();
+    assert!(b_again.from_cache, "a sealed entry was not used");
+    assert_eq!(stamped_version(&restarted, b_again), "v2");
+
+    let (a_entry, b_entry) = (
+        cache_entry(&cache, &a.sha256),
+        cache_entry(&cache, &b.sha256),
+    );
+    let b_bytes = std::fs::read(&b_path).unwrap();
+    let a_unsealed = a.component.serialize().unwrap();
+    type Load<'a> = Box<dyn Fn(&PluginEngine) -> CompiledPlugin + 'a>;
+    let loads: [(&str, Load); 2] = [
+        ("at start", Box::new(|e| e.compile_file(&b_path).unwrap())),
+        (
+            "by hot swap",
+            Box::new(|e| e.compile_bytes(&b_path, &b_bytes).unwrap()),
+        ),
+    ];
+    for (how, load) in &loads {
+        for (planted, bytes) in [
+            ("A's sealed entry", std::fs::read(&a_entry).unwrap()),
+            ("A's code without a MAC", a_unsealed.clone()),
+        ] {
+            std::fs::write(&b_entry, &bytes).unwrap();
+            let host = engine();
+            let loaded = load(&host);
+            assert!(
+                !loaded.from_cache,
+                "{how}, {planted}: the planted entry was used"
+            );
+            assert_eq!(loaded.sha256, b.sha256, "{how}, {planted}");
+            assert_eq!(
+                stamped_version(&host, loaded),
+                "v2",
+                "{how}, {planted}: ran A's code"
+            );
+            // The entry was overwritten with B's own, sealed: used next time.
+            let next = load(&host);
+            assert!(
+                next.from_cache,
+                "{how}, {planted}: the entry was not rewritten"
+            );
+            assert_eq!(stamped_version(&host, next), "v2", "{how}, {planted}");
+        }
+    }
 }
 
 fn msgpack_codec() -> CodecSet {

@@ -1,5 +1,8 @@
 //! The wasmtime engine shared by every plugin of a host process: how code is
-//! compiled, cached on disk, and interrupted when it runs past its deadline.
+//! compiled, cached on disk (see [`cache`]: only entries the host can prove
+//! it wrote are used), and interrupted when it runs past its deadline.
+
+mod cache;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,7 +13,9 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use self::cache::PluginCache;
 use super::PluginError;
+use super::host_state::{MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_TABLES};
 
 /// How often the engine's epoch advances. A call's deadline is counted in
 /// these ticks, so a deadline is honoured to within one tick.
@@ -21,10 +26,14 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 pub struct EngineSettings {
     /// Upper bound on live plugin instances across all consumers (pool slots).
     pub max_instances: u32,
-    /// Largest linear memory any consumer allows, in bytes.
+    /// Largest per-instance memory budget of any plugin (consumer or codec),
+    /// in bytes: the size of each pooled memory slot.
     pub max_memory_bytes: u64,
     /// Where compiled plugins are cached; `None` compiles at every start.
     pub cache_dir: Option<PathBuf>,
+    /// The key that authenticates cache entries; `None` puts it beside the
+    /// cache folder (`<cache_dir>.key`). Unused without `cache_dir`.
+    pub cache_key_file: Option<PathBuf>,
     /// Count fuel (instructions, roughly) so it can be reported per call.
     pub fuel_metering: bool,
 }
@@ -35,6 +44,7 @@ impl Default for EngineSettings {
             max_instances: 256,
             max_memory_bytes: 64 << 20,
             cache_dir: None,
+            cache_key_file: None,
             fuel_metering: false,
         }
     }
@@ -93,10 +103,15 @@ pub struct PluginEngine {
     /// address space; some hosts refuse it, and then instances are allocated
     /// on demand instead of failing to start).
     pooling: bool,
+    /// The compiled-plugin cache, when one is configured.
+    cache: Option<PluginCache>,
     ticker_stop: Arc<AtomicBool>,
 }
 
 impl PluginEngine {
+    /// Creates the engine, and opens the compiled-plugin cache when one is
+    /// configured: a cache folder or key file others could change is refused
+    /// here, before any plugin loads.
     pub fn new(settings: EngineSettings) -> anyhow::Result<Self> {
         let (engine, pooling) = match Engine::new(&engine_config(&settings, true)) {
             Ok(engine) => (engine, true),
@@ -110,12 +125,21 @@ impl PluginEngine {
                 (engine, false)
             }
         };
+        let cache = match &settings.cache_dir {
+            Some(dir) => Some(PluginCache::open(
+                &engine,
+                dir,
+                settings.cache_key_file.as_deref(),
+            )?),
+            None => None,
+        };
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.clone(), ticker_stop.clone());
         Ok(Self {
             engine,
             settings,
             pooling,
+            cache,
             ticker_stop,
         })
     }
@@ -155,56 +179,37 @@ impl PluginEngine {
         Ok(compiled)
     }
 
+    /// Compiles `bytes`, or takes their compilation from the cache when its
+    /// MAC proves this host made it from these very bytes. Hot swap comes
+    /// through here too, so a swapped version is held to the same proof.
     fn compile_component(&self, path: &Path, bytes: &[u8]) -> Result<CompiledPlugin, PluginError> {
         check_is_component(path, bytes)?;
-        let sha256 = hex::encode(Sha256::digest(bytes));
-        let cached = self.cache_path(&sha256);
-        if let Some(cached) = &cached
-            && cached.exists()
-        {
-            // SAFETY: the cache directory holds only files this host wrote from
-            // code it compiled itself (named by the source's hash and the
-            // engine's compatibility hash); wasmtime rejects files from another
-            // version or configuration deterministically.
-            match unsafe { Component::deserialize_file(&self.engine, cached) } {
-                Ok(component) => {
-                    return Ok(CompiledPlugin {
-                        path: path.to_path_buf(),
-                        sha256,
-                        size: bytes.len(),
-                        component,
-                        from_cache: true,
-                    });
+        let source: [u8; 32] = Sha256::digest(bytes).into();
+        let cached = self
+            .cache
+            .as_ref()
+            .and_then(|cache| cache.load(&self.engine, path, &source));
+        let from_cache = cached.is_some();
+        let component = match cached {
+            Some(component) => component,
+            None => {
+                let component = Component::new(&self.engine, bytes)
+                    .map_err(|e| PluginError::new(path, format!("does not compile: {e:#}")))?;
+                if let Some(cache) = &self.cache
+                    && let Err(e) = cache.store(&source, &component)
+                {
+                    tracing::warn!(plugin = %path.display(), error = %e, "cannot cache the compiled plugin");
                 }
-                Err(e) => {
-                    tracing::warn!(cache = %cached.display(), error = %e, "ignoring an unusable compiled-plugin cache entry")
-                }
+                component
             }
-        }
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| PluginError::new(path, format!("does not compile: {e:#}")))?;
-        if let Some(cached) = &cached
-            && let Err(e) = write_cache(cached, &component)
-        {
-            tracing::warn!(cache = %cached.display(), error = %e, "cannot cache the compiled plugin");
-        }
+        };
         Ok(CompiledPlugin {
             path: path.to_path_buf(),
-            sha256,
+            sha256: hex::encode(source),
             size: bytes.len(),
             component,
-            from_cache: false,
+            from_cache,
         })
-    }
-
-    fn cache_path(&self, sha256: &str) -> Option<PathBuf> {
-        let dir = self.settings.cache_dir.as_ref()?;
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.engine
-            .precompile_compatibility_hash()
-            .hash(&mut hasher);
-        Some(dir.join(format!("{sha256}-{:016x}.cwasm", hasher.finish())))
     }
 }
 
@@ -227,14 +232,29 @@ fn engine_config(settings: &EngineSettings, pooling: bool) -> Config {
     config.consume_fuel(settings.fuel_metering);
     if pooling {
         let slots = settings.max_instances.max(1);
+        // The pool admits exactly what each store's `MemoryLimiter` admits
+        // (host_state.rs), so a plugin behaves the same with and without
+        // pooling, and a pool sized for `slots` instances of the largest
+        // plugin allowed never runs out of memory or table slots first.
+        let per_instance = |count: usize| u32::try_from(count).expect("a small constant");
+        let (instances, memories, tables) = (
+            per_instance(MAX_CORE_INSTANCES),
+            per_instance(MAX_MEMORIES),
+            per_instance(MAX_TABLES),
+        );
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(slots)
-            // A Rust guest is one core module plus the small adapter modules
-            // wit-component generates; 8 per component leaves room.
-            .max_core_instances_per_component(8)
-            .total_core_instances(slots.saturating_mul(4))
-            .total_memories(slots)
-            .total_tables(slots.saturating_mul(2))
+            .max_core_instances_per_component(instances)
+            .total_core_instances(slots.saturating_mul(instances))
+            .max_memories_per_component(memories)
+            .max_memories_per_module(memories)
+            .total_memories(slots.saturating_mul(memories))
+            .max_tables_per_component(tables)
+            .max_tables_per_module(tables)
+            .total_tables(slots.saturating_mul(tables))
+            // The limiter's budget covers all of an instance's memories
+            // together, so one memory can reach the whole budget and never
+            // more: the largest budget is each memory slot's size.
             .max_memory_size(usize::try_from(settings.max_memory_bytes).unwrap_or(usize::MAX))
             // A fresh instance per message would otherwise spend most of its
             // time in the kernel: page faults on the guest's stack, data and
@@ -262,19 +282,6 @@ fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) {
             }
         })
         .expect("cannot start the epoch thread");
-}
-
-fn write_cache(path: &Path, component: &Component) -> anyhow::Result<()> {
-    let bytes = component.serialize()?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    // Write then rename, so a crash never leaves a half-written entry that a
-    // later start would try to load.
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
 }
 
 /// Refuses what is not a component before compiling, with a message that says

@@ -61,7 +61,8 @@ impl fmt::Display for Fault {
 /// What the host observed around a failed call, besides the error itself.
 #[derive(Debug, Default, Clone)]
 pub struct CallEvidence {
-    /// The memory size the limiter refused, if it refused one.
+    /// The total linear memory the limiter refused to let the instance
+    /// reach (all its memories together), if it refused.
     pub refused_memory: Option<usize>,
     /// The last error-level line the guest logged (the SDK logs panics there).
     pub last_error_log: Option<String>,
@@ -93,11 +94,7 @@ pub fn classify(
         ),
         _ if evidence.refused_memory.is_some() => (
             FaultKind::OutOfMemory,
-            format!(
-                "out of memory: the plugin asked for {} bytes of linear memory, over its limit of {} bytes",
-                evidence.refused_memory.unwrap_or_default(),
-                memory_limit
-            ),
+            out_of_memory_reason(evidence.refused_memory.unwrap_or_default(), memory_limit),
         ),
         Some(Trap::UnreachableCodeReached) if is_panic(evidence) => (
             FaultKind::Panic,
@@ -117,6 +114,14 @@ pub fn classify(
         None => (FaultKind::Trap, format!("trap: {}", error.root_cause())),
     };
     Fault { kind, reason }
+}
+
+/// The reason for a refused allocation of linear memory: `asked` is what all
+/// the instance's memories would have held together.
+pub fn out_of_memory_reason(asked: usize, limit: impl fmt::Display) -> String {
+    format!(
+        "out of memory: the plugin asked for {asked} bytes of linear memory, over its limit of {limit} bytes"
+    )
 }
 
 /// A fault for an instance that could not even be created.
