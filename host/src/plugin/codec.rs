@@ -17,7 +17,7 @@ use wasmtime::component::Linker;
 use super::bindings::codec_world::{CodecPlugin, CodecPluginPre};
 use super::engine::PluginEngine;
 use super::fault::CallEvidence;
-use super::host_state::MemoryLimiter;
+use super::limiter::MemoryLimiter;
 use super::pool::{Instantiate, Observed, Pool, Warm};
 use super::{Limits, PluginError};
 

@@ -15,7 +15,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use self::cache::PluginCache;
 use super::PluginError;
-use super::host_state::{MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_TABLES};
+use super::limiter::{MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_TABLES};
 
 /// How often the engine's epoch advances. A call's deadline is counted in
 /// these ticks, so a deadline is honoured to within one tick.

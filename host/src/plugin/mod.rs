@@ -30,6 +30,7 @@ mod fault;
 mod handler;
 mod host_state;
 pub mod inspect;
+mod limiter;
 mod pool;
 pub mod swap;
 
