@@ -22,7 +22,7 @@ use lapin::types::AMQPValue;
 const TRAFFIC: usize = 10;
 const WAIT: Duration = Duration::from_secs(60);
 /// The poison consumer's `max_body_bytes` (the default is far bigger).
-const MAX_BODY: usize = 65_536;
+const MAX_BODY: usize = 1 << 20;
 
 fn error_of(message: &ReceivedMessage) -> String {
     match message.header("x-acemq-error") {
