@@ -41,6 +41,8 @@ pub struct Prepared {
 pub struct PreparedConsumer {
     pub subscription: SubscriptionSpec,
     pub policy: RetryPolicy,
+    /// Bodies larger than this are parked before any plugin runs.
+    pub max_body_bytes: usize,
     pub handler: Arc<HandlerSlot>,
     pub plugin_path: std::path::PathBuf,
 }
@@ -181,6 +183,7 @@ fn prepare_consumer(
             concurrency: consumer.concurrency,
         },
         policy,
+        max_body_bytes: consumer.max_body_bytes,
         handler: Arc::new(HandlerSlot::new(version)),
         plugin_path,
     })
@@ -253,6 +256,7 @@ pub async fn run(
         let pipeline = Arc::new(Pipeline::new(
             queue,
             consumer.policy,
+            consumer.max_body_bytes,
             consumer.handler,
             &shared,
         ));

@@ -261,6 +261,10 @@ pub struct ConsumerConfig {
     /// Linear-memory cap of one plugin instance, in bytes.
     #[serde(default = "defaults::max_memory_bytes")]
     pub max_memory_bytes: u64,
+    /// Largest body a delivery may have; a bigger one is parked before any
+    /// plugin runs.
+    #[serde(default = "defaults::max_body_bytes")]
+    pub max_body_bytes: usize,
     /// Handed to the plugin through `config(key)`.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
@@ -303,6 +307,11 @@ mod defaults {
     }
     pub fn max_memory_bytes() -> u64 {
         64 << 20
+    }
+    pub fn max_body_bytes() -> usize {
+        // Generous: far above any message a handler is meant for, yet a
+        // body of this size is copied into a plugin's memory at most once.
+        16 << 20
     }
 }
 

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use futures::future::join_all;
 use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::ShortString;
 use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::watch;
 
@@ -181,6 +182,14 @@ impl Publisher {
         }
     }
 
+    /// The largest frame the broker accepts on this connection, negotiated
+    /// when it opened. A content header (properties and headers) larger
+    /// than this is a protocol error that closes the whole connection, so
+    /// callers measure theirs against it before publishing.
+    pub fn frame_max(&self) -> u32 {
+        self.connection.configuration().frame_max()
+    }
+
     /// Publishes one message, mandatory, and waits for its confirm.
     pub async fn publish(&self, publication: Publication) -> Result<(), PublishError> {
         self.publish_all(vec![publication]).await
@@ -191,6 +200,23 @@ impl Publisher {
     pub async fn publish_all(&self, publications: Vec<Publication>) -> Result<(), PublishError> {
         if publications.is_empty() {
             return Ok(());
+        }
+        // Checked before anything is written: lapin panics on a name too
+        // long for an AMQP short string, and a batch is all or nothing.
+        for p in &publications {
+            for (what, name) in [("exchange", &p.exchange), ("routing key", &p.routing_key)] {
+                if ShortString::try_new(name.as_str()).is_err() {
+                    return Err(PublishError::Unknown {
+                        id: p.message_id(),
+                        exchange: preview(&p.exchange),
+                        routing_key: preview(&p.routing_key),
+                        reason: format!(
+                            "its {what} is {} bytes long; AMQP allows at most 255, so it was not sent",
+                            name.len()
+                        ),
+                    });
+                }
+            }
         }
         let mut membership = match self.join().await {
             Ok(membership) => membership,
@@ -376,6 +402,15 @@ fn batch_result(confirmations: Vec<(usize, Result<(), PublishError>)>) -> Result
         confirmed: total - failed,
         first: Box::new(first),
     })
+}
+
+/// The start of a name too long to quote whole in an error.
+fn preview(name: &str) -> String {
+    const SHOWN: usize = 64;
+    match name.char_indices().nth(SHOWN) {
+        Some((end, _)) => format!("{}...", &name[..end]),
+        None => name.to_string(),
+    }
 }
 
 fn refused(p: &Publication) -> PublishError {

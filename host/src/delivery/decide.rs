@@ -8,10 +8,11 @@
 //! a message's end is here, as plain functions over plain data, so each one
 //! is unit-tested without a broker; `settle.rs` only carries them out.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use super::plugins::PluginRun;
-use crate::envelope::Envelope;
+use crate::envelope::{self, Envelope, NO_REASON};
 use crate::plugin::{Outgoing, Verdict};
 use crate::retry::{Decision, RetryPolicy, WaitPlace};
 use crate::topology::naming;
@@ -116,8 +117,47 @@ impl DeliveryFacts<'_> {
     }
 }
 
+impl Settlement {
+    /// The same settlement with its reason cut to
+    /// [`envelope::MAX_REASON_BYTES`]: a reason may quote a plugin (a
+    /// panic text, a reject reason holding a whole order id) and is
+    /// written into `x-acemq-error` and logs, which must stay small.
+    fn with_bounded_reason(mut self) -> Self {
+        match &mut self {
+            Settlement::Accept { .. } => {}
+            Settlement::RetryInConsumer { reason, .. }
+            | Settlement::RetryInBroker { reason, .. }
+            | Settlement::DeadLetter { reason, .. }
+            | Settlement::Park { reason, .. }
+            | Settlement::Requeue { why: reason } => {
+                if let Cow::Owned(cut) = envelope::bound_reason(reason) {
+                    *reason = cut;
+                }
+            }
+        }
+        self
+    }
+}
+
+/// The set-aside of a delivery whose body is larger than its consumer
+/// allows (`max_body_bytes`): parked before any plugin runs, never retried
+/// (it would be as large the next time). `None` when the body is allowed.
+pub fn refuse_oversized(queue: &str, body_len: usize, max_body_bytes: usize) -> Option<Settlement> {
+    (body_len > max_body_bytes).then(|| Settlement::Park {
+        queue: naming::parked_queue(queue),
+        reason: format!(
+            "its body is {body_len} bytes, more than the {max_body_bytes} bytes this consumer \
+             accepts (max_body_bytes)"
+        ),
+    })
+}
+
 /// Decides the settlement for what the plugins produced.
 pub fn decide(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy) -> Settlement {
+    settlement_for(facts, run, policy).with_bounded_reason()
+}
+
+fn settlement_for(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy) -> Settlement {
     match run {
         // A delivery whose body no codec could decode is parked before any
         // handler runs (contract §9), never retried.
@@ -171,6 +211,9 @@ pub enum Setback {
     RungMissing,
     /// The republish of a retry (rung or own queue) was not confirmed.
     RetryNotPublished(String),
+    /// The retry copy cannot be published at all (its properties do not
+    /// fit a frame): it would fail the same way every time.
+    RetryTooLarge(String),
     /// The copy to `.dlq` or `.parked` was not confirmed.
     SetAsideFailed(String),
     /// Shutdown began while the delivery waited in the consumer.
@@ -183,6 +226,15 @@ pub enum Setback {
 /// a chain of setbacks ends: at the latest in a requeue, which cannot fail
 /// (a lost nack is a redelivery).
 pub fn follow_up(
+    facts: DeliveryFacts<'_>,
+    failed: &Settlement,
+    setback: Setback,
+    policy: &RetryPolicy,
+) -> Settlement {
+    next_after(facts, failed, setback, policy).with_bounded_reason()
+}
+
+fn next_after(
     facts: DeliveryFacts<'_>,
     failed: &Settlement,
     setback: Setback,
@@ -206,6 +258,22 @@ pub fn follow_up(
             other => requeue(format!("a retry rung was missing while settling {other:?}")),
         },
         Setback::RetryNotPublished(why) => requeue(format!("the retry was not published: {why}")),
+        // Requeueing would bring it back to fail alike forever: set aside,
+        // where the copy is made to fit (envelope::set_aside_within_frame).
+        Setback::RetryTooLarge(why) => {
+            let reason = match failed {
+                Settlement::RetryInConsumer { reason, .. }
+                | Settlement::RetryInBroker { reason, .. } => reason.as_str(),
+                _ => NO_REASON,
+            };
+            Settlement::DeadLetter {
+                queue: naming::dead_letter_queue(facts.queue),
+                reason: format!(
+                    "its retry copy could not be published ({why}); it failed with: {reason}"
+                ),
+                outcome: Outcome::DeadLettered,
+            }
+        }
         Setback::SetAsideFailed(why) => requeue(format!("the set-aside was not published: {why}")),
         Setback::ShutdownDuringWait => requeue("shutdown began during the retry wait".to_string()),
     }
@@ -250,7 +318,7 @@ fn retry_or_give_up(facts: DeliveryFacts<'_>, reason: String, policy: &RetryPoli
 
 fn or_no_reason(reason: String) -> String {
     if reason.trim().is_empty() {
-        crate::envelope::NO_REASON.to_string()
+        NO_REASON.to_string()
     } else {
         reason
     }
@@ -531,6 +599,82 @@ mod tests {
         assert!(
             matches!(&s, Settlement::DeadLetter { reason, .. } if reason == "exhausted 1 attempt: publishing its outputs failed: boom"),
             "{s:?}"
+        );
+    }
+
+    #[test]
+    fn every_reason_is_bounded() {
+        let e = envelope(1, 0);
+        let huge = format!("order {} is bad", "9".repeat(200_000));
+        for run in [
+            verdict(Verdict::Reject(huge.clone())),
+            verdict(Verdict::Park(huge.clone())),
+            retry(&huge),
+            PluginRun::HostFailed {
+                reason: huge.clone(),
+            },
+        ] {
+            let s = decide(facts(&e, 0), run, &two_minutes_of_tries());
+            let reason = match &s {
+                Settlement::DeadLetter { reason, .. }
+                | Settlement::Park { reason, .. }
+                | Settlement::RetryInConsumer { reason, .. } => reason,
+                other => panic!("{other:?}"),
+            };
+            assert!(
+                reason.len() <= envelope::MAX_REASON_BYTES,
+                "{}",
+                reason.len()
+            );
+            assert!(
+                reason.ends_with(" is bad") && reason.contains("[cut "),
+                "{s:?}"
+            );
+        }
+        let s = follow_up(
+            facts(&e, 0),
+            &Settlement::Accept { outputs: vec![] },
+            Setback::SetAsideFailed(huge),
+            &RetryPolicy::none(),
+        );
+        assert!(
+            matches!(&s, Settlement::Requeue { why } if why.len() <= envelope::MAX_REASON_BYTES)
+        );
+    }
+
+    #[test]
+    fn a_body_over_the_consumers_limit_is_parked_naming_both_sizes() {
+        assert_eq!(refuse_oversized("orders.new", 100, 100), None);
+        assert_eq!(
+            refuse_oversized("orders.new", 101, 100),
+            Some(Settlement::Park {
+                queue: "orders.new.parked".into(),
+                reason: "its body is 101 bytes, more than the 100 bytes this consumer accepts \
+                         (max_body_bytes)"
+                    .into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_retry_too_large_to_publish_is_dead_lettered_with_both_reasons() {
+        let e = envelope(1, 0);
+        let policy = two_minutes_of_tries();
+        let waiting = decide(facts(&e, 0), retry("db down"), &policy);
+        let s = follow_up(
+            facts(&e, 0),
+            &waiting,
+            Setback::RetryTooLarge("too big".into()),
+            &policy,
+        );
+        assert_eq!(
+            s,
+            Settlement::DeadLetter {
+                queue: "orders.new.dlq".into(),
+                reason: "its retry copy could not be published (too big); it failed with: db down"
+                    .into(),
+                outcome: Outcome::DeadLettered,
+            }
         );
     }
 

@@ -46,6 +46,8 @@ use crate::telemetry::Metrics;
 pub struct Pipeline {
     queue: String,
     policy: RetryPolicy,
+    /// Bodies larger than this are parked before any plugin runs.
+    max_body_bytes: usize,
     handler: Arc<HandlerSlot>,
     codecs: Arc<CodecSet>,
     publisher: Arc<Publisher>,
@@ -67,12 +69,14 @@ impl Pipeline {
     pub fn new(
         queue: &str,
         policy: RetryPolicy,
+        max_body_bytes: usize,
         handler: Arc<HandlerSlot>,
         shared: &Shared,
     ) -> Self {
         Self {
             queue: queue.to_string(),
             policy,
+            max_body_bytes,
             handler,
             codecs: shared.codecs.clone(),
             publisher: shared.publisher.clone(),
@@ -97,6 +101,13 @@ impl Pipeline {
         let envelope = Arc::new(Envelope::read(&properties, routing_key.as_str(), now_ms()));
         // Shared with the handler call and with any republish, never copied.
         let body = Bytes::from(body);
+        if let Some(refusal) = decide::refuse_oversized(queue, body.len(), self.max_body_bytes) {
+            // Never handed to a plugin: the concurrency slot is not needed.
+            drop(slot);
+            self.settle(&envelope, &properties, &receipt, &body, refusal)
+                .await;
+            return;
+        }
         let input = handler_input(
             envelope.clone(),
             &properties,
@@ -117,36 +128,52 @@ impl Pipeline {
         let run = called.unwrap_or_else(|join_error| {
             // The host's own code panicked around the call. The delivery is
             // still ours: it fails like any other, and the policy decides.
-            tracing::error!(queue, message_id = %envelope.id, error = %join_error, "handler task failed");
+            let error = join_error.to_string();
+            tracing::error!(queue, message_id = %envelope.id, error = %envelope::bound_reason(&error), "handler task failed");
             PluginRun::HostFailed {
                 reason: join_error.to_string(),
             }
         });
         if let PluginRun::Faulted { fault, version, .. } = &run {
             self.metrics.fault(fault.kind);
-            tracing::warn!(queue, message_id = %envelope.id, version = %version, fault = %fault, "handler failed");
+            // A fault's reason may quote a plugin's panic text, of any size.
+            let fault = fault.to_string();
+            tracing::warn!(queue, message_id = %envelope.id, version = %version, fault = %envelope::bound_reason(&fault), "handler failed");
         }
         if let Some(fuel) = run.fuel() {
             self.metrics.fuel(fuel);
         }
 
-        let port = OnBroker {
-            publisher: &self.publisher,
-            receipt: &receipt,
-            body: &body,
-            shutdown: &self.shutdown,
-        };
         let facts = DeliveryFacts {
             queue,
             envelope: &envelope,
-            now_ms: port.now_ms(),
-            jitter_sample: port.jitter_sample(),
+            now_ms: now_ms(),
+            jitter_sample: rand::random::<f64>(),
         };
         let settlement = decide::decide(facts, run, &self.policy);
+        self.settle(&envelope, &properties, &receipt, &body, settlement)
+            .await;
+    }
+
+    /// Carries `settlement` out on the broker, and counts how it ended.
+    async fn settle(
+        &self,
+        envelope: &Envelope,
+        properties: &BasicProperties,
+        receipt: &Receipt,
+        body: &Bytes,
+        settlement: Settlement,
+    ) {
+        let port = OnBroker {
+            publisher: &self.publisher,
+            receipt,
+            body,
+            shutdown: &self.shutdown,
+        };
         let subject = Subject {
-            queue,
-            envelope: &envelope,
-            properties: &properties,
+            queue: &self.queue,
+            envelope,
+            properties,
         };
         let report = settle::settle(&port, subject, &self.policy, settlement).await;
         self.metrics.count(&report);
@@ -223,6 +250,10 @@ impl BrokerPort for OnBroker<'_> {
 
     fn now_ms(&self) -> u64 {
         now_ms()
+    }
+
+    fn frame_max(&self) -> u32 {
+        self.publisher.frame_max()
     }
 
     fn jitter_sample(&self) -> f64 {

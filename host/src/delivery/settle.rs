@@ -46,6 +46,10 @@ pub(crate) trait BrokerPort {
     fn now_ms(&self) -> u64;
     /// A uniform sample in [0, 1) for retry jitter.
     fn jitter_sample(&self) -> f64;
+    /// The largest frame the broker accepts (negotiated): nothing whose
+    /// properties exceed it may be published, or the broker closes the
+    /// whole connection.
+    fn frame_max(&self) -> u32;
 }
 
 /// How a [`BrokerPort::wait`] ended.
@@ -186,7 +190,7 @@ async fn carry_out(
             let now_ms = port.now_ms();
             let publications = std::mem::take(outputs)
                 .into_iter()
-                .map(|o| output_publication(subject.envelope, o, now_ms))
+                .map(|o| output_publication(subject.envelope, o, now_ms, port.frame_max()))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(Setback::OutputsFailed)?;
             if let Err(e) = port.publish(publications).await {
@@ -198,10 +202,12 @@ async fn carry_out(
             Ok(Done::Acked)
         }
         Settlement::RetryInConsumer { wait, reason } => {
+            // Checked before the wait: a copy that cannot be sent is not
+            // worth waiting for.
+            let properties = retry_copy(subject, port.frame_max())?;
             if port.wait(*wait).await == Waited::ShutDown {
                 return Err(Setback::ShutdownDuringWait);
             }
-            let properties = envelope::retry_properties(subject.properties, subject.envelope);
             if let Err(e) = port.republish(queue, properties).await {
                 tracing::warn!(queue, message_id = id, error = %e, "retry republish failed; requeueing");
                 return Err(Setback::RetryNotPublished(e.to_string()));
@@ -211,7 +217,7 @@ async fn carry_out(
             Ok(Done::Retried(RetryPlace::Consumer))
         }
         Settlement::RetryInBroker { rung, reason, .. } => {
-            let properties = envelope::retry_properties(subject.properties, subject.envelope);
+            let properties = retry_copy(subject, port.frame_max())?;
             match port.republish(rung, properties).await {
                 Ok(()) => {
                     port.ack().await;
@@ -237,8 +243,17 @@ async fn carry_out(
             queue: target,
             reason,
         } => {
-            let properties =
-                envelope::set_aside_properties(subject.properties, subject.envelope, reason);
+            let Some(properties) = envelope::set_aside_within_frame(
+                subject.properties,
+                subject.envelope,
+                reason,
+                port.frame_max(),
+            ) else {
+                tracing::error!(queue, message_id = id, to = %target, "even its envelope alone is too big for a frame; requeueing");
+                return Err(Setback::SetAsideFailed(
+                    "even its envelope alone is too big for the broker's frame".to_string(),
+                ));
+            };
             if let Err(e) = port.republish(target, properties).await {
                 tracing::error!(queue, message_id = id, to = %target, error = %e, "set-aside publish failed; requeueing");
                 return Err(Setback::SetAsideFailed(e.to_string()));
@@ -255,11 +270,21 @@ async fn carry_out(
     }
 }
 
-/// A plugin's output as a new AceMQ message caused by `parent`.
+/// The properties of the retry copy, when they fit a frame of `frame_max`.
+fn retry_copy(subject: Subject<'_>, frame_max: u32) -> Result<BasicProperties, Setback> {
+    let properties = envelope::retry_properties(subject.properties, subject.envelope);
+    envelope::check_frame(&properties, frame_max)
+        .map_err(|e| Setback::RetryTooLarge(e.to_string()))?;
+    Ok(properties)
+}
+
+/// A plugin's output as a new AceMQ message caused by `parent`; refused
+/// when its properties would not fit a frame of `frame_max` bytes.
 fn output_publication(
     parent: &Envelope,
     output: Outgoing,
     now_ms: u64,
+    frame_max: u32,
 ) -> Result<Publication, String> {
     let message_type = match &output.message_type {
         Some(message_type) => message_type.clone(),
@@ -273,6 +298,12 @@ fn output_publication(
         &output.headers,
     )
     .map_err(|e| e.to_string())?;
+    envelope::check_frame(&properties, frame_max).map_err(|e| {
+        format!(
+            "the output to exchange '{}' with key '{}' cannot be published: {e}",
+            output.exchange, output.routing_key
+        )
+    })?;
     Ok(Publication {
         exchange: output.exchange,
         routing_key: output.routing_key,
@@ -318,6 +349,8 @@ mod tests {
         republish_fails: BTreeMap<String, PublishError>,
         /// Shutdown begins during any wait.
         shutting_down: bool,
+        /// The broker's frame size; RabbitMQ's default when unset.
+        frame_max: Option<u32>,
     }
 
     impl Recorder {
@@ -386,6 +419,10 @@ mod tests {
 
         fn jitter_sample(&self) -> f64 {
             0.5
+        }
+
+        fn frame_max(&self) -> u32 {
+            self.frame_max.unwrap_or(131_072)
         }
     }
 
@@ -773,6 +810,58 @@ mod tests {
             port.calls()[..],
             [Call::Republish(..), Call::Requeue]
         ));
+    }
+
+    #[tokio::test]
+    async fn a_set_aside_that_would_exceed_the_frame_is_shortened_and_still_lands() {
+        let port = Recorder {
+            frame_max: Some(2048),
+            ..Recorder::default()
+        };
+        let reason = format!("order {} is bad", "9".repeat(100_000));
+        let rejected = verdict(Verdict::Reject(reason), vec![]);
+        let r = run(&port, 1, rejected, &policy()).await;
+        assert_eq!(
+            r,
+            Report {
+                set_aside: true,
+                ..Report::new(Outcome::Rejected)
+            }
+        );
+        let copy = copy_to(&port, "orders.new.dlq");
+        let error = copy.error.as_deref().unwrap_or_default();
+        assert!(
+            error.starts_with("the handler rejected it: order 999")
+                && error.contains("[cut ")
+                && error.ends_with(" is bad")
+                && error.len() < 2048,
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_output_too_big_for_the_frame_is_never_published() {
+        let port = Recorder::default();
+        let mut big = output("orders.events", "order.accepted");
+        big.headers = vec![(
+            "x-big".into(),
+            crate::envelope::HeaderValue::Text("h".repeat(200_000)),
+        )];
+        let r = run(
+            &port,
+            1,
+            verdict(Verdict::Accept, vec![big]),
+            &RetryPolicy::none(),
+        )
+        .await;
+        assert_eq!(r.outcome, Outcome::DeadLettered);
+        let copy = copy_to(&port, "orders.new.dlq");
+        let error = copy.error.as_deref().unwrap_or_default();
+        assert!(
+            error.contains("the output to exchange 'orders.events' with key 'order.accepted' cannot be published")
+                && error.contains("131072-byte frame"),
+            "{error}"
+        );
     }
 
     #[tokio::test]

@@ -9,9 +9,9 @@ use lapin::types::{AMQPValue, ByteArray, FieldTable, ShortString};
 use super::amqp::{integer_value, long_string};
 use super::is_reserved;
 
-/// AMQP short strings (header names, `message-id`, `content-type`) carry a
-/// one-byte length.
-const MAX_SHORT_STRING: usize = 255;
+/// AMQP short strings (header names, exchange and routing key,
+/// `message-id`, `content-type`) carry a one-byte length.
+pub const MAX_SHORT_STRING: usize = 255;
 
 /// One flat header value a plugin can see and set (the WIT `header-value`).
 ///
@@ -139,9 +139,30 @@ pub fn plugin_headers_to_table(headers: &[(String, HeaderValue)]) -> FieldTable 
     table
 }
 
+/// Bytes the table of `headers` takes on the wire: each name with its
+/// length byte and type tag, and each value in the form
+/// [`HeaderValue::to_amqp`] writes (strings and bytes with a 4-byte
+/// length). What a plugin's headers cost counts toward what it may publish,
+/// like its bodies.
+#[must_use]
+pub fn plugin_headers_size(headers: &[(String, HeaderValue)]) -> usize {
+    headers
+        .iter()
+        .map(|(name, value)| {
+            let value = match value {
+                HeaderValue::Text(s) => 4 + s.len(),
+                HeaderValue::Bytes(b) => 4 + b.len(),
+                HeaderValue::Int(_) | HeaderValue::Float(_) => 8,
+                HeaderValue::Bool(_) => 1,
+            };
+            1 + name.len() + 1 + value
+        })
+        .sum()
+}
+
 /// The start of a long name for an error message, cut on a character
 /// boundary so the message stays valid UTF-8.
-pub(super) fn preview(value: &str) -> String {
+pub fn preview(value: &str) -> String {
     const SHOWN: usize = 64;
     if value.len() <= SHOWN {
         return value.to_owned();
@@ -158,6 +179,23 @@ mod tests {
     use super::*;
     use crate::envelope::split_table;
     use crate::envelope::test_support::*;
+
+    #[test]
+    fn the_size_of_plugin_headers_is_their_encoded_size() {
+        let headers = vec![
+            ("a".to_owned(), HeaderValue::Text("xyz".into())),
+            ("b".to_owned(), HeaderValue::Int(1)),
+            ("c".to_owned(), HeaderValue::Float(1.0)),
+            ("d".to_owned(), HeaderValue::Bool(true)),
+            ("e".to_owned(), HeaderValue::Bytes(vec![1, 2])),
+        ];
+        let table = plugin_headers_to_table(&headers);
+        let written =
+            lapin::types::generation::gen_field_table::<Vec<u8>>(&table)(Vec::new().into())
+                .unwrap();
+        // The table's own 4-byte length is not the plugin's doing.
+        assert_eq!(plugin_headers_size(&headers), written.write.len() - 4);
+    }
 
     #[test]
     fn reserved_plugin_headers_are_refused_by_name() {

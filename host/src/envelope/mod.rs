@@ -24,6 +24,9 @@
 //!   republish ([`retry_properties`], [`set_aside_properties`]) and of every
 //!   plugin output ([`outgoing_properties`]), and [`Envelope::to_headers`],
 //!   which writes the envelope into them.
+//! * `bounds.rs`, for whoever publishes: the sizes the broker enforces
+//!   ([`MAX_REASON_BYTES`], [`check_frame`]), and a set-aside copy made to
+//!   fit them ([`set_aside_within_frame`]).
 //! * `amqp.rs`, for the three above: the AMQP value conversions they share
 //!   (integers of any width, long and short strings), so none of them
 //!   depends on another in a circle.
@@ -34,13 +37,23 @@
 use std::sync::OnceLock;
 
 mod amqp;
+mod bounds;
+#[cfg(test)]
+mod fuzz;
 mod headers;
 mod properties;
 mod read;
 #[cfg(test)]
 mod test_support;
 
-pub use headers::{HeaderError, HeaderValue, check_plugin_headers, plugin_headers_to_table};
+pub use bounds::{
+    FrameTooSmall, HEADER_FRAME_OVERHEAD, MAX_REASON_BYTES, bound_reason, check_frame,
+    header_frame_size, set_aside_within_frame, truncate_middle,
+};
+pub use headers::{
+    HeaderError, HeaderValue, MAX_SHORT_STRING, check_plugin_headers, plugin_headers_size,
+    plugin_headers_to_table, preview,
+};
 pub use properties::{
     DEFAULT_CONTENT_TYPE, PERSISTENT, TRANSIENT, outgoing_properties, republish_properties,
     retry_properties, set_aside_properties,
@@ -215,11 +228,13 @@ impl Envelope {
     }
 
     /// The envelope of a copy set aside to `.dlq` or `.parked`: attempt
-    /// unchanged, `x-acemq-error` = `reason` ([`NO_REASON`] when empty).
+    /// unchanged, `x-acemq-error` = `reason` ([`NO_REASON`] when empty),
+    /// cut to [`MAX_REASON_BYTES`] so no reason can make the copy too big
+    /// to publish.
     #[must_use]
     pub fn for_set_aside(&self, reason: &str) -> Self {
         Self {
-            error: Some(non_empty(reason).unwrap_or_else(|| NO_REASON.to_owned())),
+            error: Some(non_empty(&bound_reason(reason)).unwrap_or_else(|| NO_REASON.to_owned())),
             ..self.clone()
         }
     }

@@ -39,6 +39,32 @@ pub struct CallState {
     pub outputs: Vec<Outgoing>,
     pub output_bytes: usize,
     pub last_error_log: Option<String>,
+    /// Log lines the plugin asked for during this call, written or not.
+    pub log_lines: usize,
+}
+
+/// Most bytes of one plugin log line; a longer one keeps its start and end
+/// (`envelope::truncate_middle`). Log lines are the plugin's words in the
+/// host's logs: a plugin must not be able to flood them.
+pub const MAX_LOG_LINE_BYTES: usize = 4096;
+/// Most log lines one handler call writes; the rest are counted, and one
+/// line at the end of the call says how many were dropped.
+pub const MAX_LOG_LINES_PER_CALL: usize = 100;
+/// Most bytes of an output's message type (`x-acemq-type`). Not an AMQP
+/// short string, but a type name, and the same bound keeps it one.
+pub const MAX_MESSAGE_TYPE_BYTES: usize = envelope::MAX_SHORT_STRING;
+
+/// `value` when it is at most `max` bytes; otherwise the plugin's refusal,
+/// naming `what` was too long.
+fn check_length(what: &str, value: &str, max: usize) -> Result<(), String> {
+    if value.len() <= max {
+        return Ok(());
+    }
+    Err(format!(
+        "the {what} '{}' is {} bytes long; at most {max} are allowed",
+        envelope::preview(value),
+        value.len()
+    ))
 }
 
 impl HostState {
@@ -67,6 +93,11 @@ impl HostState {
     /// Ends the call: the message is no longer lent; what it buffered is
     /// handed over.
     pub fn end_call(&mut self) -> Vec<Outgoing> {
+        let dropped = self.call.log_lines.saturating_sub(MAX_LOG_LINES_PER_CALL);
+        if dropped > 0 {
+            tracing::warn!(target: "plugin", queue = %self.context.queue, message_id = self.message_id(),
+                "{dropped} more log lines of this call were dropped: a call writes at most {MAX_LOG_LINES_PER_CALL}");
+        }
         self.call.message = None;
         self.call.output_bytes = 0;
         std::mem::take(&mut self.call.outputs)
@@ -91,6 +122,15 @@ impl HostState {
 
     fn buffer(&mut self, msg: types::Outgoing) -> Result<(), String> {
         let limits = &self.context.limits;
+        // AMQP short strings: lapin cannot even write a longer one.
+        check_length("exchange", &msg.exchange, envelope::MAX_SHORT_STRING)?;
+        check_length("routing key", &msg.routing_key, envelope::MAX_SHORT_STRING)?;
+        if let Some(content_type) = &msg.content_type {
+            check_length("content type", content_type, envelope::MAX_SHORT_STRING)?;
+        }
+        if let Some(message_type) = &msg.message_type {
+            check_length("message type", message_type, MAX_MESSAGE_TYPE_BYTES)?;
+        }
         if !self.context.publish_to.contains(&msg.exchange) {
             let allowed: Vec<&str> = self.context.publish_to.iter().map(String::as_str).collect();
             return Err(format!(
@@ -115,14 +155,15 @@ impl HostState {
                 limits.max_outputs
             ));
         }
-        if self.call.output_bytes + msg.body.len() > limits.max_output_bytes {
+        // Headers are bytes published like the body's: counted with it.
+        let size = msg.body.len() + envelope::plugin_headers_size(&headers);
+        if self.call.output_bytes + size > limits.max_output_bytes {
             return Err(format!(
-                "publishing {} more bytes would exceed the {} bytes one call may publish",
-                msg.body.len(),
+                "publishing {size} more bytes (body and headers) would exceed the {} bytes one call may publish",
                 limits.max_output_bytes
             ));
         }
-        self.call.output_bytes += msg.body.len();
+        self.call.output_bytes += size;
         self.call.outputs.push(Outgoing {
             exchange: msg.exchange,
             routing_key: msg.routing_key,
@@ -200,6 +241,15 @@ impl types::HostMessage for HostState {
 
 impl host::Host for HostState {
     fn log(&mut self, level: host::Level, text: String) -> wasmtime::Result<()> {
+        self.call.log_lines = self.call.log_lines.saturating_add(1);
+        let text = envelope::truncate_middle(&text, MAX_LOG_LINE_BYTES).into_owned();
+        if self.call.log_lines > MAX_LOG_LINES_PER_CALL {
+            // Not written, but an error still names a fault that follows.
+            if matches!(level, host::Level::Error) {
+                self.call.last_error_log = Some(text);
+            }
+            return Ok(());
+        }
         let queue = self.context.queue.as_str();
         let id = self.message_id();
         match level {

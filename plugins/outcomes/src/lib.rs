@@ -5,6 +5,15 @@
 //! - `retry:REASON`, `reject:REASON`, `park:REASON`
 //! - `retry-until:N:REASON`: retry while the envelope's attempt is below N,
 //!   then accept (a retry that eventually succeeds).
+//! - `reject-long:N`: reject with a reason of N bytes (`long reason ` and
+//!   `r`s up to N, ending in ` end`): a huge reason without a huge body.
+//! - `publish-headers:N`: publish `{}` with one header `x-big` of N bytes,
+//!   then accept.
+//! - `publish-key:N`: publish `{}` with a routing key of N bytes, then
+//!   accept.
+//!
+//! Both publish to the exchange in config key `out_exchange`; a refused
+//! publish becomes the SDK's retry carrying the host's words.
 //!
 //! Anything else is rejected, naming the body.
 
@@ -32,9 +41,42 @@ impl Handler for Outcomes {
                     accept()
                 }
             }
+            "reject-long" => reject(long_reason(count(rest)?)),
+            "publish-headers" => {
+                let big = "h".repeat(count(rest)?);
+                publish(out_exchange()?, "out")
+                    .header("x-big", big)
+                    .text("{}")
+                    .send()?;
+                accept()
+            }
+            "publish-key" => {
+                publish(out_exchange()?, "k".repeat(count(rest)?))
+                    .text("{}")
+                    .send()?;
+                accept()
+            }
             _ => reject(format_args!("unknown instruction {body:?}")),
         }
     }
+}
+
+/// The size a `*-long`/`publish-*` instruction names.
+fn count(text: &str) -> Result<usize> {
+    text.parse()
+        .or_reject(format_args!("a size is needed, got {text:?}"))
+}
+
+/// A reason of exactly `len` bytes (at least the frame around it), whose
+/// start and end a test can recognise after the host cut its middle.
+fn long_reason(len: usize) -> String {
+    let (start, end) = ("long reason ", " end");
+    let fill = len.saturating_sub(start.len() + end.len());
+    format!("{start}{}{end}", "r".repeat(fill))
+}
+
+fn out_exchange() -> Result<String> {
+    config("out_exchange").or_retry("the consumer's config sets no `out_exchange`")
 }
 
 acemq_guest::export_handler!(Outcomes);
@@ -58,5 +100,24 @@ mod tests {
         assert_eq!(run("park:look"), Outcome::Park("look".into()));
         assert_eq!(run("retry-until:2:later"), Outcome::Retry("later".into()));
         assert!(matches!(run("dance"), Outcome::Reject(r) if r.contains("dance")));
+    }
+
+    #[test]
+    fn long_reasons_and_big_outputs_are_made_to_order() {
+        let Outcome::Reject(reason) = run("reject-long:1000") else {
+            panic!("a reject")
+        };
+        assert_eq!(reason.len(), 1000);
+        assert!(reason.starts_with("long reason rrr") && reason.ends_with("rrr end"));
+
+        let host = TestHost::new()
+            .config("out_exchange", "outcomes.out")
+            .publish_to(["outcomes.out"]);
+        let done = host.handle::<Outcomes>(testing::message("publish-headers:300"));
+        assert_eq!(done.outcome, Outcome::Accept);
+        assert_eq!(done.published[0].headers[0].0, "x-big");
+        let done = host.handle::<Outcomes>(testing::message("publish-key:300"));
+        assert_eq!(done.outcome, Outcome::Accept);
+        assert_eq!(done.published[0].routing_key.len(), 300);
     }
 }

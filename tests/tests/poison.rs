@@ -1,0 +1,224 @@
+//! Poison messages against a real broker: no message and no plugin output
+//! can stop the host by its size. Each test sends one poison message in the
+//! middle of other traffic on the same consumer, while a second consumer
+//! has traffic of its own, and asserts that every message is settled
+//! exactly once (the poison set aside with its reason, bounded), that the
+//! traffic on both consumers kept flowing, and that the host is still
+//! running at the end.
+//!
+//! Without the bounds, each of these closes the host's connection (a
+//! content header over the broker's `frame_max` is a FRAME_ERROR) or
+//! panics inside the publisher, and the traffic behind the poison stops.
+
+use std::time::Duration;
+
+use acemq_host::envelope::{Envelope, MAX_REASON_BYTES};
+use acemq_tests::host::{InProcessHost, plugin_path};
+use acemq_tests::{ReceivedMessage, shared_broker, unique_name};
+use lapin::BasicProperties;
+use lapin::types::AMQPValue;
+
+/// Traffic messages sent before and after the poison, on each consumer.
+const TRAFFIC: usize = 10;
+const WAIT: Duration = Duration::from_secs(60);
+/// The poison consumer's `max_body_bytes` (the default is far bigger).
+const MAX_BODY: usize = 1 << 20;
+
+fn error_of(message: &ReceivedMessage) -> String {
+    match message.header("x-acemq-error") {
+        Some(AMQPValue::LongString(s)) => s.to_string(),
+        other => panic!("x-acemq-error missing or not a string: {other:?}"),
+    }
+}
+
+/// Sends `poison` to a consumer running the `outcomes` plugin, between
+/// traffic that it parks, while a second consumer parks traffic of its own.
+/// Returns the poison as set aside to `{queue}.{poison_lands_in}`.
+async fn poison_among_traffic(poison: &[u8], poison_lands_in: &str) -> ReceivedMessage {
+    let broker = shared_broker();
+    let queue = unique_name("poison");
+    let other = unique_name("poison.other");
+    let out = unique_name("poison.out");
+    let config = format!(
+        r#"
+[broker]
+url = "{url}"
+
+[[exchanges]]
+name = "{out}"
+kind = "direct"
+
+[[queues]]
+name = "{queue}"
+dead_letter = true
+
+[[queues]]
+name = "{other}"
+dead_letter = true
+
+[[bindings]]
+queue = "{other}"
+exchange = "{out}"
+routing_key = "out"
+
+[[consumers]]
+queue = "{queue}"
+plugin = "{plugin}"
+publish_to = ["{out}"]
+max_body_bytes = {MAX_BODY}
+
+[consumers.config]
+out_exchange = "{out}"
+
+[[consumers]]
+queue = "{other}"
+plugin = "{plugin}"
+"#,
+        url = broker.amqp_url(),
+        plugin = plugin_path("outcomes").display(),
+    );
+    let host = InProcessHost::start(&config).await.unwrap();
+
+    let traffic = |q: &str, from: usize| -> Vec<(Vec<u8>, BasicProperties)> {
+        (from..from + TRAFFIC)
+            .map(|i| (format!("park:traffic {q} {i}").into_bytes(), properties()))
+            .collect()
+    };
+    let send = |q: String, messages: Vec<(Vec<u8>, BasicProperties)>| async move {
+        broker.publish_many("", &q, messages).await.unwrap();
+    };
+    // The other consumer's traffic flows while the poison is handled.
+    let (_, _) = tokio::join!(
+        send(other.clone(), traffic(&other, 0)),
+        send(queue.clone(), traffic(&queue, 0)),
+    );
+    broker
+        .publish("", &queue, poison, properties())
+        .await
+        .unwrap();
+    let (_, _) = tokio::join!(
+        send(queue.clone(), traffic(&queue, TRAFFIC)),
+        send(other.clone(), traffic(&other, TRAFFIC)),
+    );
+
+    // Every traffic message, before and after the poison, on both consumers.
+    let parked_poison = poison_lands_in == "parked";
+    let expected = 2 * TRAFFIC + usize::from(parked_poison);
+    let parked = broker
+        .drain(&format!("{queue}.parked"), expected, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(parked.len(), expected, "the poison's consumer stopped");
+    let others = broker
+        .drain(&format!("{other}.parked"), 2 * TRAFFIC, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(others.len(), 2 * TRAFFIC, "the other consumer stopped");
+    let (mut poisons, traffic): (Vec<_>, Vec<_>) = parked
+        .into_iter()
+        .partition(|m| !m.body_str().starts_with("park:traffic"));
+    assert_eq!(traffic.len(), 2 * TRAFFIC);
+    if !parked_poison {
+        poisons = broker
+            .drain(&format!("{queue}.{poison_lands_in}"), 1, WAIT)
+            .await
+            .unwrap();
+    }
+    assert_eq!(poisons.len(), 1, "the poison was not set aside");
+
+    // Settled exactly once: nothing left behind or set aside twice.
+    for q in [
+        queue.clone(),
+        format!("{queue}.dlq"),
+        format!("{queue}.parked"),
+        other.clone(),
+        format!("{other}.dlq"),
+        format!("{other}.parked"),
+    ] {
+        assert_eq!(broker.message_count(&q).await.unwrap(), 0, "{q}");
+    }
+    // Still running: stopping returns what the run returned.
+    host.stop()
+        .await
+        .expect("the host ran until it was stopped");
+    poisons.remove(0)
+}
+
+fn properties() -> BasicProperties {
+    let envelope = Envelope::new("test.message", "acemq@test", 0);
+    BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_message_id(envelope.id.as_str().into())
+        .with_headers(envelope.to_headers(&Default::default()))
+}
+
+fn assert_bounded(error: &str) {
+    assert!(error.len() <= MAX_REASON_BYTES, "{} bytes", error.len());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_200_000_character_reject_reason_is_cut_and_traffic_flows() {
+    let poison = format!("reject:order {} is bad", "7".repeat(200_000));
+    let copy = poison_among_traffic(poison.as_bytes(), "dlq").await;
+    let error = error_of(&copy);
+    assert_bounded(&error);
+    assert!(
+        error.starts_with("the handler rejected it: order 777")
+            && error.contains(" bytes] \u{2026} ")
+            && error.ends_with("777 is bad"),
+        "{error}"
+    );
+    assert_eq!(copy.body.len(), poison.len(), "the body is kept whole");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_10_mb_reject_reason_is_cut_and_traffic_flows() {
+    let copy = poison_among_traffic(b"reject-long:10000000", "dlq").await;
+    let error = error_of(&copy);
+    assert_bounded(&error);
+    assert!(
+        error.starts_with("the handler rejected it: long reason rrr")
+            && error.contains("[cut 9,99")
+            && error.ends_with("rrr end"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_output_with_200_kb_of_headers_fails_its_delivery_only() {
+    let copy = poison_among_traffic(b"publish-headers:200000", "dlq").await;
+    let error = error_of(&copy);
+    assert_bounded(&error);
+    assert!(
+        error.starts_with(
+            "exhausted 1 attempt: publishing its outputs failed: the output to exchange"
+        ) && error.contains("-byte frame the broker allows"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_output_with_a_300_byte_routing_key_is_refused_to_the_plugin() {
+    let copy = poison_among_traffic(b"publish-key:300", "dlq").await;
+    let error = error_of(&copy);
+    assert!(
+        error.starts_with("exhausted 1 attempt: ")
+            && error.contains("the routing key 'kkk")
+            && error.contains("is 300 bytes long; at most 255 are allowed"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_input_over_max_body_bytes_is_parked_before_any_plugin_runs() {
+    // A body the plugin would reject: parking it proves no plugin ran.
+    let poison = format!("reject:{}", "b".repeat(MAX_BODY));
+    let copy = poison_among_traffic(poison.as_bytes(), "parked").await;
+    assert_eq!(
+        error_of(&copy),
+        format!(
+            "its body is {} bytes, more than the {MAX_BODY} bytes this consumer accepts (max_body_bytes)",
+            poison.len()
+        )
+    );
+}
