@@ -99,12 +99,15 @@ out_exchange = "{out}"
         .await
         .unwrap();
     assert_eq!(outputs.len(), healthy, "healthy messages stopped flowing");
+    // Every fault but the configuration one climbs the retry ladder to the
+    // dead-letter queue; a publish outside publish_to is parked at once.
     let dlq = format!("{queue}.dlq");
+    let retried_faults = faults.len() - 1;
     let dead = broker
-        .drain(&dlq, faults.len(), Duration::from_secs(60))
+        .drain(&dlq, retried_faults, Duration::from_secs(60))
         .await
         .unwrap();
-    assert_eq!(dead.len(), faults.len());
+    assert_eq!(dead.len(), retried_faults);
     let reasons: BTreeMap<String, String> = dead
         .iter()
         .map(|m| (m.body_str().into_owned(), error_of(m)))
@@ -124,20 +127,34 @@ out_exchange = "{out}"
             "exhausted 2 attempts: out of memory: the plugin asked for",
         ),
         ("recurse", "exhausted 2 attempts: stack overflow"),
-        (
-            "forbidden",
-            "exhausted 2 attempts: publish to exchange `forbidden.exchange`",
-        ),
     ];
     for (fault, prefix) in expected {
         let reason = &reasons[fault];
         assert!(reason.starts_with(prefix), "{fault}: {reason}");
     }
+    let parked = broker
+        .drain(&format!("{queue}.parked"), 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let [forbidden] = &parked[..] else {
+        panic!("one parked message expected, got {}", parked.len())
+    };
+    assert_eq!(forbidden.body_str(), "forbidden");
+    let reason = error_of(forbidden);
     assert!(
-        reasons["forbidden"].contains("is not allowed for this consumer"),
-        "{}",
-        reasons["forbidden"]
+        reason.starts_with("its plugin published outside the consumer's publish_to: ")
+            && reason.contains("publishing to exchange 'forbidden.exchange' is not allowed"),
+        "{reason}"
     );
+    let read = Envelope::read(
+        &forbidden
+            .properties
+            .clone()
+            .with_headers(forbidden.headers.clone()),
+        "",
+        0,
+    );
+    assert_eq!(read.attempt, 1, "parked at once, without a retry");
     assert_eq!(broker.message_count(&queue).await.unwrap(), 0);
     // Every fault was counted by kind, and the host is still consuming.
     let rendered = host.metrics.render();

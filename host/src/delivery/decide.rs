@@ -171,6 +171,12 @@ fn settlement_for(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy
         // A fault is a failure like any other: the policy decides.
         PluginRun::Faulted { fault, .. } => retry_or_give_up(facts, fault.reason, policy),
         PluginRun::OutputsRefused { reason, .. } => retry_or_give_up(facts, reason, policy),
+        // No retry can make the exchange allowed: set aside at once, for an
+        // operator to fix `publish_to` (or the plugin) and replay it.
+        PluginRun::Misconfigured { reason, .. } => Settlement::Park {
+            queue: naming::parked_queue(facts.queue),
+            reason: format!("its plugin published outside the consumer's publish_to: {reason}"),
+        },
         PluginRun::HostFailed { reason } => retry_or_give_up(
             facts,
             format!("the host failed while running the plugins: {reason}"),
@@ -523,6 +529,27 @@ mod tests {
         assert!(
             matches!(&s, Settlement::DeadLetter { reason, .. } if reason == "exhausted 1 attempt: deadline of 2s exceeded"),
             "{s:?}"
+        );
+    }
+
+    #[test]
+    fn a_publish_outside_publish_to_is_parked_at_once_whatever_the_policy() {
+        let e = envelope(1, 0);
+        let run = PluginRun::Misconfigured {
+            reason:
+                "publishing to exchange 'x' is not allowed for this consumer (publish_to = ['y'])"
+                    .into(),
+            version: "v1".into(),
+            fuel: None,
+        };
+        assert_eq!(
+            decide(facts(&e, 0), run, &two_minutes_of_tries()),
+            Settlement::Park {
+                queue: "orders.new.parked".into(),
+                reason: "its plugin published outside the consumer's publish_to: publishing to \
+                         exchange 'x' is not allowed for this consumer (publish_to = ['y'])"
+                    .into()
+            }
         );
     }
 

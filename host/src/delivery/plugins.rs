@@ -34,6 +34,13 @@ pub enum PluginRun {
         version: Arc<str>,
         fuel: Option<u64>,
     },
+    /// The handler published to an exchange its consumer's `publish_to`
+    /// does not allow: a configuration fault, whatever it returned after.
+    Misconfigured {
+        reason: String,
+        version: Arc<str>,
+        fuel: Option<u64>,
+    },
     /// The host itself failed around the plugins (a bug of ours, not the
     /// plugin's): the delivery fails like any other, so it is not lost.
     HostFailed { reason: String },
@@ -45,7 +52,8 @@ impl PluginRun {
         match self {
             PluginRun::Decided { version, .. }
             | PluginRun::Faulted { version, .. }
-            | PluginRun::OutputsRefused { version, .. } => Some(version),
+            | PluginRun::OutputsRefused { version, .. }
+            | PluginRun::Misconfigured { version, .. } => Some(version),
             PluginRun::Undecodable { .. } | PluginRun::HostFailed { .. } => None,
         }
     }
@@ -55,7 +63,8 @@ impl PluginRun {
         match self {
             PluginRun::Decided { fuel, .. }
             | PluginRun::Faulted { fuel, .. }
-            | PluginRun::OutputsRefused { fuel, .. } => *fuel,
+            | PluginRun::OutputsRefused { fuel, .. }
+            | PluginRun::Misconfigured { fuel, .. } => *fuel,
             PluginRun::Undecodable { .. } | PluginRun::HostFailed { .. } => None,
         }
     }
@@ -74,6 +83,13 @@ pub fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: Input) -
     }
     let invocation = handler.invoke(input);
     let (version, fuel) = (invocation.version, invocation.fuel);
+    if let Some(reason) = invocation.refused_publish {
+        return PluginRun::Misconfigured {
+            reason,
+            version,
+            fuel,
+        };
+    }
     match invocation.result {
         Ok(Verdict::Accept) => match encode_outputs(codecs, invocation.outputs) {
             Ok(outputs) => PluginRun::Decided {

@@ -66,6 +66,9 @@ pub struct Invocation {
     pub version: Arc<str>,
     /// Fuel the call burned, when fuel metering is on.
     pub fuel: Option<u64>,
+    /// A publish the consumer's `publish_to` refused during the call,
+    /// whatever the handler returned afterwards (see `CallEnd`).
+    pub refused_publish: Option<String>,
 }
 
 impl HandlerVersion {
@@ -148,6 +151,9 @@ impl HandlerVersion {
         // Counted whether the call succeeds or fails; `None` when metering is
         // off or no instance could be made.
         let mut fuel = None;
+        // Kept whether the call then succeeds or traps (a plugin may
+        // `unwrap` the refusal).
+        let mut refused_publish = None;
         let result = self.instances.with_instance(reuse, |warm| {
             let message = warm.store.data_mut().begin_call(input);
             let fuel_before = source
@@ -159,26 +165,20 @@ impl HandlerVersion {
                 .call_handle(&mut warm.store, message);
             fuel =
                 fuel_before.map(|before| before.saturating_sub(warm.store.get_fuel().unwrap_or(0)));
-            let outputs = warm.store.data_mut().end_call();
-            result.map(|outcome| (outcome, outputs))
+            let ended = warm.store.data_mut().end_call();
+            refused_publish = ended.refused_publish;
+            result.map(|outcome| (outcome, ended.outputs))
         });
-        match result {
-            Ok((outcome, outputs)) => Invocation {
-                result: Ok(verdict(outcome)),
-                outputs,
-                version: self.sha256.clone(),
-                fuel,
-            },
-            Err(fault) => self.failed(fault, fuel),
-        }
-    }
-
-    fn failed(&self, fault: Fault, fuel: Option<u64>) -> Invocation {
+        let (result, outputs) = match result {
+            Ok((outcome, outputs)) => (Ok(verdict(outcome)), outputs),
+            Err(fault) => (Err(fault), Vec::new()),
+        };
         Invocation {
-            result: Err(fault),
-            outputs: Vec::new(),
+            result,
+            outputs,
             version: self.sha256.clone(),
             fuel,
+            refused_publish,
         }
     }
 

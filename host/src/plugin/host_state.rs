@@ -41,6 +41,19 @@ pub struct CallState {
     pub last_error_log: Option<String>,
     /// Log lines the plugin asked for during this call, written or not.
     pub log_lines: usize,
+    /// The first publish this consumer's `publish_to` refused during the
+    /// call, in the host's words: a configuration fault (see [`CallEnd`]).
+    pub refused_publish: Option<String>,
+}
+
+/// What a handler call produced besides its outcome.
+pub struct CallEnd {
+    /// Messages buffered by `publish`, sent only if the handler accepts.
+    pub outputs: Vec<Outgoing>,
+    /// A publish the consumer's `publish_to` refused. The plugin was told
+    /// (and the SDK turns the refusal into a retry), but no retry can make
+    /// the exchange allowed: the host sets the message aside at once.
+    pub refused_publish: Option<String>,
 }
 
 /// Most bytes of one plugin log line; a longer one keeps its start and end
@@ -90,9 +103,9 @@ impl HostState {
         Resource::new_own(number)
     }
 
-    /// Ends the call: the message is no longer lent; what it buffered is
-    /// handed over.
-    pub fn end_call(&mut self) -> Vec<Outgoing> {
+    /// Ends the call: the message is no longer lent; what it buffered, and
+    /// any publish its consumer refused, are handed over.
+    pub fn end_call(&mut self) -> CallEnd {
         let dropped = self.call.log_lines.saturating_sub(MAX_LOG_LINES_PER_CALL);
         if dropped > 0 {
             tracing::warn!(target: "plugin", queue = %self.context.queue, message_id = self.message_id(),
@@ -100,7 +113,10 @@ impl HostState {
         }
         self.call.message = None;
         self.call.output_bytes = 0;
-        std::mem::take(&mut self.call.outputs)
+        CallEnd {
+            outputs: std::mem::take(&mut self.call.outputs),
+            refused_publish: self.call.refused_publish.take(),
+        }
     }
 
     /// The message `handle` names, if it is the one lent to this call.
@@ -132,16 +148,21 @@ impl HostState {
             check_length("message type", message_type, MAX_MESSAGE_TYPE_BYTES)?;
         }
         if !self.context.publish_to.contains(&msg.exchange) {
-            let allowed: Vec<&str> = self.context.publish_to.iter().map(String::as_str).collect();
-            return Err(format!(
+            let allowed: Vec<String> = self
+                .context
+                .publish_to
+                .iter()
+                .map(|e| format!("'{e}'"))
+                .collect();
+            let refusal = format!(
                 "publishing to exchange '{}' is not allowed for this consumer (publish_to = [{}])",
                 msg.exchange,
-                allowed
-                    .iter()
-                    .map(|e| format!("'{e}'"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
+                allowed.join(", ")
+            );
+            self.call
+                .refused_publish
+                .get_or_insert_with(|| refusal.clone());
+            return Err(refusal);
         }
         let headers: Vec<(String, HeaderValue)> = msg
             .headers

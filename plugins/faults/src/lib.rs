@@ -10,7 +10,7 @@
 //! | `oom`       | allocates 1 MiB chunks, and keeps them, until memory runs out |
 //! | `recurse`   | recurses without bound until the wasm call stack overflows    |
 //! | `stale`     | the first time (in an instance), keeps the message past its call and asks for a retry; the next time, reads the kept message, which the host refuses with a trap: a message is lent for its own call only |
-//! | `forbidden` | publishes to `forbidden.exchange`, which the consumer's `publish_to` should not list: the host refuses, and the SDK turns the refusal into a retry whose reason carries the host's words |
+//! | `forbidden` | publishes to `forbidden.exchange`, which the consumer's `publish_to` should not list: the host refuses, and the SDK turns the refusal into a retry whose reason carries the host's words; the host then parks the message at once, as a configuration fault |
 //! | anything else (or not UTF-8) | healthy: publishes the body unchanged (same content type, same application headers) to the exchange in config key `out_exchange` with routing key `healthy`, and accepts |
 //!
 //! Every deliberate fault logs one `info` line first
