@@ -24,6 +24,26 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The one entry of the compiled-plugin cache folder `cache` that belongs
+/// to the plugin whose source hashes to `sha256` (entries are named after
+/// it); panics naming what is there otherwise.
+pub fn cache_entry(cache: &Path, sha256: &str) -> PathBuf {
+    let entries: Vec<PathBuf> = std::fs::read_dir(cache)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(sha256)
+        })
+        .collect();
+    let [entry] = &entries[..] else {
+        panic!("one cache entry expected for {sha256}: {entries:?}")
+    };
+    entry.clone()
+}
+
 /// Path of a plugin component built by `scripts/build-plugins`.
 pub fn plugin_path(name: &str) -> PathBuf {
     let path = workspace_root()

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use acemq_tests::host::{HostProcess, plugin_path};
+use acemq_tests::host::{HostProcess, cache_entry, plugin_path};
 use acemq_tests::{shared_broker, unique_name};
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
@@ -68,20 +68,7 @@ impl Scenario {
 
     /// The compiled-plugin cache entry of the version hashing to `sha256`.
     fn cache_entry(&self, sha256: &str) -> PathBuf {
-        let entries: Vec<PathBuf> = std::fs::read_dir(self.cache_entries())
-            .unwrap()
-            .map(|entry| entry.unwrap().path())
-            .filter(|path| {
-                path.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with(sha256)
-            })
-            .collect();
-        let [entry] = &entries[..] else {
-            panic!("one cache entry expected for {sha256}: {entries:?}")
-        };
-        entry.clone()
+        cache_entry(&self.cache_entries(), sha256)
     }
 
     fn config(&self) -> String {

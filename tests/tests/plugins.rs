@@ -4,7 +4,6 @@
 //! before the handler and park what they cannot read.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use acemq_host::plugin::{
     CodecSet, CodecVersion, CompiledPlugin, ConsumerContext, Conversion, EngineSettings, FaultKind,
     HandlerVersion, Input, Limits, PluginEngine, Verdict,
 };
-use acemq_tests::host::{InProcessHost, plugin_path};
+use acemq_tests::host::{InProcessHost, cache_entry, plugin_path};
 use acemq_tests::{ReceivedMessage, shared_broker, unique_name};
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
@@ -265,24 +264,6 @@ fn stamped_version(engine: &PluginEngine, compiled: CompiledPlugin) -> String {
     assert_eq!(done.result, Ok(Verdict::Accept));
     let stamped: serde_json::Value = serde_json::from_slice(&done.outputs[0].body).unwrap();
     stamped["version"].as_str().unwrap().to_string()
-}
-
-/// The cache entry of the plugin whose source hashes to `sha256`.
-fn cache_entry(cache: &Path, sha256: &str) -> PathBuf {
-    let entries: Vec<PathBuf> = std::fs::read_dir(cache)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| {
-            path.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with(sha256)
-        })
-        .collect();
-    let [entry] = &entries[..] else {
-        panic!("one cache entry expected for {sha256}: {entries:?}")
-    };
-    entry.clone()
 }
 
 /// Plugin A's compiled entry copied over plugin B's (B's file name kept)
