@@ -130,15 +130,12 @@ impl Pipeline {
             // still ours: it fails like any other, and the policy decides.
             let error = join_error.to_string();
             tracing::error!(queue, message_id = %envelope.id, error = %envelope::bound_reason(&error), "handler task failed");
-            PluginRun::HostFailed {
-                reason: join_error.to_string(),
-            }
+            PluginRun::HostFailed { reason: error }
         });
         if let PluginRun::Faulted { fault, version, .. } = &run {
             self.metrics.fault(fault.kind);
             // A fault's reason may quote a plugin's panic text, of any size.
-            let fault = fault.to_string();
-            tracing::warn!(queue, message_id = %envelope.id, version = %version, fault = %envelope::bound_reason(&fault), "handler failed");
+            tracing::warn!(queue, message_id = %envelope.id, version = %version, fault = %envelope::bound_reason(&fault.reason), "handler failed");
         }
         if let Some(fuel) = run.fuel() {
             self.metrics.fuel(fuel);
