@@ -7,13 +7,15 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 
 use anyhow::Context as _;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{self, Publisher, SubscriptionEnv, SubscriptionSpec, subscription};
+use crate::broker::{
+    Addresses, Board, Link, OnConnected, PublishLink, PublishSettings, Recovery, SubscriptionEnv,
+    SubscriptionSpec, resubscribe,
+};
 use crate::config::{ConsumerConfig, LoadedConfig};
 use crate::delivery::{self, Pipeline};
 use crate::plugin::swap::{PluginSpec, Reloader};
@@ -189,13 +191,20 @@ fn prepare_consumer(
     })
 }
 
-/// Runs the host until `shutdown` is cancelled or a consumer fails.
+/// Runs the host until `shutdown` is cancelled.
+///
+/// Once started, nothing the broker does ends it: the two connections are
+/// kept up by their links (`broker::link`), and each consumer is kept
+/// subscribed on its own (`broker::resubscribe`). Only a start that cannot
+/// succeed (refused credentials, a refused topology, no broker within
+/// `connect_timeout`) returns an error.
 pub async fn run(
     prepared: Prepared,
     shutdown: CancellationToken,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<()> {
     let config = &prepared.config;
+    let broker_config = &config.config.broker;
     // Hot swap and the admin endpoint (plugin/swap.rs, admin/). The admin
     // address is bound first, so one in use fails the start before anything
     // is declared or consumed.
@@ -212,36 +221,106 @@ pub async fn run(
             slot: c.handler.clone(),
         }),
     ));
-    let url = config.broker_url()?;
-    let broker_config = &config.config.broker;
-    let connection = Arc::new(
-        broker::connect(
-            &url,
-            &broker_config.connection_name,
-            broker_config.connect_timeout,
-        )
-        .await?,
+    let urls = config.broker_urls()?;
+    let name = &broker_config.connection_name;
+    // Two connections: a broker alarm blocks publishing connections only,
+    // so acks keep flowing on the consume connection while it lasts.
+    let consume_link = Link::new(
+        "consume",
+        Addresses::new(urls.clone(), format!("{name}.consume")),
+        metrics.clone(),
     );
-    topology::apply(&connection, &prepared.topology)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    tracing::info!(
-        exchanges = prepared.topology.exchanges.len(),
-        queues = prepared.topology.queues.len(),
-        bindings = prepared.topology.bindings.len(),
-        "topology applied"
+    let publish_link = Link::new(
+        "publish",
+        Addresses::new(urls, format!("{name}.publish")),
+        metrics.clone(),
     );
+    let board = Arc::new(Board::default());
+    for consumer in &prepared.consumers {
+        board.expect(&consumer.subscription.queue);
+    }
+
+    // The admin endpoint answers from now on: DOWN, with what the host is
+    // waiting for, until it connects.
+    let admin_stop = CancellationToken::new();
+    let admin = admin_bound.map(|bound| {
+        let admin = crate::admin::Admin {
+            reloader: reloader.clone(),
+            metrics: metrics.clone(),
+            shutdown: shutdown.clone(),
+            board: board.clone(),
+            links: vec![consume_link.clone(), publish_link.clone()],
+        };
+        crate::admin::spawn(bound, Arc::new(admin), admin_stop.clone())
+    });
+
+    let recovery = Recovery {
+        interval: broker_config.network_recovery_interval,
+        backoff_max: broker_config.recovery_backoff_max,
+        attempt_timeout: broker_config.connect_timeout,
+    };
+    let topology = Arc::new(prepared.topology);
+    let apply_topology = topology_hook(topology.clone());
+    let nothing_to_set_up: OnConnected = Arc::new(|_| Box::pin(async { Ok(()) }));
+    let started = async {
+        consume_link
+            .connect_first(&recovery, &apply_topology, broker_config.connect_timeout)
+            .await?;
+        tracing::info!(
+            exchanges = topology.exchanges.len(),
+            queues = topology.queues.len(),
+            bindings = topology.bindings.len(),
+            "topology applied"
+        );
+        publish_link
+            .connect_first(&recovery, &nothing_to_set_up, broker_config.connect_timeout)
+            .await
+    };
+    let started = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => Ok(()),
+        started = started => started,
+    };
+    if let Err(e) = started {
+        admin_stop.cancel();
+        if let Some(admin) = admin {
+            let _ = admin.await;
+        }
+        return Err(e);
+    }
+    // The links outlive the consumers: deliveries still draining at
+    // shutdown publish and ack on them.
+    let links_stop = CancellationToken::new();
+    let supervisors = [
+        tokio::spawn(consume_link.clone().supervise(
+            recovery.clone(),
+            apply_topology.clone(),
+            links_stop.clone(),
+        )),
+        tokio::spawn(publish_link.clone().supervise(
+            recovery,
+            nothing_to_set_up,
+            links_stop.clone(),
+        )),
+    ];
 
     let shared = delivery::Shared {
         codecs: prepared.codecs.clone(),
-        publisher: Arc::new(Publisher::new(connection.clone())),
+        publish_link: PublishLink::new(
+            publish_link.clone(),
+            PublishSettings {
+                max_unconfirmed: broker_config.max_unconfirmed,
+                confirm_timeout: broker_config.confirm_timeout,
+            },
+            metrics.clone(),
+        ),
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
     };
     let env = SubscriptionEnv {
         shutdown: shutdown.clone(),
         drain_timeout: config.config.host.drain_timeout,
-        consuming: Arc::new(AtomicUsize::new(0)),
+        board: board.clone(),
     };
     let mut consumers = JoinSet::new();
     for consumer in prepared.consumers {
@@ -260,39 +339,23 @@ pub async fn run(
             consumer.handler,
             &shared,
         ));
-        let env = env.clone();
-        let connection = connection.clone();
-        consumers.spawn(async move {
-            subscription::run(&connection, consumer.subscription, env, |received| {
-                pipeline.clone().handle(received)
-            })
-            .await
-        });
+        consumers.spawn(resubscribe::keep_subscribed(
+            consume_link.clone(),
+            consumer.subscription,
+            env.clone(),
+            apply_topology.clone(),
+            move |received| pipeline.clone().handle(received),
+        ));
     }
     // File watcher and SIGHUP stop reloading when shutdown begins; the admin
     // endpoint serves (health DOWN) until the consumers have drained.
     let reloads_stop = shutdown.child_token();
     let reloads = reloader.start(reloads_stop.clone());
-    let admin_stop = CancellationToken::new();
-    let admin = admin_bound.map(|bound| {
-        let admin = crate::admin::Admin {
-            reloader: reloader.clone(),
-            metrics: metrics.clone(),
-            shutdown: shutdown.clone(),
-            consuming: env.consuming.clone(),
-        };
-        crate::admin::spawn(bound, Arc::new(admin), admin_stop.clone())
-    });
 
-    let mut first_failure = None;
     while let Some(joined) = consumers.join_next().await {
-        let result = joined.map_err(anyhow::Error::from).and_then(|r| r);
-        if let Err(e) = result {
-            tracing::error!(error = %format!("{e:#}"), "a consumer stopped; shutting down the host");
-            // One failed consumer takes the process down so the platform
-            // restarts it: a host silently reading fewer queues is worse.
-            shutdown.cancel();
-            first_failure.get_or_insert(e);
+        if let Err(e) = joined {
+            // A consumer's task cannot fail short of a bug; the others run on.
+            tracing::error!(error = %e, "a consumer task ended unexpectedly");
         }
     }
     reloads_stop.cancel();
@@ -301,14 +364,30 @@ pub async fn run(
     if let Some(admin) = admin {
         let _ = admin.await;
     }
-    if let Err(e) = connection.close(200, "acemq-host stopped".into()).await {
-        tracing::debug!(error = %e, "closing the connection");
+    links_stop.cancel();
+    for supervisor in supervisors {
+        let _ = supervisor.await;
     }
-    match first_failure {
-        Some(e) => Err(e),
-        None => {
-            tracing::info!("stopped cleanly");
-            Ok(())
+    for link in [&consume_link, &publish_link] {
+        if let Some(connection) = link.state().connection
+            && let Err(e) = connection.close(200, "acemq-host stopped".into()).await
+        {
+            tracing::debug!(connection = link.role(), error = %e, "closing the connection");
         }
     }
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// Applies the host's topology on a (new) connection.
+fn topology_hook(topology: Arc<Topology>) -> OnConnected {
+    Arc::new(move |connection| {
+        let topology = topology.clone();
+        Box::pin(async move {
+            topology::apply(&connection, &topology)
+                .await
+                .map(|_| ())
+                .map_err(|e| anyhow::anyhow!("{e}"))
+        })
+    })
 }

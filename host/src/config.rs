@@ -49,14 +49,35 @@ pub struct Config {
 #[serde(deny_unknown_fields)]
 pub struct BrokerConfig {
     /// AMQP URL; `ACEMQ_URL` wins when set. Holds the password: read it
-    /// through [`LoadedConfig::broker_url`], which shows it masked.
+    /// through [`LoadedConfig::broker_urls`], which shows it masked.
     pub url: Option<Spanned<String>>,
+    /// Several addresses (the nodes of a cluster), tried in order at start
+    /// and round robin after a loss; instead of `url`.
+    #[serde(default)]
+    pub urls: Vec<Spanned<String>>,
     /// How long to keep trying to reach the broker at start before giving up.
     #[serde(default = "defaults::connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
-    /// Name shown for this connection in the broker's management UI.
+    /// Name shown for the connections in the broker's management UI, with
+    /// `.consume` and `.publish` appended.
     #[serde(default = "defaults::connection_name")]
     pub connection_name: String,
+    /// The wait before reconnecting after a lost connection (the contract's
+    /// `network_recovery_interval`); it doubles after each failed attempt.
+    #[serde(
+        default = "defaults::network_recovery_interval",
+        with = "humantime_serde"
+    )]
+    pub network_recovery_interval: Duration,
+    /// The longest wait between reconnection attempts.
+    #[serde(default = "defaults::recovery_backoff_max", with = "humantime_serde")]
+    pub recovery_backoff_max: Duration,
+    /// Publishes that may wait for a broker confirm at once.
+    #[serde(default = "defaults::max_unconfirmed")]
+    pub max_unconfirmed: usize,
+    /// How long a confirm, or a place among the unconfirmed, is waited for.
+    #[serde(default = "defaults::confirm_timeout", with = "humantime_serde")]
+    pub confirm_timeout: Duration,
 }
 
 // By hand, so that a config printed with `{:?}` never shows the password.
@@ -67,8 +88,20 @@ impl fmt::Debug for BrokerConfig {
                 "url",
                 &self.url.as_ref().map(|url| redact_url(url.get_ref())),
             )
+            .field(
+                "urls",
+                &self
+                    .urls
+                    .iter()
+                    .map(|url| redact_url(url.get_ref()))
+                    .collect::<Vec<_>>(),
+            )
             .field("connect_timeout", &self.connect_timeout)
             .field("connection_name", &self.connection_name)
+            .field("network_recovery_interval", &self.network_recovery_interval)
+            .field("recovery_backoff_max", &self.recovery_backoff_max)
+            .field("max_unconfirmed", &self.max_unconfirmed)
+            .field("confirm_timeout", &self.confirm_timeout)
             .finish()
     }
 }
@@ -77,8 +110,13 @@ impl Default for BrokerConfig {
     fn default() -> Self {
         Self {
             url: None,
+            urls: Vec::new(),
             connect_timeout: defaults::connect_timeout(),
             connection_name: defaults::connection_name(),
+            network_recovery_interval: defaults::network_recovery_interval(),
+            recovery_backoff_max: defaults::recovery_backoff_max(),
+            max_unconfirmed: defaults::max_unconfirmed(),
+            confirm_timeout: defaults::confirm_timeout(),
         }
     }
 }
@@ -291,6 +329,21 @@ mod defaults {
     pub fn connection_name() -> String {
         "acemq-host".to_string()
     }
+    pub fn network_recovery_interval() -> Duration {
+        // The contract's default (bunny's network_recovery_interval).
+        Duration::from_secs(5)
+    }
+    pub fn recovery_backoff_max() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn max_unconfirmed() -> usize {
+        // The contract's bound on outstanding publishes per connection.
+        1000
+    }
+    pub fn confirm_timeout() -> Duration {
+        // The contract's wait for a publish permit.
+        Duration::from_secs(10)
+    }
     pub fn drain_timeout() -> Duration {
         // The contract's DrainTimeout (Go, Java, .NET and Ruby agree on 20 s).
         Duration::from_secs(20)
@@ -353,7 +406,7 @@ impl LoadedConfig {
         // The URL is checked here, before anything connects, so a bad one
         // is a config error (exit 2) rather than a connection that fails
         // over and over.
-        loaded.configured_broker_url(url_from_env())?;
+        loaded.configured_broker_urls(url_from_env())?;
         Ok(loaded)
     }
 
@@ -394,36 +447,80 @@ impl LoadedConfig {
         }
     }
 
-    /// The broker URL: `ACEMQ_URL`, else `[broker] url`.
-    pub fn broker_url(&self) -> Result<BrokerUrl, ConfigError> {
-        self.configured_broker_url(url_from_env())?
-            .ok_or_else(|| {
-                self.error_at(
-                    None,
-                    format!("broker.url: no broker URL; set [broker] url or the {URL_ENV} environment variable"),
-                )
-            })
+    /// The broker addresses: `ACEMQ_URL` (several separated by commas),
+    /// else `[broker] urls`, else `[broker] url`.
+    pub fn broker_urls(&self) -> Result<Vec<BrokerUrl>, ConfigError> {
+        let urls = self.configured_broker_urls(url_from_env())?;
+        if urls.is_empty() {
+            return Err(self.error_at(
+                None,
+                format!("broker.url: no broker URL; set [broker] url (or urls) or the {URL_ENV} environment variable"),
+            ));
+        }
+        Ok(urls)
     }
 
-    /// The broker URL from `env` (the value of `ACEMQ_URL`), else from
-    /// `[broker] url`; `None` when neither sets one. An invalid URL is an
-    /// error naming where it came from, never its text.
-    fn configured_broker_url(&self, env: Option<String>) -> Result<Option<BrokerUrl>, ConfigError> {
-        let (text, key, at) = match (env, &self.config.broker.url) {
-            (Some(text), _) => (text, URL_ENV.to_string(), None),
-            (None, Some(url)) => (
-                url.get_ref().clone(),
-                "broker.url".to_string(),
-                Some(url.span().start),
-            ),
-            (None, None) => return Ok(None),
+    /// The broker URLs from `env` (the value of `ACEMQ_URL`), else from
+    /// `[broker] urls` or `url`; empty when none is set. An invalid URL is
+    /// an error naming where it came from, never its text.
+    fn configured_broker_urls(&self, env: Option<String>) -> Result<Vec<BrokerUrl>, ConfigError> {
+        let broker = &self.config.broker;
+        let written: Vec<(String, String, Option<usize>)> = match env {
+            Some(text) => {
+                let parts: Vec<&str> = text
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .collect();
+                let several = parts.len() > 1;
+                parts
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let key = if several {
+                            format!("{URL_ENV} (address {})", i + 1)
+                        } else {
+                            URL_ENV.to_string()
+                        };
+                        (t.to_string(), key, None)
+                    })
+                    .collect()
+            }
+            None => {
+                if let (Some(url), false) = (&broker.url, broker.urls.is_empty()) {
+                    return Err(self.error_at(
+                        Some(url.span().start),
+                        "broker.url: set either url or urls, not both",
+                    ));
+                }
+                let list = broker.urls.iter().enumerate().map(|(i, url)| {
+                    (
+                        url.get_ref().clone(),
+                        format!("broker.urls[{i}]"),
+                        Some(url.span().start),
+                    )
+                });
+                let single = broker.url.iter().map(|url| {
+                    (
+                        url.get_ref().clone(),
+                        "broker.url".to_string(),
+                        Some(url.span().start),
+                    )
+                });
+                list.chain(single).collect()
+            }
         };
-        BrokerUrl::parse(&text).map(Some).map_err(|e| {
-            self.error_at(
-                at,
-                format!("{key}: the broker URL is invalid: {e} (the URL is not shown, as it may hold a password)"),
-            )
-        })
+        written
+            .into_iter()
+            .map(|(text, key, at)| {
+                BrokerUrl::parse(&text).map_err(|e| {
+                    self.error_at(
+                        at,
+                        format!("{key}: the broker URL is invalid: {e} (the URL is not shown, as it may hold a password)"),
+                    )
+                })
+            })
+            .collect()
     }
 
     /// Checks that only need the file: references between tables and value ranges.
@@ -599,19 +696,46 @@ mod tests {
     #[test]
     fn the_environment_url_wins_over_the_file() {
         let loaded = parse("[broker]\nurl = \"amqp://file-host\"\n").unwrap();
-        let url = loaded
-            .configured_broker_url(Some("amqp://u:pw@env-host/".into()))
+        let urls = loaded
+            .configured_broker_urls(Some("amqp://u:pw@env-host/".into()))
             .unwrap();
-        assert_eq!(url.unwrap().to_string(), "amqp://u:***@env-host/");
-        let url = loaded.configured_broker_url(None).unwrap();
-        assert_eq!(url.unwrap().to_string(), "amqp://file-host");
+        assert_eq!(urls[0].to_string(), "amqp://u:***@env-host/");
+        let urls = loaded.configured_broker_urls(None).unwrap();
+        assert_eq!(urls[0].to_string(), "amqp://file-host");
+    }
+
+    #[test]
+    fn several_addresses_keep_their_order_from_the_file_or_the_environment() {
+        let loaded = parse("[broker]\nurls = [\"amqp://a\", \"amqp://b:5673\"]\n").unwrap();
+        let shown: Vec<String> = loaded
+            .configured_broker_urls(None)
+            .unwrap()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(shown, ["amqp://a", "amqp://b:5673"]);
+        let from_env = loaded
+            .configured_broker_urls(Some("amqp://x, amqp://y".into()))
+            .unwrap();
+        assert_eq!(from_env.len(), 2);
+        assert_eq!(from_env[1].to_string(), "amqp://y");
+        let both = parse("[broker]\nurl = \"amqp://a\"\nurls = [\"amqp://b\"]\n").unwrap();
+        let err = both.configured_broker_urls(None).unwrap_err().to_string();
+        assert!(err.contains("set either url or urls, not both"), "{err}");
+        let bad = parse("[broker]\nurls = [\"amqp://a\", \"http://s3cret@b\"]\n").unwrap();
+        let err = bad.configured_broker_urls(None).unwrap_err().to_string();
+        assert!(
+            err.contains("broker.urls[1]: the broker URL is invalid"),
+            "{err}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
     }
 
     /// The refusal of the URL `loaded` and `env` configure, which must not
     /// repeat the password (every test password holds "s3cret").
     fn url_refusal(loaded: &LoadedConfig, env: Option<&str>) -> String {
         let err = loaded
-            .configured_broker_url(env.map(str::to_string))
+            .configured_broker_urls(env.map(str::to_string))
             .unwrap_err()
             .to_string();
         assert!(!err.contains("s3cret"), "{err}");
@@ -639,7 +763,7 @@ mod tests {
     #[test]
     fn no_url_at_all_is_not_an_error_until_one_is_needed() {
         let loaded = parse("").unwrap();
-        assert!(loaded.configured_broker_url(None).unwrap().is_none());
+        assert!(loaded.configured_broker_urls(None).unwrap().is_empty());
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! `acemq_consume_total` (the renderer adds `_total` to counters), as every
 //! AceMQ library's Prometheus renderer does.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -79,6 +82,20 @@ pub struct PluginVersionLabels {
     pub sha256: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PublishLabels {
+    pub exchange: String,
+    pub routing_key: String,
+    /// confirmed, unroutable, failed or refused.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionLabel {
+    /// consume or publish.
+    pub connection: String,
+}
+
 /// Every metric the host keeps.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -102,6 +119,20 @@ pub struct Metrics {
     pub plugin_version: Family<PluginVersionLabels, Gauge>,
     /// Host-specific: fuel burned by handler calls, when metering is on.
     pub plugin_fuel: Family<QueueLabel, Counter>,
+    /// `acemq.publish.total{exchange,routing.key,outcome}`.
+    pub publish_total: Family<PublishLabels, Counter>,
+    /// Publishes waiting for a broker confirm.
+    pub publish_unconfirmed: Gauge,
+    /// 1 while the connection is up (blocked included), else 0.
+    pub connection_up: Family<ConnectionLabel, Gauge>,
+    /// 1 while the broker blocks the connection.
+    pub connection_blocked: Family<ConnectionLabel, Gauge>,
+    /// Time spent blocked, counted when the block ends.
+    pub connection_blocked_seconds: Family<ConnectionLabel, Counter<f64, AtomicU64>>,
+    /// Connections lost and recovered.
+    pub connection_recoveries: Family<ConnectionLabel, Counter>,
+    /// When each blocked connection was blocked.
+    blocked_since: Mutex<HashMap<String, Instant>>,
 }
 
 impl Default for Metrics {
@@ -124,6 +155,13 @@ impl Metrics {
             plugin_swaps: Family::default(),
             plugin_version: Family::default(),
             plugin_fuel: Family::default(),
+            publish_total: Family::default(),
+            publish_unconfirmed: Gauge::default(),
+            connection_up: Family::default(),
+            connection_blocked: Family::default(),
+            connection_blocked_seconds: Family::default(),
+            connection_recoveries: Family::default(),
+            blocked_since: Mutex::new(HashMap::new()),
         };
         {
             let mut r = metrics.registry.lock().expect("registry poisoned");
@@ -177,6 +215,36 @@ impl Metrics {
                 "Fuel burned by handler calls",
                 metrics.plugin_fuel.clone(),
             );
+            r.register(
+                "acemq_publish",
+                "Publishes, by outcome (refused: declined unsent while the connection was lost, recovering or blocked)",
+                metrics.publish_total.clone(),
+            );
+            r.register(
+                "acemq_publish_unconfirmed",
+                "Publishes waiting for a broker confirm",
+                metrics.publish_unconfirmed.clone(),
+            );
+            r.register(
+                "acemq_connection_up",
+                "1 while the connection is open",
+                metrics.connection_up.clone(),
+            );
+            r.register(
+                "acemq_connection_blocked",
+                "1 while the broker blocks the connection (a resource alarm)",
+                metrics.connection_blocked.clone(),
+            );
+            r.register(
+                "acemq_connection_blocked_seconds",
+                "Seconds the broker kept the connection blocked",
+                metrics.connection_blocked_seconds.clone(),
+            );
+            r.register(
+                "acemq_connection_recoveries",
+                "Connections lost and recovered",
+                metrics.connection_recoveries.clone(),
+            );
         }
         metrics
     }
@@ -198,6 +266,60 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &registry)
             .expect("writing to a String cannot fail");
         out
+    }
+}
+
+fn connection(role: &str) -> ConnectionLabel {
+    ConnectionLabel {
+        connection: role.to_string(),
+    }
+}
+
+impl crate::broker::LinkObserver for Metrics {
+    fn phase_changed(&self, role: &str, phase: &crate::broker::Phase) {
+        use crate::broker::Phase;
+        let label = connection(role);
+        let up = matches!(phase, Phase::Up | Phase::Blocked { .. });
+        self.connection_up.get_or_create(&label).set(i64::from(up));
+        let blocked = matches!(phase, Phase::Blocked { .. });
+        self.connection_blocked
+            .get_or_create(&label)
+            .set(i64::from(blocked));
+        let mut since = self.blocked_since.lock().expect("blocked_since poisoned");
+        if blocked {
+            since.entry(role.to_string()).or_insert_with(Instant::now);
+        } else if let Some(start) = since.remove(role) {
+            self.connection_blocked_seconds
+                .get_or_create(&label)
+                .inc_by(start.elapsed().as_secs_f64());
+        }
+    }
+
+    fn recovered(&self, role: &str, _took: Duration) {
+        self.connection_recoveries
+            .get_or_create(&connection(role))
+            .inc();
+    }
+}
+
+impl crate::broker::PublishObserver for Metrics {
+    fn published(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        outcome: crate::broker::publisher::PublishOutcome,
+    ) {
+        self.publish_total
+            .get_or_create(&PublishLabels {
+                exchange: exchange.to_string(),
+                routing_key: routing_key.to_string(),
+                outcome: outcome.as_str().to_string(),
+            })
+            .inc();
+    }
+
+    fn unconfirmed(&self, delta: i64) {
+        self.publish_unconfirmed.inc_by(delta);
     }
 }
 

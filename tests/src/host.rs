@@ -366,3 +366,28 @@ impl InProcessHost {
         self.task.await?
     }
 }
+
+/// A TCP port free on loopback right now (for an admin endpoint or a proxy).
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("a bound address").port()
+}
+
+/// `GET url` without credentials (the admin endpoint's reads are open when
+/// no token is configured): status and body. Blocking, for a few
+/// milliseconds on loopback; from async code call it inside
+/// `tokio::task::block_in_place`.
+pub fn http_get(url: &str) -> Result<(u16, String)> {
+    let agent = ureq::Agent::config_builder()
+        .proxy(None)
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .new_agent();
+    let mut response = agent
+        .get(url)
+        .call()
+        .with_context(|| format!("GET {url}"))?;
+    let status = response.status().as_u16();
+    Ok((status, response.body_mut().read_to_string()?))
+}

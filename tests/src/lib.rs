@@ -16,9 +16,11 @@
 //! ```
 
 pub mod broker;
+pub mod fault_proxy;
 pub mod host;
 
 pub use broker::{Broker, ReceivedMessage, shared_broker, unique_name};
+pub use fault_proxy::FaultProxy;
 
 /// A setting from the environment (benchmarks' knobs), or `default` when
 /// unset or blank; a value that does not parse is an error naming it.
@@ -33,4 +35,31 @@ where
             .map_err(|e| anyhow::anyhow!("{name}={text:?}: {e}")),
         _ => Ok(default),
     }
+}
+
+/// A connected publish link to `broker`, as the host builds one (the
+/// contract's publishing limits, metrics kept in a registry of its own),
+/// for tests of the publisher on its own. Not supervised: nothing
+/// reconnects it.
+pub async fn publish_link(broker: &Broker) -> std::sync::Arc<acemq_host::broker::PublishLink> {
+    use acemq_host::broker::{Addresses, BrokerUrl, Link, OnConnected, PublishLink, Recovery};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let metrics = Arc::new(acemq_host::telemetry::Metrics::new());
+    let url = BrokerUrl::parse(broker.amqp_url()).expect("the test broker's URL parses");
+    let link = Link::new(
+        "publish",
+        Addresses::new(vec![url], "acemq-tests.publish"),
+        metrics.clone(),
+    );
+    let recovery = Recovery {
+        interval: Duration::from_secs(1),
+        backoff_max: Duration::from_secs(5),
+        attempt_timeout: Duration::from_secs(10),
+    };
+    let nothing: OnConnected = Arc::new(|_| Box::pin(async { Ok(()) }));
+    link.connect_first(&recovery, &nothing, Duration::from_secs(30))
+        .await
+        .expect("the test broker accepts a connection");
+    PublishLink::new(link, Default::default(), metrics)
 }

@@ -11,7 +11,7 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use acemq_host::admin::MAX_CONNECTIONS;
-use acemq_tests::host::{HostOptions, HostProcess, plugin_path};
+use acemq_tests::host::{HostOptions, HostProcess, free_port, plugin_path};
 use acemq_tests::{shared_broker, unique_name};
 
 const TOKEN: &str = "admin-test-token-0123456789";
@@ -92,11 +92,6 @@ fn options(admin_token: Option<&str>) -> HostOptions {
         admin_token: admin_token.map(str::to_string),
         ..HostOptions::default()
     }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 /// An answer: status, headers (lowercase names) and body.

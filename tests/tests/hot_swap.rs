@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use acemq_tests::host::{HostProcess, cache_entry, plugin_path};
+use acemq_tests::host::{HostProcess, cache_entry, free_port, plugin_path};
 use acemq_tests::{shared_broker, unique_name};
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
@@ -219,11 +219,6 @@ fn properties(seq: u32) -> BasicProperties {
         .with_content_type("text/plain".into())
         .with_delivery_mode(2)
         .with_message_id(format!("seq-{seq}").into())
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 /// A blocking HTTP call (loopback, milliseconds) without stalling the runtime.

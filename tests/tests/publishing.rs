@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use acemq_host::broker::publisher::Publication;
 use acemq_host::broker::{PublishError, Publisher};
+use acemq_tests::publish_link;
 use acemq_tests::{shared_broker, unique_name};
 use lapin::BasicProperties;
 use lapin::options::QueueDeclareOptions;
@@ -28,7 +29,7 @@ fn publication(queue: &str, nowhere: &str, i: usize, j: usize) -> Publication {
     Publication {
         exchange: String::new(),
         routing_key: routing_key.to_string(),
-        body: format!("{i}/{j}").into_bytes(),
+        body: format!("{i}/{j}").into_bytes().into(),
         properties: BasicProperties::default()
             .with_delivery_mode(2)
             .with_message_id(format!("m-{i}-{j}").into()),
@@ -56,14 +57,14 @@ async fn concurrent_batches_each_learn_which_of_their_messages_were_unroutable()
         .await
         .unwrap();
 
-    let publisher = Arc::new(Publisher::new(connection.clone()));
+    let publisher = Arc::new(Publisher::new(publish_link(broker).await));
     let mut batches = JoinSet::new();
     for i in 0..BATCHES {
         let publisher = publisher.clone();
         let batch: Vec<Publication> = (0..PER_BATCH)
             .map(|j| publication(&queue, &nowhere, i, j))
             .collect();
-        batches.spawn(async move { (i, publisher.publish_all(batch).await) });
+        batches.spawn(async move { (i, publisher.publish_all(&batch).await) });
     }
     let mut results = Vec::new();
     while let Some(done) = batches.join_next().await {
@@ -81,6 +82,7 @@ async fn concurrent_batches_each_learn_which_of_their_messages_were_unroutable()
             total,
             confirmed,
             first,
+            broker_trouble,
         }) = result
         else {
             panic!("batch {i}: unroutable messages expected, got {result:?}")
@@ -89,6 +91,10 @@ async fn concurrent_batches_each_learn_which_of_their_messages_were_unroutable()
             (failed, total, confirmed),
             (UNROUTABLE, PER_BATCH, PER_BATCH - UNROUTABLE),
             "batch {i}"
+        );
+        assert!(
+            !broker_trouble,
+            "batch {i}: unroutable is the message's fault"
         );
         match *first {
             PublishError::Unroutable {

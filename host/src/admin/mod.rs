@@ -1,8 +1,9 @@
 //! The admin HTTP endpoint, on `[host] admin_listen` (plain HTTP/1.1).
 //!
-//! - `GET /health`: `{"status": "UP"|"DOWN", "consuming": "n/m", "consumers":
-//!   [{queue, sha256}]}`: UP (200) once every consumer holds its
-//!   subscription, DOWN (503) before that and from the start of shutdown.
+//! - `GET /health`: `{"status": "UP"|"DEGRADED"|"DOWN", "details": [...],
+//!   "consuming": "n/m", "consumers": [{queue, sha256, reading, reason}],
+//!   "connections": {consume, publish}}`; what each status means is in
+//!   [`health`].
 //! - `GET /metrics`: every metric, in the Prometheus (OpenMetrics) text format.
 //! - `GET /plugins`: each consumer's plugin: queue, path, sha256, size,
 //!   loaded_at, from_cache, and the last refused reload with its reason.
@@ -23,12 +24,12 @@
 //! request head for [`HEADER_READ_TIMEOUT`] (a new one, or an idle kept-alive
 //! one) is closed.
 
+pub mod health;
 pub mod policy;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -42,6 +43,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::broker::{Board, Link, Phase, Reading};
 use crate::config::{ConfigError, LoadedConfig};
 use crate::plugin::swap::{Cause, Reloader, Trigger};
 use crate::telemetry::Metrics;
@@ -154,8 +156,10 @@ pub struct Admin {
     pub metrics: Arc<Metrics>,
     /// Cancelled when the host begins shutting down: `/health` turns DOWN.
     pub shutdown: CancellationToken,
-    /// Consumers holding a subscription right now (the reloader knows them all).
-    pub consuming: Arc<AtomicUsize>,
+    /// What each consumer's subscription is doing.
+    pub board: Arc<Board>,
+    /// The host's broker connections.
+    pub links: Vec<Arc<Link>>,
 }
 
 /// A bound endpoint and the policy for its address.
@@ -364,26 +368,55 @@ impl Admin {
     }
 
     fn health(&self) -> Response<Full<Bytes>> {
-        // UP means serving: every consumer subscribed (not merely started)
-        // and no shutdown under way.
-        let consumers: Vec<_> = self
+        let links: Vec<(&str, Phase)> = self.links.iter().map(|l| (l.role(), l.phase())).collect();
+        let board = self.board.snapshot();
+        let assessment = health::assess(self.shutdown.is_cancelled(), &links, &board);
+        let plugins: std::collections::BTreeMap<String, String> = self
             .reloader
             .status()
-            .iter()
-            .map(|s| serde_json::json!({"queue": s.queue, "sha256": s.sha256}))
+            .into_iter()
+            .map(|s| (s.queue.clone(), s.sha256.to_string()))
             .collect();
-        let consuming = self.consuming.load(Ordering::SeqCst);
-        let up = !self.shutdown.is_cancelled() && consuming == consumers.len();
+        let consumers: Vec<_> = board
+            .iter()
+            .map(|(queue, reading)| {
+                let (word, reason) = match reading {
+                    Reading::Consuming => ("consuming", None),
+                    Reading::Stopped { reason } => ("stopped", Some(reason)),
+                };
+                serde_json::json!({"queue": queue, "sha256": plugins.get(queue), "reading": word, "reason": reason})
+            })
+            .collect();
+        let connections: serde_json::Map<String, serde_json::Value> = links
+            .iter()
+            .map(|(role, phase)| {
+                let state = match phase {
+                    Phase::Up => "up",
+                    Phase::Blocked { .. } => "blocked",
+                    Phase::Starting { .. } => "starting",
+                    Phase::Lost { .. } => "lost",
+                    Phase::Reconnecting { .. } => "reconnecting",
+                    Phase::Stopped => "stopped",
+                };
+                (
+                    role.to_string(),
+                    serde_json::json!({"state": state, "detail": phase.detail()}),
+                )
+            })
+            .collect();
+        let (reading, all) = assessment.consuming;
         json(
-            if up {
-                StatusCode::OK
-            } else {
+            if assessment.status == health::Status::Down {
                 StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::OK
             },
             &serde_json::json!({
-                "status": if up { "UP" } else { "DOWN" },
-                "consuming": format!("{consuming}/{}", consumers.len()),
+                "status": assessment.status.as_str(),
+                "details": assessment.details,
+                "consuming": format!("{reading}/{all}"),
                 "consumers": consumers,
+                "connections": connections,
             }),
         )
     }

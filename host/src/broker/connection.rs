@@ -1,51 +1,144 @@
-//! Connecting to the broker: retry with backoff until a deadline, logging the
-//! address (never the password) so an operator sees what is being tried.
+//! Opening one connection: the broker addresses tried in turn, each failure
+//! sorted into "the broker said no" (credentials, vhost: trying again will
+//! not help) and "could not reach it" (worth another round), and every
+//! address shown with its password masked.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use lapin::{Connection, ConnectionProperties};
+use lapin::{Connection, ConnectionProperties, ErrorKind};
 
 use super::BrokerUrl;
 
-/// First and largest pause between connection attempts.
-const FIRST_BACKOFF: Duration = Duration::from_millis(200);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Heartbeat asked for when the URL names none: a blackholed connection is
+/// noticed after about two of these, not after RabbitMQ's default 60 s.
+pub const DEFAULT_HEARTBEAT_SECS: u16 = 10;
 
-/// Connects, retrying with exponential backoff until `timeout` has passed.
-pub async fn connect(url: &BrokerUrl, name: &str, timeout: Duration) -> anyhow::Result<Connection> {
-    let started = Instant::now();
-    let mut backoff = FIRST_BACKOFF;
-    let mut attempt = 1u32;
-    loop {
-        let properties = ConnectionProperties::default().with_connection_name(name.into());
-        // The parsed URI, never the text: lapin's parse errors repeat the URL.
-        match Connection::connect_uri(url.amqp_uri(), properties).await {
-            Ok(connection) => {
-                tracing::info!(broker = %url, attempt, "connected to the broker");
-                return Ok(connection);
+impl std::fmt::Display for Addresses {
+    /// The addresses, passwords masked, separated by commas.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, url) in self.urls.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
             }
-            Err(error) => {
-                // No lapin error is known to hold the password once it has
-                // the parsed URI; scrubbing keeps it so should one start to.
-                let error = url.scrub(&error.to_string());
-                let waited = started.elapsed();
-                if waited + backoff > timeout {
-                    anyhow::bail!(
-                        "could not connect to the broker at {url} within {} ({attempt} attempts); the last error was: {error}",
-                        humantime::format_duration(timeout)
-                    );
+            write!(f, "{url}")?;
+        }
+        Ok(())
+    }
+}
+
+/// How one round of connection attempts failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ConnectError {
+    /// The broker answered and refused the login or the vhost. Retrying the
+    /// same credentials cannot succeed, so a start reports it at once.
+    #[error("the broker at {address} refused the connection: {reason}")]
+    Refused { address: String, reason: String },
+    /// No address could be reached (network, DNS, TLS, broker not up yet).
+    #[error("could not reach the broker at {address}: {reason}")]
+    Unreachable { address: String, reason: String },
+}
+
+/// The addresses to connect to, in the order to try them, and how.
+#[derive(Debug, Clone)]
+pub struct Addresses {
+    urls: Vec<BrokerUrl>,
+    /// The name shown in the management UI.
+    name: String,
+}
+
+impl Addresses {
+    /// `urls` must not be empty (the config refuses an empty list).
+    pub fn new(urls: Vec<BrokerUrl>, name: impl Into<String>) -> Self {
+        assert!(!urls.is_empty(), "at least one broker address");
+        Self {
+            urls,
+            name: name.into(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.urls.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.urls.is_empty()
+    }
+
+    /// The address at `index`, wrapping round.
+    pub fn at(&self, index: usize) -> &BrokerUrl {
+        &self.urls[index % self.urls.len()]
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// One attempt per address, starting at `first` and going round once.
+    /// Returns the connection and the index of the address that answered.
+    ///
+    /// A refusal ends the round at once: another node of the same cluster
+    /// has the same users and vhosts.
+    pub async fn connect_round(
+        &self,
+        first: usize,
+        attempt_timeout: Duration,
+    ) -> Result<(Connection, usize), ConnectError> {
+        let mut last = None;
+        for offset in 0..self.urls.len() {
+            let index = (first + offset) % self.urls.len();
+            match self.connect_one(index, attempt_timeout).await {
+                Ok(connection) => return Ok((connection, index)),
+                Err(refused @ ConnectError::Refused { .. }) => return Err(refused),
+                Err(unreachable) => {
+                    tracing::debug!(error = %unreachable, "broker address not reachable");
+                    last = Some(unreachable);
                 }
-                tracing::warn!(
-                    broker = %url,
-                    attempt,
-                    error = %error,
-                    retry_in = %humantime::format_duration(backoff),
-                    "cannot reach the broker yet"
-                );
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                attempt += 1;
             }
         }
+        Err(last.expect("at least one address was tried"))
+    }
+
+    async fn connect_one(
+        &self,
+        index: usize,
+        timeout: Duration,
+    ) -> Result<Connection, ConnectError> {
+        let url = &self.urls[index];
+        let mut uri = url.amqp_uri();
+        uri.query.heartbeat = uri.query.heartbeat.or(Some(DEFAULT_HEARTBEAT_SECS));
+        let properties =
+            ConnectionProperties::default().with_connection_name(self.name.clone().into());
+        // The parsed URI, never the text: lapin's parse errors repeat the URL.
+        let attempt = Connection::connect_uri(uri, properties);
+        let result = match tokio::time::timeout(timeout, attempt).await {
+            Ok(result) => result,
+            Err(_) => {
+                return Err(ConnectError::Unreachable {
+                    address: url.to_string(),
+                    reason: format!("no answer within {}", humantime::format_duration(timeout)),
+                });
+            }
+        };
+        result.map_err(|error| {
+            // No lapin error is known to hold the password once it has the
+            // parsed URI; scrubbing keeps it so should one start to.
+            let reason = url.scrub(&error.to_string());
+            let address = url.to_string();
+            if is_refusal(&error) {
+                ConnectError::Refused { address, reason }
+            } else {
+                ConnectError::Unreachable { address, reason }
+            }
+        })
+    }
+}
+
+/// The broker refused the login (403 ACCESS_REFUSED) or the vhost (530
+/// NOT_ALLOWED), as opposed to a network failure.
+fn is_refusal(error: &lapin::Error) -> bool {
+    match error.kind() {
+        ErrorKind::ProtocolError(amqp) => matches!(amqp.get_id(), 403 | 530),
+        ErrorKind::AuthProviderError(_) => true,
+        _ => false,
     }
 }

@@ -9,10 +9,13 @@
 pub mod acks;
 pub mod address;
 pub mod connection;
+pub mod link;
 pub mod publisher;
+pub mod resubscribe;
 pub mod subscription;
 
 pub use address::{BrokerUrl, UrlError};
-pub use connection::connect;
-pub use publisher::{PublishError, Publisher};
-pub use subscription::{Receipt, Received, SubscriptionEnv, SubscriptionSpec};
+pub use connection::{Addresses, ConnectError};
+pub use link::{Link, LinkObserver, OnConnected, Phase, Recovery};
+pub use publisher::{PublishError, PublishLink, PublishObserver, PublishSettings, Publisher};
+pub use subscription::{Board, Reading, Receipt, Received, SubscriptionEnv, SubscriptionSpec};

@@ -1,4 +1,5 @@
-//! Confirmed, mandatory publishing, in rounds on shared channels.
+//! Confirmed, mandatory publishing, in rounds on shared channels, over the
+//! host's publish connection ([`super::link`]).
 //!
 //! Batches (a handler's outputs, or one set-aside copy) that arrive while a
 //! round is open join it: they publish on its channel, and the broker
@@ -8,33 +9,58 @@
 //! another batch's confirm. Every return on a round's channel belongs to a
 //! member of that round, and the broker sends it before the ack of its own
 //! message; so once every member's confirms are in, every return has been
-//! seen by some member. Members pool what they saw, and each matches its
-//! messages against the pool by (message-id, exchange, routing key).
+//! seen by some member. Members pool what they saw (from acks and nacks
+//! alike), and each matches its messages against the pool by (message-id,
+//! exchange, routing key).
 //!
 //! A round takes members until the first of them has all its confirms (about
 //! one broker round trip), then the next batch opens a new round, on a
-//! channel of its own. The channel goes back to the pool when the round ends.
+//! channel of its own. The channel goes back to the pool when the round
+//! ends, unless a member left before its confirms were in: a channel that
+//! still owes confirms is never reused, or its late returns would land in
+//! another round.
 //!
-//! Isolation: a channel error (a publish to an exchange that does not exist)
-//! fails every message of the round that was not yet confirmed. Those
-//! messages fail as "may not have been sent", and the deliveries behind
-//! them are retried: nothing is lost, some outputs are published again.
+//! Isolation: each consumer has its own [`Publisher`] (its own rounds and
+//! channels), so a channel error (a publish to an exchange that does not
+//! exist) fails only the unconfirmed messages of that consumer's round. They
+//! fail as "may not have been sent", and the deliveries behind them are
+//! retried: nothing is lost, some outputs are published again.
+//!
+//! Broker trouble is told apart from failure, as the AceMQ publishing
+//! contract does: a publish while the connection is lost, recovering or
+//! blocked is declined before anything is written ([`PublishError::Declined`],
+//! counted `refused`), and a publish whose connection dropped before its
+//! confirm is [`PublishError::Interrupted`]. Neither is the message's fault;
+//! [`PublishError::is_broker_trouble`] lets the caller hold its input and try
+//! again once the connection is back.
+//!
+//! At most `max_unconfirmed` publishes of the whole host wait for a confirm;
+//! a batch larger than that goes out in waves as confirms free places.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use bytes::Bytes;
 use futures::future::join_all;
-use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::ShortString;
-use lapin::{BasicProperties, Channel, Connection};
-use tokio::sync::watch;
+use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+use super::link::{Link, Phase, blocked_sentence};
+
+/// The contract's refusal while a lost connection waits for its recovery.
+pub const LOST: &str = "the connection has been lost and is waiting to be recovered; this message was not sent, and a retry once the recovery completes will go down the recovered connection.";
+/// The contract's refusal while the connection is being reopened.
+pub const RECOVERING: &str = "the connection is being recovered and its channels are not open yet. Publishing now would be refused by the broker and would close the connection again; this message was not sent, and a retry once the recovery completes will go down the recovered connection.";
 
 /// One message to publish.
 #[derive(Debug, Clone)]
 pub struct Publication {
     pub exchange: String,
     pub routing_key: String,
-    pub body: Vec<u8>,
+    /// Shared, not copied, when the same body is published again.
+    pub body: Bytes,
     pub properties: BasicProperties,
 }
 
@@ -78,6 +104,26 @@ pub enum PublishError {
         routing_key: String,
         reason: String,
     },
+    /// Written, and the connection dropped before its confirm: it may or
+    /// may not have arrived. Not the message's fault.
+    #[error(
+        "message {id} to exchange '{exchange}' with key '{routing_key}' may not have been sent: {reason}"
+    )]
+    Interrupted {
+        id: String,
+        exchange: String,
+        routing_key: String,
+        reason: String,
+    },
+    /// Declined before anything was written: the connection is lost,
+    /// recovering or blocked, or too many publishes wait for confirms.
+    #[error("message {id} to exchange '{exchange}' with key '{routing_key}': {reason}")]
+    Declined {
+        id: String,
+        exchange: String,
+        routing_key: String,
+        reason: String,
+    },
     #[error(
         "{failed} of {total} messages were not confirmed; {confirmed} were. The first failure was: {first}"
     )]
@@ -86,15 +132,161 @@ pub enum PublishError {
         total: usize,
         confirmed: usize,
         first: Box<PublishError>,
+        /// Every failure was declined or interrupted.
+        broker_trouble: bool,
     },
 }
 
-/// Publishes with confirms, in rounds on pooled confirm-mode channels.
+impl PublishError {
+    /// The broker or the connection is in trouble, not the message: it was
+    /// declined unsent, or its connection dropped before the confirm. The
+    /// host holds its input and publishes again once the connection is
+    /// back, without counting an attempt.
+    pub fn is_broker_trouble(&self) -> bool {
+        match self {
+            PublishError::Declined { .. } | PublishError::Interrupted { .. } => true,
+            PublishError::Batch { broker_trouble, .. } => *broker_trouble,
+            _ => false,
+        }
+    }
+}
+
+/// How a publish ended, as `acemq.publish.total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishOutcome {
+    Confirmed,
+    Unroutable,
+    Failed,
+    Refused,
+}
+
+impl PublishOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PublishOutcome::Confirmed => "confirmed",
+            PublishOutcome::Unroutable => "unroutable",
+            PublishOutcome::Failed => "failed",
+            PublishOutcome::Refused => "refused",
+        }
+    }
+
+    fn of(result: &Result<(), PublishError>) -> Self {
+        match result {
+            Ok(()) => PublishOutcome::Confirmed,
+            Err(PublishError::Unroutable { .. }) => PublishOutcome::Unroutable,
+            Err(PublishError::Declined { .. }) => PublishOutcome::Refused,
+            Err(_) => PublishOutcome::Failed,
+        }
+    }
+}
+
+/// Where publishing is counted (the metrics endpoint).
+pub trait PublishObserver: Send + Sync {
+    fn published(&self, exchange: &str, routing_key: &str, outcome: PublishOutcome);
+    /// Publishes waiting for a confirm changed by `delta`.
+    fn unconfirmed(&self, delta: i64);
+}
+
+/// Bounds on publishing.
+#[derive(Debug, Clone)]
+pub struct PublishSettings {
+    /// Publishes that may wait for a confirm at once, host-wide.
+    pub max_unconfirmed: usize,
+    /// How long a confirm, or a place among the unconfirmed, is waited for.
+    pub confirm_timeout: Duration,
+}
+
+impl Default for PublishSettings {
+    fn default() -> Self {
+        // The contract's values: 1000 outstanding publishes, 10 s.
+        Self {
+            max_unconfirmed: 1000,
+            confirm_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What every publisher of the host shares: the publish connection and the
+/// bound on unconfirmed publishes.
+pub struct PublishLink {
+    link: Arc<Link>,
+    permits: Arc<Semaphore>,
+    settings: PublishSettings,
+    observer: Arc<dyn PublishObserver>,
+}
+
+impl PublishLink {
+    pub fn new(
+        link: Arc<Link>,
+        settings: PublishSettings,
+        observer: Arc<dyn PublishObserver>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            permits: Arc::new(Semaphore::new(settings.max_unconfirmed.max(1))),
+            link,
+            settings,
+            observer,
+        })
+    }
+
+    pub fn link(&self) -> &Arc<Link> {
+        &self.link
+    }
+
+    /// The largest frame the broker accepts on the publish connection (its
+    /// last one, or AMQP's default before the first). A content header
+    /// (properties and headers) larger than this closes the whole
+    /// connection, so callers measure theirs against it before publishing.
+    pub fn frame_max(&self) -> u32 {
+        match self.link.state().connection {
+            Some(connection) => connection.configuration().frame_max(),
+            None => 131_072,
+        }
+    }
+
+    /// Waits until publishing may be tried again: the link is up and not
+    /// blocked.
+    pub async fn ready(&self) {
+        let mut states = self.link.watch();
+        let _ = states
+            .wait_for(|s| matches!(s.phase, Phase::Up | Phase::Stopped))
+            .await;
+    }
+
+    fn count(&self, publication: &Publication, result: &Result<(), PublishError>) {
+        self.observer.published(
+            &publication.exchange,
+            &publication.routing_key,
+            PublishOutcome::of(result),
+        );
+    }
+}
+
+/// A place among the unconfirmed publishes, held until its confirm is in.
+struct Unconfirmed {
+    _permit: OwnedSemaphorePermit,
+    observer: Arc<dyn PublishObserver>,
+}
+
+impl Drop for Unconfirmed {
+    fn drop(&mut self) {
+        self.observer.unconfirmed(-1);
+    }
+}
+
+/// Publishes with confirms, in rounds on its own confirm-mode channels.
+/// One per consumer: see the module's note on isolation.
 pub struct Publisher {
-    connection: Arc<Connection>,
-    idle: Arc<Mutex<Vec<Channel>>>,
+    shared: Arc<PublishLink>,
+    idle: Arc<Mutex<Vec<Pooled>>>,
     /// The round a new batch joins, while it takes members.
     open: Mutex<Option<Arc<Round>>>,
+}
+
+/// A channel waiting for its next round, and the connection it belongs to.
+struct Pooled {
+    channel: Channel,
+    generation: u64,
 }
 
 /// A message the broker returned: no queue took it.
@@ -109,24 +301,29 @@ struct Returned {
 /// Batches publishing on one channel, and what the broker returned to them.
 struct Round {
     channel: Channel,
+    generation: u64,
     state: Mutex<RoundState>,
     /// Members that have not yet pooled their returns.
     busy: watch::Sender<usize>,
     /// Where the channel goes back when the round ends.
-    idle: Arc<Mutex<Vec<Channel>>>,
+    idle: Arc<Mutex<Vec<Pooled>>>,
 }
 
 #[derive(Default)]
 struct RoundState {
     /// No new members: the first member's confirms are all in.
     sealed: bool,
+    /// A member left before its confirms were in: the channel may still
+    /// owe confirms and returns, and is not reused.
+    abandoned: bool,
     returned: Vec<Returned>,
 }
 
 impl Round {
-    fn new(channel: Channel, idle: Arc<Mutex<Vec<Channel>>>) -> Self {
+    fn new(channel: Channel, generation: u64, idle: Arc<Mutex<Vec<Pooled>>>) -> Self {
         Self {
             channel,
+            generation,
             state: Mutex::new(RoundState::default()),
             busy: watch::Sender::new(0),
             idle,
@@ -140,13 +337,24 @@ impl Round {
 
 impl Drop for Round {
     fn drop(&mut self) {
-        // A channel the broker closed (it happens on a publish to a missing
-        // exchange) is dropped rather than pooled.
-        if self.channel.status().connected() {
+        // A channel the broker closed (a publish to a missing exchange) is
+        // dropped rather than pooled, and so is one that may owe confirms.
+        let abandoned = self.state().abandoned;
+        if self.channel.status().connected() && !abandoned {
             self.idle
                 .lock()
                 .expect("publisher pool poisoned")
-                .push(self.channel.clone());
+                .push(Pooled {
+                    channel: self.channel.clone(),
+                    generation: self.generation,
+                });
+        } else if abandoned && self.channel.status().connected() {
+            let channel = self.channel.clone();
+            tokio::spawn(async move {
+                let _ = channel
+                    .close(200, "acemq-host: confirms abandoned".into())
+                    .await;
+            });
         }
     }
 }
@@ -169,62 +377,93 @@ impl Membership {
 
 impl Drop for Membership {
     fn drop(&mut self) {
+        if !self.left {
+            // Dropped before its confirms were all in.
+            self.round.state().abandoned = true;
+        }
         self.leave();
     }
 }
 
+/// How waiting for one confirm ended, short of a confirmation.
+enum NoConfirm {
+    Failed(lapin::Error),
+    TimedOut,
+    ConnectionLost,
+}
+
 impl Publisher {
-    pub fn new(connection: Arc<Connection>) -> Self {
+    pub fn new(shared: Arc<PublishLink>) -> Self {
         Self {
-            connection,
+            shared,
             idle: Arc::new(Mutex::new(Vec::new())),
             open: Mutex::new(None),
         }
     }
 
-    /// The largest frame the broker accepts on this connection, negotiated
-    /// when it opened. A content header (properties and headers) larger
-    /// than this is a protocol error that closes the whole connection, so
-    /// callers measure theirs against it before publishing.
+    /// The shared publish connection and limits.
+    pub fn link(&self) -> &Arc<PublishLink> {
+        &self.shared
+    }
+
+    /// See [`PublishLink::frame_max`].
     pub fn frame_max(&self) -> u32 {
-        self.connection.configuration().frame_max()
+        self.shared.frame_max()
     }
 
     /// Publishes one message, mandatory, and waits for its confirm.
-    pub async fn publish(&self, publication: Publication) -> Result<(), PublishError> {
-        self.publish_all(vec![publication]).await
+    pub async fn publish(&self, publication: &Publication) -> Result<(), PublishError> {
+        self.publish_all(std::slice::from_ref(publication)).await
     }
 
     /// Writes every message before awaiting any confirm, then waits for all
     /// of them, even after a failure (contract §6 batch semantics).
-    pub async fn publish_all(&self, publications: Vec<Publication>) -> Result<(), PublishError> {
+    pub async fn publish_all(&self, publications: &[Publication]) -> Result<(), PublishError> {
+        let results = self.publish_each(publications).await;
+        for (publication, result) in publications.iter().zip(&results) {
+            self.shared.count(publication, result);
+        }
+        batch_result(results)
+    }
+
+    async fn publish_each(&self, publications: &[Publication]) -> Vec<Result<(), PublishError>> {
         if publications.is_empty() {
-            return Ok(());
+            return Vec::new();
         }
         // Checked before anything is written: lapin panics on a name too
         // long for an AMQP short string, and a batch is all or nothing.
-        for p in &publications {
-            for (what, name) in [("exchange", &p.exchange), ("routing key", &p.routing_key)] {
-                if ShortString::try_new(name.as_str()).is_err() {
-                    return Err(PublishError::Unknown {
-                        id: p.message_id(),
-                        exchange: preview(&p.exchange),
-                        routing_key: preview(&p.routing_key),
-                        reason: format!(
-                            "its {what} is {} bytes long; AMQP allows at most 255, so it was not sent",
-                            name.len()
-                        ),
-                    });
-                }
-            }
+        if let Some(error) = publications.iter().find_map(name_too_long) {
+            return publications.iter().map(|_| Err(error.clone())).collect();
         }
-        let mut membership = match self.join().await {
+        let state = self.shared.link.state();
+        let connection = match (&state.phase, &state.connection) {
+            (Phase::Up, Some(connection)) => connection.clone(),
+            (phase, _) => return decline_all(publications, &paused_sentence(phase)),
+        };
+        let mut membership = match self.join(&connection, state.generation).await {
             Ok(membership) => membership,
-            Err(e) => return Err(unknown(&publications[0], &e)),
+            // Nothing was written: a channel that cannot open on a
+            // connection that just dropped is the recovery's business.
+            Err(_) if !connection.status().connected() => return decline_all(publications, LOST),
+            Err(e) => {
+                return publications
+                    .iter()
+                    .map(|p| Err(unknown(p, &e.to_string())))
+                    .collect();
+            }
         };
         let round = membership.round.clone();
-        let mut pending = Vec::with_capacity(publications.len());
-        for publication in &publications {
+
+        let mut results: Vec<Option<Result<(), PublishError>>> = vec![None; publications.len()];
+        let mut waiting = Vec::with_capacity(publications.len());
+        for (index, publication) in publications.iter().enumerate() {
+            let place = match self.place().await {
+                Ok(place) => place,
+                Err(reason) => {
+                    results[index] = Some(Err(declined(publication, &reason)));
+                    continue;
+                }
+            };
             let sent = round
                 .channel
                 .basic_publish(
@@ -238,56 +477,86 @@ impl Publisher {
                     publication.properties.clone(),
                 )
                 .await;
-            pending.push(sent);
-        }
-        let mut confirmations = Vec::with_capacity(pending.len());
-        let mut waiting = Vec::new();
-        for (index, sent) in pending.into_iter().enumerate() {
             match sent {
-                Ok(confirm) => waiting.push((index, confirm)),
-                Err(e) => confirmations.push((index, Err(unknown(&publications[index], &e)))),
+                Ok(confirm) => waiting.push((index, confirm, place)),
+                // lapin refuses to write on a channel that is not open: the
+                // connection closed between the check and the write.
+                Err(_)
+                    if !round.channel.status().connected() && !connection.status().connected() =>
+                {
+                    results[index] = Some(Err(declined(publication, LOST)));
+                }
+                Err(e) => results[index] = Some(Err(unknown(publication, &e.to_string()))),
             }
         }
-        let (indices, confirms): (Vec<_>, Vec<_>) = waiting.into_iter().unzip();
-        let results = join_all(confirms).await;
+        let waits = waiting
+            .into_iter()
+            .map(|(index, confirm, place)| async move {
+                let outcome = self.confirmation(confirm, state.generation).await;
+                drop(place);
+                (index, outcome)
+            });
         let mut seen = Vec::new();
-        for (index, result) in indices.into_iter().zip(results) {
-            let outcome = match result {
+        for (index, outcome) in join_all(waits).await {
+            let p = &publications[index];
+            results[index] = Some(match outcome {
                 Ok(Confirmation::Ack(returned)) => {
                     seen.extend(returned.map(|ret| returned_of(&ret)));
                     Ok(())
                 }
-                Ok(Confirmation::Nack(_)) => Err(refused(&publications[index])),
+                Ok(Confirmation::Nack(returned)) => {
+                    // A return may ride on a nack: it belongs to another
+                    // member's message as much as one on an ack does.
+                    seen.extend(returned.map(|ret| returned_of(&ret)));
+                    Err(refused(p))
+                }
                 Ok(Confirmation::NotRequested) => Ok(()),
-                Err(e) => Err(unknown(&publications[index], &e)),
-            };
-            confirmations.push((index, outcome));
+                Err(NoConfirm::Failed(e)) if !connection.status().connected() => Err(interrupted(
+                    p,
+                    &format!("the connection dropped before the broker confirmed it ({e})"),
+                )),
+                Err(NoConfirm::Failed(e)) => Err(unknown(p, &e.to_string())),
+                Err(NoConfirm::ConnectionLost) => Err(interrupted(
+                    p,
+                    "the connection was lost before the broker confirmed it",
+                )),
+                Err(NoConfirm::TimedOut) => Err(unknown(
+                    p,
+                    &format!(
+                        "no confirm came within {}; the broker is not keeping up",
+                        humantime::format_duration(self.shared.settings.confirm_timeout)
+                    ),
+                )),
+            });
         }
 
         // Pool what this member saw, close the round to newcomers, and wait
         // until every member has pooled its returns.
         {
-            let mut state = round.state();
-            state.returned.extend(seen);
-            state.sealed = true;
+            let mut round_state = round.state();
+            round_state.returned.extend(seen);
+            round_state.sealed = true;
         }
         self.close(&round);
         let mut others = round.busy.subscribe();
         membership.leave();
         // Every member leaves, even a dropped one: this cannot wait forever
         // unless a member's confirms never arrive, and those end with the
-        // channel.
+        // confirm timeout.
         let _ = others.wait_for(|busy| *busy == 0).await;
 
         // Matched under the round's lock (no await below): nothing is copied.
-        let state = round.state();
-        for (index, outcome) in &mut confirmations {
-            let p = &publications[*index];
-            if outcome.is_err() {
+        let round_state = round.state();
+        let mut results: Vec<_> = results
+            .into_iter()
+            .map(|r| r.expect("every publication has a result"))
+            .collect();
+        for (p, result) in publications.iter().zip(&mut results) {
+            if result.is_err() {
                 continue;
             }
-            if let Some(ret) = state.returned.iter().find(|r| r.is_of(p)) {
-                *outcome = Err(PublishError::Unroutable {
+            if let Some(ret) = round_state.returned.iter().find(|r| r.is_of(p)) {
+                *result = Err(PublishError::Unroutable {
                     id: ret.id.clone(),
                     exchange: p.exchange.clone(),
                     routing_key: p.routing_key.clone(),
@@ -299,18 +568,67 @@ impl Publisher {
                 });
             }
         }
-        drop(state);
-        confirmations.sort_by_key(|(index, _)| *index);
-        batch_result(confirmations)
+        results
+    }
+
+    /// A place among the host's unconfirmed publishes, waited for up to the
+    /// confirm timeout; the error is the contract's sentence.
+    async fn place(&self) -> Result<Unconfirmed, String> {
+        let settings = &self.shared.settings;
+        let acquire = self.shared.permits.clone().acquire_owned();
+        match tokio::time::timeout(settings.confirm_timeout, acquire).await {
+            Ok(Ok(permit)) => {
+                self.shared.observer.unconfirmed(1);
+                Ok(Unconfirmed {
+                    _permit: permit,
+                    observer: self.shared.observer.clone(),
+                })
+            }
+            _ => Err(format!(
+                "{} publishes are already waiting for a confirm and none completed within {}. \
+                 The broker is not keeping up; publish more slowly rather than buffering more.",
+                settings.max_unconfirmed,
+                humantime::format_duration(settings.confirm_timeout)
+            )),
+        }
+    }
+
+    /// Waits for one confirm: up to the confirm timeout (which does not run
+    /// while the broker has blocked the connection: a publish written before
+    /// a block is confirmed after it), and no longer than the connection.
+    async fn confirmation(
+        &self,
+        confirm: PublisherConfirm,
+        generation: u64,
+    ) -> Result<Confirmation, NoConfirm> {
+        let link = &self.shared.link;
+        let mut states = link.watch();
+        let timeout = self.shared.settings.confirm_timeout;
+        tokio::pin!(confirm);
+        loop {
+            tokio::select! {
+                result = &mut confirm => return result.map_err(NoConfirm::Failed),
+                lost = states.wait_for(|s| s.generation != generation || matches!(s.phase, Phase::Lost { .. } | Phase::Reconnecting { .. })) => {
+                    if lost.is_ok() {
+                        return Err(NoConfirm::ConnectionLost);
+                    }
+                }
+                _ = tokio::time::sleep(timeout) => {
+                    if !matches!(link.phase(), Phase::Blocked { .. }) {
+                        return Err(NoConfirm::TimedOut);
+                    }
+                }
+            }
+        }
     }
 
     /// A place in the open round, or in a new one on a pooled channel.
-    async fn join(&self) -> lapin::Result<Membership> {
-        if let Some(membership) = self.join_open() {
+    async fn join(&self, connection: &Connection, generation: u64) -> lapin::Result<Membership> {
+        if let Some(membership) = self.join_open(generation) {
             return Ok(membership);
         }
-        let channel = self.channel().await?;
-        let round = Arc::new(Round::new(channel, self.idle.clone()));
+        let channel = self.channel(connection, generation).await?;
+        let round = Arc::new(Round::new(channel, generation, self.idle.clone()));
         let mut open = self.open.lock().expect("publisher rounds poisoned");
         // Another batch may have opened one meanwhile: this one opens its own
         // anyway (its channel is already here), and becomes the open one.
@@ -319,11 +637,11 @@ impl Publisher {
         Ok(Membership { round, left: false })
     }
 
-    fn join_open(&self) -> Option<Membership> {
+    fn join_open(&self, generation: u64) -> Option<Membership> {
         let open = self.open.lock().expect("publisher rounds poisoned");
         let round = open.as_ref()?;
         let state = round.state();
-        if state.sealed || !round.channel.status().connected() {
+        if state.sealed || round.generation != generation || !round.channel.status().connected() {
             return None;
         }
         // Joined under the round's lock: a member that seals it afterwards
@@ -344,17 +662,58 @@ impl Publisher {
         }
     }
 
-    async fn channel(&self) -> lapin::Result<Channel> {
-        let idle = self.idle.lock().expect("publisher pool poisoned").pop();
-        if let Some(channel) = idle {
-            return Ok(channel);
+    async fn channel(&self, connection: &Connection, generation: u64) -> lapin::Result<Channel> {
+        let pooled = {
+            let mut idle = self.idle.lock().expect("publisher pool poisoned");
+            // Channels of a connection that was replaced are dead.
+            idle.retain(|p| p.generation == generation && p.channel.status().connected());
+            idle.pop()
+        };
+        if let Some(pooled) = pooled {
+            return Ok(pooled.channel);
         }
-        let channel = self.connection.create_channel().await?;
+        let channel = connection.create_channel().await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
         Ok(channel)
     }
+}
+
+/// The contract's sentence for publishing while the link is in `phase`.
+fn paused_sentence(phase: &Phase) -> String {
+    match phase {
+        Phase::Blocked { reason } => format!(
+            "{}. Nothing was sent; back off and retry once the broker unblocks",
+            blocked_sentence(reason.as_deref())
+        ),
+        Phase::Lost { .. } => LOST.to_string(),
+        Phase::Stopped => "the host is stopping; this message was not sent".to_string(),
+        Phase::Up | Phase::Starting { .. } | Phase::Reconnecting { .. } => RECOVERING.to_string(),
+    }
+}
+
+fn decline_all(publications: &[Publication], reason: &str) -> Vec<Result<(), PublishError>> {
+    publications
+        .iter()
+        .map(|p| Err(declined(p, reason)))
+        .collect()
+}
+
+/// An exchange or routing key AMQP cannot carry (over 255 bytes).
+fn name_too_long(p: &Publication) -> Option<PublishError> {
+    [("exchange", &p.exchange), ("routing key", &p.routing_key)]
+        .into_iter()
+        .find(|(_, name)| ShortString::try_new(name.as_str()).is_err())
+        .map(|(what, name)| PublishError::Unknown {
+            id: p.message_id(),
+            exchange: preview(&p.exchange),
+            routing_key: preview(&p.routing_key),
+            reason: format!(
+                "its {what} is {} bytes long; AMQP allows at most 255, so it was not sent",
+                name.len()
+            ),
+        })
 }
 
 impl Returned {
@@ -383,16 +742,14 @@ fn returned_message_id(ret: &lapin::message::BasicReturnMessage) -> String {
         .unwrap_or_default()
 }
 
-fn batch_result(confirmations: Vec<(usize, Result<(), PublishError>)>) -> Result<(), PublishError> {
-    let total = confirmations.len();
-    let mut failures = confirmations
-        .into_iter()
-        .filter_map(|(_, r)| r.err())
-        .peekable();
-    let Some(first) = failures.next() else {
+fn batch_result(results: Vec<Result<(), PublishError>>) -> Result<(), PublishError> {
+    let total = results.len();
+    let failures: Vec<PublishError> = results.into_iter().filter_map(Result::err).collect();
+    let failed = failures.len();
+    let broker_trouble = failures.iter().all(PublishError::is_broker_trouble);
+    let Some(first) = failures.into_iter().next() else {
         return Ok(());
     };
-    let failed = 1 + failures.count();
     if total == 1 {
         return Err(first);
     }
@@ -401,6 +758,7 @@ fn batch_result(confirmations: Vec<(usize, Result<(), PublishError>)>) -> Result
         total,
         confirmed: total - failed,
         first: Box::new(first),
+        broker_trouble,
     })
 }
 
@@ -421,11 +779,29 @@ fn refused(p: &Publication) -> PublishError {
     }
 }
 
-fn unknown(p: &Publication, error: &lapin::Error) -> PublishError {
+fn unknown(p: &Publication, reason: &str) -> PublishError {
     PublishError::Unknown {
         id: p.message_id(),
         exchange: p.exchange.clone(),
         routing_key: p.routing_key.clone(),
-        reason: error.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn interrupted(p: &Publication, reason: &str) -> PublishError {
+    PublishError::Interrupted {
+        id: p.message_id(),
+        exchange: p.exchange.clone(),
+        routing_key: p.routing_key.clone(),
+        reason: reason.to_string(),
+    }
+}
+
+fn declined(p: &Publication, reason: &str) -> PublishError {
+    PublishError::Declined {
+        id: p.message_id(),
+        exchange: p.exchange.clone(),
+        routing_key: p.routing_key.clone(),
+        reason: reason.to_string(),
     }
 }

@@ -13,9 +13,9 @@
 //! - shutdown settles every delivery exactly once: drain, flush acks, cancel,
 //!   close (see [`run`]).
 
+use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -46,9 +46,50 @@ pub struct SubscriptionEnv {
     pub shutdown: CancellationToken,
     /// How long running deliveries may take to finish at shutdown.
     pub drain_timeout: Duration,
-    /// How many subscriptions hold a consumer (consume-ok received, not yet
-    /// cancelled): `/health` is UP only when all of them do.
-    pub consuming: Arc<AtomicUsize>,
+    /// What each subscription is doing: `/health` is UP only when every
+    /// one holds its consumer (consume-ok received, not yet cancelled).
+    pub board: Arc<Board>,
+}
+
+/// Whether each queue's subscription is reading, and if not, why.
+#[derive(Debug, Default)]
+pub struct Board {
+    queues: Mutex<BTreeMap<String, Reading>>,
+}
+
+/// One subscription's state on the [`Board`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reading {
+    /// Holds its consumer.
+    Consuming,
+    /// Not reading now; why (waiting for the connection, restarting after
+    /// a failure).
+    Stopped { reason: String },
+}
+
+impl Board {
+    /// Puts `queue` on the board, not reading yet.
+    pub fn expect(&self, queue: &str) {
+        self.set(
+            queue,
+            Reading::Stopped {
+                reason: "not subscribed yet".to_string(),
+            },
+        );
+    }
+
+    pub fn set(&self, queue: &str, reading: Reading) {
+        self.queues
+            .lock()
+            .expect("board poisoned")
+            .insert(queue.to_string(), reading);
+    }
+
+    /// Every queue and its state, by name.
+    pub fn snapshot(&self) -> Vec<(String, Reading)> {
+        let queues = self.queues.lock().expect("board poisoned");
+        queues.iter().map(|(q, r)| (q.clone(), r.clone())).collect()
+    }
 }
 
 /// A delivery as the subscription hands it over: the message's parts,
@@ -66,7 +107,12 @@ pub struct Received {
 }
 
 impl Received {
-    fn new(delivery: Delivery, acks: Arc<AckBatcher>, slot: Slot) -> Self {
+    fn new(
+        delivery: Delivery,
+        acks: Arc<AckBatcher>,
+        slot: Slot,
+        channel_lost: CancellationToken,
+    ) -> Self {
         Self {
             exchange: delivery.exchange,
             routing_key: delivery.routing_key,
@@ -77,6 +123,7 @@ impl Received {
                 tag: delivery.delivery_tag,
                 acks,
                 acker: delivery.acker,
+                channel_lost,
             },
             slot,
         }
@@ -92,9 +139,22 @@ pub struct Receipt {
     tag: u64,
     acks: Arc<AckBatcher>,
     acker: Acker,
+    /// Cancelled when the channel it came on fails: it can no longer be
+    /// settled, and the broker delivers it again.
+    channel_lost: CancellationToken,
 }
 
 impl Receipt {
+    /// Its channel failed: an ack or requeue would go nowhere.
+    pub fn is_lost(&self) -> bool {
+        self.channel_lost.is_cancelled()
+    }
+
+    /// Completes when its channel fails.
+    pub async fn lost(&self) {
+        self.channel_lost.cancelled().await;
+    }
+
     /// The delivery's work is done: it is acked with the next batch.
     pub async fn ack(&self) {
         self.acks.ready(self.tag).await;
@@ -121,7 +181,7 @@ pub async fn run<H, F>(
     connection: &Connection,
     spec: SubscriptionSpec,
     env: SubscriptionEnv,
-    handle: H,
+    handle: &H,
 ) -> anyhow::Result<()>
 where
     H: Fn(Received) -> F,
@@ -143,7 +203,7 @@ where
         )
         .await
         .map_err(|e| anyhow::anyhow!("cannot consume from queue '{queue}': {e}"))?;
-    env.consuming.fetch_add(1, Ordering::SeqCst);
+    env.board.set(queue, Reading::Consuming);
     tracing::info!(
         queue,
         prefetch = spec.prefetch,
@@ -154,6 +214,7 @@ where
     let permits = Arc::new(Semaphore::new(spec.concurrency));
     let subscribed = Subscribed::start(queue, channel, tag, spec.prefetch);
     let acks = subscribed.acks.clone();
+    let channel_lost = CancellationToken::new();
     let mut running = JoinSet::new();
     let mut failure = None;
 
@@ -174,7 +235,12 @@ where
                     _ = env.shutdown.cancelled() => break,
                     permit = permits.clone().acquire_owned() => permit.expect("semaphore never closed"),
                 };
-                running.spawn(handle(Received::new(delivery, acks.clone(), Slot(permit))));
+                running.spawn(handle(Received::new(
+                    delivery,
+                    acks.clone(),
+                    Slot(permit),
+                    channel_lost.clone(),
+                )));
             }
             Some(Err(e)) => {
                 failure = Some(anyhow::anyhow!(
@@ -194,7 +260,19 @@ where
         while running.try_join_next().is_some() {}
     }
 
-    env.consuming.fetch_sub(1, Ordering::SeqCst);
+    if let Some(failure) = &failure {
+        env.board.set(
+            queue,
+            Reading::Stopped {
+                reason: format!("{failure:#}"),
+            },
+        );
+        // Running deliveries stop waiting on a channel that is gone; what
+        // they would still publish, the redelivery will.
+        if !subscribed.channel.status().connected() {
+            channel_lost.cancel();
+        }
+    }
     subscribed.stop(running, env.drain_timeout).await;
     match failure {
         Some(e) => Err(e),
@@ -255,6 +333,15 @@ impl<'a> Subscribed<'a> {
         // The acks of everything that finished go out now, not after the linger.
         self.linger_stop.cancel();
         let _ = self.linger.await;
+        if !self.channel.status().connected() {
+            // Nothing can be settled on a channel that is gone: the broker
+            // has already given back everything unacked.
+            tracing::info!(
+                queue,
+                "consumer stopped; its channel had closed, so the broker redelivers what it had not acked"
+            );
+            return;
+        }
         self.acks.flush(true).await;
         // 2. Only then is the consumer cancelled. An ack written to the
         //    socket is not yet an ack applied by the queue: RabbitMQ's

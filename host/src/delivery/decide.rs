@@ -224,6 +224,10 @@ pub enum Setback {
     SetAsideFailed(String),
     /// Shutdown began while the delivery waited in the consumer.
     ShutdownDuringWait,
+    /// Publishing was declined or interrupted by the broker or the
+    /// connection (lost, recovering, blocked), or the delivery's own channel
+    /// closed: not the message's fault, so no attempt is counted.
+    BrokerTrouble(String),
 }
 
 /// What happens instead of `failed` after `setback`.
@@ -282,6 +286,7 @@ fn next_after(
         }
         Setback::SetAsideFailed(why) => requeue(format!("the set-aside was not published: {why}")),
         Setback::ShutdownDuringWait => requeue("shutdown began during the retry wait".to_string()),
+        Setback::BrokerTrouble(why) => requeue(format!("the broker could not take it now: {why}")),
     }
 }
 

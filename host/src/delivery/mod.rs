@@ -35,7 +35,7 @@ pub use plugins::{PluginRun, run_plugins};
 use settle::{BrokerPort, Subject, Waited};
 
 use self::metrics::ConsumerMetrics;
-use crate::broker::publisher::{Publication, PublishError, Publisher};
+use crate::broker::publisher::{Publication, PublishError, PublishLink, Publisher};
 use crate::broker::subscription::{Receipt, Received};
 use crate::envelope::{self, Envelope};
 use crate::plugin::{CodecSet, HandlerSlot, Input};
@@ -50,7 +50,9 @@ pub struct Pipeline {
     max_body_bytes: usize,
     handler: Arc<HandlerSlot>,
     codecs: Arc<CodecSet>,
-    publisher: Arc<Publisher>,
+    /// This consumer's own: a channel error of its publishes fails no other
+    /// consumer's.
+    publisher: Publisher,
     metrics: ConsumerMetrics,
     /// Cancelled when the host shuts down: ends a retry's consumer wait.
     shutdown: CancellationToken,
@@ -60,7 +62,7 @@ pub struct Pipeline {
 #[derive(Clone)]
 pub struct Shared {
     pub codecs: Arc<CodecSet>,
-    pub publisher: Arc<Publisher>,
+    pub publish_link: Arc<PublishLink>,
     pub metrics: Arc<Metrics>,
     pub shutdown: CancellationToken,
 }
@@ -79,7 +81,7 @@ impl Pipeline {
             max_body_bytes,
             handler,
             codecs: shared.codecs.clone(),
-            publisher: shared.publisher.clone(),
+            publisher: Publisher::new(shared.publish_link.clone()),
             metrics: ConsumerMetrics::new(shared.metrics.clone(), queue),
             shutdown: shared.shutdown.clone(),
         }
@@ -210,9 +212,71 @@ struct OnBroker<'a> {
     shutdown: &'a CancellationToken,
 }
 
+impl OnBroker<'_> {
+    /// Publishes `publications`, holding on while the broker is in trouble.
+    ///
+    /// A publish declined (connection lost, recovering, blocked) or
+    /// interrupted (connection dropped before its confirm) is back pressure,
+    /// not the message's failure: the delivery stays unacked and its
+    /// outputs go out once publishing is back, without counting an attempt.
+    /// The hold ends early when the delivery's own channel is gone (the
+    /// broker redelivers it; publishing now would only duplicate), at
+    /// shutdown, or after [`HOLD_AT_MOST`], well inside the broker's
+    /// consumer timeout; the caller then requeues it.
+    async fn publish_holding(&self, publications: &[Publication]) -> Result<(), PublishError> {
+        let started = tokio::time::Instant::now();
+        loop {
+            if self.receipt.is_lost() {
+                return Err(delivery_lost(&publications[0]));
+            }
+            let error = match self.publisher.publish_all(publications).await {
+                Err(e) if e.is_broker_trouble() => e,
+                done => return done,
+            };
+            let give_up = started + HOLD_AT_MOST;
+            tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => return Err(error),
+                _ = self.receipt.lost() => return Err(error),
+                _ = tokio::time::sleep_until(give_up) => return Err(error),
+                _ = self.ready_again() => {}
+            }
+        }
+    }
+
+    /// Publishing may be tried again: the link is up, after a short pause so
+    /// that a publish declined for want of confirm places does not spin.
+    async fn ready_again(&self) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.publisher.link().ready().await;
+    }
+}
+
+/// How long a delivery is held while publishing is paused before it is
+/// requeued instead (RabbitMQ's consumer timeout is 30 minutes by default).
+const HOLD_AT_MOST: Duration = Duration::from_secs(5 * 60);
+
+/// Nothing is published for a delivery whose channel is gone.
+fn delivery_lost(first: &Publication) -> PublishError {
+    PublishError::Declined {
+        id: first
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
+        exchange: first.exchange.clone(),
+        routing_key: first.routing_key.clone(),
+        reason: "the channel it was delivered on closed, so the broker delivers it again; nothing was sent".to_string(),
+    }
+}
+
 impl BrokerPort for OnBroker<'_> {
     async fn publish(&self, outputs: Vec<Publication>) -> Result<(), PublishError> {
-        self.publisher.publish_all(outputs).await
+        if outputs.is_empty() {
+            return Ok(());
+        }
+        self.publish_holding(&outputs).await
     }
 
     async fn republish(
@@ -220,14 +284,13 @@ impl BrokerPort for OnBroker<'_> {
         queue: &str,
         properties: BasicProperties,
     ) -> Result<(), PublishError> {
-        self.publisher
-            .publish(Publication {
-                exchange: String::new(),
-                routing_key: queue.to_string(),
-                body: self.body.to_vec(),
-                properties,
-            })
-            .await
+        let copy = Publication {
+            exchange: String::new(),
+            routing_key: queue.to_string(),
+            body: self.body.clone(),
+            properties,
+        };
+        self.publish_holding(std::slice::from_ref(&copy)).await
     }
 
     async fn ack(&self) {
@@ -242,6 +305,9 @@ impl BrokerPort for OnBroker<'_> {
         tokio::select! {
             _ = tokio::time::sleep(wait) => Waited::Elapsed,
             _ = self.shutdown.cancelled() => Waited::ShutDown,
+            // Its channel is gone: the broker delivers it again, and the
+            // retry copy would be a duplicate.
+            _ = self.receipt.lost() => Waited::ChannelLost,
         }
     }
 

@@ -57,6 +57,8 @@ pub(crate) trait BrokerPort {
 pub enum Waited {
     Elapsed,
     ShutDown,
+    /// The delivery's channel closed: the broker delivers it again.
+    ChannelLost,
 }
 
 /// The delivery being settled, as the settlement reads it.
@@ -195,7 +197,7 @@ async fn carry_out(
                 .map_err(Setback::OutputsFailed)?;
             if let Err(e) = port.publish(publications).await {
                 tracing::warn!(queue, message_id = id, error = %e, "outputs were not confirmed");
-                return Err(Setback::OutputsFailed(e.to_string()));
+                return Err(broker_trouble_or(e, Setback::OutputsFailed));
             }
             port.ack().await;
             tracing::debug!(queue, message_id = id, "acked");
@@ -205,12 +207,18 @@ async fn carry_out(
             // Checked before the wait: a copy that cannot be sent is not
             // worth waiting for.
             let properties = retry_copy(subject, port.frame_max())?;
-            if port.wait(*wait).await == Waited::ShutDown {
-                return Err(Setback::ShutdownDuringWait);
+            match port.wait(*wait).await {
+                Waited::Elapsed => {}
+                Waited::ShutDown => return Err(Setback::ShutdownDuringWait),
+                Waited::ChannelLost => {
+                    return Err(Setback::BrokerTrouble(
+                        "its channel closed during the retry wait".to_string(),
+                    ));
+                }
             }
             if let Err(e) = port.republish(queue, properties).await {
                 tracing::warn!(queue, message_id = id, error = %e, "retry republish failed; requeueing");
-                return Err(Setback::RetryNotPublished(e.to_string()));
+                return Err(broker_trouble_or(e, Setback::RetryNotPublished));
             }
             port.ack().await;
             tracing::info!(queue, message_id = id, wait = %humantime::format_duration(*wait), reason, "retried after waiting in the consumer");
@@ -230,7 +238,7 @@ async fn carry_out(
                 }
                 Err(e) => {
                     tracing::warn!(queue, message_id = id, error = %e, "retry republish failed; requeueing");
-                    Err(Setback::RetryNotPublished(e.to_string()))
+                    Err(broker_trouble_or(e, Setback::RetryNotPublished))
                 }
             }
         }
@@ -256,7 +264,7 @@ async fn carry_out(
             };
             if let Err(e) = port.republish(target, properties).await {
                 tracing::error!(queue, message_id = id, to = %target, error = %e, "set-aside publish failed; requeueing");
-                return Err(Setback::SetAsideFailed(e.to_string()));
+                return Err(broker_trouble_or(e, Setback::SetAsideFailed));
             }
             port.ack().await;
             tracing::warn!(queue, message_id = id, to = %target, reason = %reason, "set aside");
@@ -267,6 +275,17 @@ async fn carry_out(
             tracing::debug!(queue, message_id = id, why = %why, "requeued");
             Ok(Done::Retried(RetryPlace::Requeued))
         }
+    }
+}
+
+/// A publish that failed because of the broker or the connection (declined
+/// or interrupted) is held apart from one that failed on its own: it does
+/// not count against the message.
+fn broker_trouble_or(error: PublishError, otherwise: fn(String) -> Setback) -> Setback {
+    if error.is_broker_trouble() {
+        Setback::BrokerTrouble(error.to_string())
+    } else {
+        otherwise(error.to_string())
     }
 }
 
@@ -307,7 +326,7 @@ fn output_publication(
     Ok(Publication {
         exchange: output.exchange,
         routing_key: output.routing_key,
-        body: output.body,
+        body: bytes::Bytes::from(output.body),
         properties,
     })
 }

@@ -1,0 +1,200 @@
+//! What `/health` says, from the state of the host's connections and
+//! subscriptions: pure, so every case is a unit test.
+//!
+//! - `DOWN` (503): not serving and not going to by itself: the host is
+//!   starting (what it waits for is said) or shutting down.
+//! - `DEGRADED` (200): running, and recovering by itself from something: a
+//!   connection lost or being recovered, a connection the broker blocked
+//!   (the contract's sentence `the broker has blocked this connection;
+//!   publishing is paused[: reason]`), or consumers that stopped reading
+//!   and are being restarted (`these consumers have stopped reading: a, b`).
+//!   It answers 200 so that a liveness probe does not restart a host that is
+//!   recovering on its own; alert on the status word instead.
+//! - `UP` (200): every connection up and every consumer reading.
+
+use crate::broker::{Phase, Reading};
+
+/// The three words of the AceMQ health contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Up,
+    Degraded,
+    Down,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Up => "UP",
+            Status::Degraded => "DEGRADED",
+            Status::Down => "DOWN",
+        }
+    }
+}
+
+/// The verdict, with one sentence per thing that is not right.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assessment {
+    pub status: Status,
+    pub details: Vec<String>,
+    /// Consumers reading, of all.
+    pub consuming: (usize, usize),
+}
+
+/// Assesses the host from its connections (`role`, phase) and its
+/// consumers (queue, reading).
+pub fn assess(
+    shutting_down: bool,
+    links: &[(&str, Phase)],
+    consumers: &[(String, Reading)],
+) -> Assessment {
+    let reading = consumers
+        .iter()
+        .filter(|(_, r)| *r == Reading::Consuming)
+        .count();
+    let consuming = (reading, consumers.len());
+    if shutting_down {
+        return Assessment {
+            status: Status::Down,
+            details: vec!["the host is shutting down".to_string()],
+            consuming,
+        };
+    }
+    let mut details: Vec<String> = links
+        .iter()
+        .filter_map(|(role, phase)| phase.detail().map(|d| format!("{role} connection: {d}")))
+        .collect();
+    let starting = links
+        .iter()
+        .any(|(_, phase)| matches!(phase, Phase::Starting { .. }));
+    if starting {
+        return Assessment {
+            status: Status::Down,
+            details,
+            consuming,
+        };
+    }
+    let stopped: Vec<&str> = consumers
+        .iter()
+        .filter(|(_, r)| *r != Reading::Consuming)
+        .map(|(q, _)| q.as_str())
+        .collect();
+    if !stopped.is_empty() {
+        details.push(format!(
+            "these consumers have stopped reading: {}",
+            stopped.join(", ")
+        ));
+    }
+    let status = if details.is_empty() {
+        Status::Up
+    } else {
+        Status::Degraded
+    };
+    Assessment {
+        status,
+        details,
+        consuming,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn consumers(states: &[(&str, bool)]) -> Vec<(String, Reading)> {
+        states
+            .iter()
+            .map(|(q, reading)| {
+                let state = if *reading {
+                    Reading::Consuming
+                } else {
+                    Reading::Stopped {
+                        reason: "the broker cancelled the consumer".into(),
+                    }
+                };
+                (q.to_string(), state)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn up_when_every_connection_is_up_and_every_consumer_reads() {
+        let a = assess(
+            false,
+            &[("consume", Phase::Up), ("publish", Phase::Up)],
+            &consumers(&[("a", true), ("b", true)]),
+        );
+        assert_eq!(a.status, Status::Up);
+        assert!(a.details.is_empty());
+        assert_eq!(a.consuming, (2, 2));
+    }
+
+    #[test]
+    fn down_while_starting_with_what_it_waits_for() {
+        let starting = Phase::Starting {
+            waiting_for: "the consume connection to amqp://h".into(),
+        };
+        let a = assess(
+            false,
+            &[("consume", starting), ("publish", Phase::Up)],
+            &consumers(&[("a", false)]),
+        );
+        assert_eq!(a.status, Status::Down);
+        assert_eq!(
+            a.details,
+            ["consume connection: waiting for the consume connection to amqp://h"]
+        );
+    }
+
+    #[test]
+    fn degraded_names_a_blocked_connection_with_the_contract_sentence() {
+        let blocked = Phase::Blocked {
+            reason: Some("low on memory".into()),
+        };
+        let a = assess(
+            false,
+            &[("consume", Phase::Up), ("publish", blocked)],
+            &consumers(&[("a", true)]),
+        );
+        assert_eq!(a.status, Status::Degraded);
+        assert_eq!(
+            a.details,
+            [
+                "publish connection: the broker has blocked this connection; publishing is paused: low on memory"
+            ]
+        );
+    }
+
+    #[test]
+    fn degraded_lists_the_consumers_that_stopped_reading() {
+        let a = assess(
+            false,
+            &[("consume", Phase::Up), ("publish", Phase::Up)],
+            &consumers(&[("a", true), ("b", false), ("c", false)]),
+        );
+        assert_eq!(a.status, Status::Degraded);
+        assert_eq!(a.details, ["these consumers have stopped reading: b, c"]);
+        assert_eq!(a.consuming, (1, 3));
+    }
+
+    #[test]
+    fn a_lost_connection_is_degraded_and_shutdown_is_down() {
+        let lost = Phase::Lost {
+            reason: "CONNECTION_FORCED".into(),
+        };
+        let a = assess(
+            false,
+            &[("consume", lost.clone()), ("publish", Phase::Up)],
+            &consumers(&[("a", false)]),
+        );
+        assert_eq!(a.status, Status::Degraded);
+        assert!(
+            a.details[0]
+                .starts_with("consume connection: the connection was lost (CONNECTION_FORCED)"),
+            "{:?}",
+            a.details
+        );
+        let a = assess(true, &[("consume", lost)], &consumers(&[("a", false)]));
+        assert_eq!(a.status, Status::Down);
+    }
+}

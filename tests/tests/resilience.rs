@@ -1,0 +1,484 @@
+//! The host keeps running through the broker's troubles: connections cut
+//! under load, an address that refuses connections, a resource alarm, a
+//! queue deleted under its consumer, a shutdown in the middle of a recovery.
+//! A start the broker refuses outright is reported at once.
+//!
+//! Faults that touch only this host go through a [`FaultProxy`] between it
+//! and the test broker; faults that touch the whole broker (an alarm) run
+//! on a node of their own, so no other test feels them.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use acemq_tests::host::{HostOptions, HostProcess, free_port, http_get, plugin_path};
+use acemq_tests::{Broker, FaultProxy, shared_broker, unique_name};
+use lapin::BasicProperties;
+use serde_json::Value;
+
+/// One consume → stamp → confirmed publish pipeline and its names.
+struct Pipeline {
+    input: String,
+    output: String,
+    out_exchange: String,
+    admin: String,
+    dir: tempfile::TempDir,
+}
+
+impl Pipeline {
+    fn new(prefix: &str) -> Self {
+        Self {
+            input: unique_name(&format!("{prefix}.in")),
+            output: unique_name(&format!("{prefix}.out")),
+            out_exchange: unique_name(&format!("{prefix}.x")),
+            admin: format!("127.0.0.1:{}", free_port()),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// The host's config, connecting to `urls` in order; quick recovery so
+    /// that the tests do not wait the contract's 5 s.
+    fn config(&self, urls: &[String]) -> String {
+        let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+        format!(
+            r#"
+[broker]
+urls = [{urls}]
+connect_timeout = "10s"
+network_recovery_interval = "300ms"
+recovery_backoff_max = "2s"
+
+[host]
+admin_listen = "{admin}"
+
+[[exchanges]]
+name = "{out}"
+kind = "direct"
+
+[[queues]]
+name = "{input}"
+type = "quorum"
+dead_letter = true
+
+[[queues]]
+name = "{output}"
+
+[[bindings]]
+queue = "{output}"
+exchange = "{out}"
+routing_key = "stamped"
+
+[[consumers]]
+queue = "{input}"
+plugin = "{plugin}"
+publish_to = ["{out}"]
+prefetch = 100
+concurrency = 4
+
+[consumers.config]
+out_exchange = "{out}"
+"#,
+            urls = urls.join(", "),
+            admin = self.admin,
+            out = self.out_exchange,
+            input = self.input,
+            output = self.output,
+            plugin = plugin_path("stamp-v1").display(),
+        )
+    }
+
+    fn start(&self, urls: &[String]) -> HostProcess {
+        let path = self
+            .dir
+            .path()
+            .join(format!("{}.toml", unique_name("host")));
+        std::fs::write(&path, self.config(urls)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        HostProcess::start_with(&path, dir, &HostOptions::default()).expect("the host starts")
+    }
+
+    async fn publish_inputs(&self, broker: &Broker, range: std::ops::Range<usize>) {
+        let inputs = range.map(|i| {
+            let properties = BasicProperties::default()
+                .with_content_type("application/json".into())
+                .with_message_id(format!("in-{i}").into());
+            (format!(r#"{{"n":{i}}}"#).into_bytes(), properties)
+        });
+        broker.publish_many("", &self.input, inputs).await.unwrap();
+    }
+
+    /// Waits until outputs for `expected` distinct inputs arrived (or the
+    /// timeout), then takes every output: how many times each input was
+    /// published.
+    async fn outputs(
+        &self,
+        broker: &Broker,
+        expected: usize,
+        timeout: Duration,
+    ) -> BTreeMap<String, usize> {
+        broker
+            .wait_for_message_count(&self.output, expected as u32, timeout)
+            .await
+            .unwrap();
+        // Duplicates, if any, arrive with the rest; give stragglers a moment.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let count = broker.message_count(&self.output).await.unwrap() as usize;
+        let messages = broker
+            .drain(&self.output, count, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let mut seen = BTreeMap::new();
+        for message in messages {
+            let body: Value = serde_json::from_slice(&message.body).unwrap();
+            let input = body["input_id"].as_str().unwrap_or_default().to_string();
+            *seen.entry(input).or_insert(0) += 1;
+        }
+        seen
+    }
+
+    fn health(&self) -> Value {
+        let (_, body) =
+            tokio::task::block_in_place(|| http_get(&format!("http://{}/health", self.admin)))
+                .unwrap();
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// Polls `/health` until `check` holds; the last answer otherwise.
+    async fn health_until(
+        &self,
+        timeout: Duration,
+        check: impl Fn(&Value) -> bool,
+    ) -> Result<Value, Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let health = self.health();
+            if check(&health) {
+                return Ok(health);
+            }
+            if Instant::now() > deadline {
+                return Err(health);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn proxy_url(broker: &Broker, proxy: &FaultProxy) -> String {
+    broker.amqp_url().replacen(
+        &format!(":{}", broker.amqp_port()),
+        &format!(":{}", proxy.port()),
+        1,
+    )
+}
+
+fn upstream(broker: &Broker) -> std::net::SocketAddr {
+    format!("{}:{}", broker.amqp_host(), broker.amqp_port())
+        .parse()
+        .or_else(|_| format!("127.0.0.1:{}", broker.amqp_port()).parse())
+        .unwrap()
+}
+
+fn assert_every_input_once_or_more(seen: &BTreeMap<String, usize>, inputs: usize) -> usize {
+    let missing: Vec<usize> = (0..inputs)
+        .filter(|i| !seen.contains_key(&format!("in-{i}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} inputs have no output, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    seen.values().map(|n| n - 1).sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_cut_three_times_under_load_lose_nothing_and_the_host_recovers_by_itself() {
+    const INPUTS: usize = 3000;
+    let broker = shared_broker();
+    let proxy = FaultProxy::start(upstream(broker)).unwrap();
+    let run = Pipeline::new("cut");
+    let mut host = run.start(&[proxy_url(broker, &proxy)]);
+    run.publish_inputs(broker, 0..INPUTS).await;
+
+    for cut in 1..=3 {
+        broker
+            .wait_for_message_count(
+                &run.output,
+                (cut * INPUTS / 5) as u32,
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        proxy.cut_all();
+        host.wait_for_log("connection recovered", 2 * cut, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("cut {cut}: {e}\n{}", host.log_text()));
+    }
+    let seen = run.outputs(broker, INPUTS, Duration::from_secs(90)).await;
+    let duplicates = assert_every_input_once_or_more(&seen, INPUTS);
+    // At most what was in flight per loss: the prefetch and the confirms.
+    assert!(duplicates <= 3 * (100 + 1000), "{duplicates} duplicates");
+    assert_eq!(
+        broker
+            .message_count(&format!("{}.dlq", run.input))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(broker.message_count(&run.input).await.unwrap(), 0);
+    let health = run
+        .health_until(Duration::from_secs(10), |h| h["status"] == "UP")
+        .await;
+    assert!(health.is_ok(), "{health:?}");
+    let metrics =
+        tokio::task::block_in_place(|| http_get(&format!("http://{}/metrics", run.admin)))
+            .unwrap()
+            .1;
+    assert!(
+        metrics.contains("acemq_connection_recoveries_total{connection=\"consume\"} 3"),
+        "{metrics}"
+    );
+    let status = host.terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_second_address_takes_over_when_the_first_refuses_and_back_again() {
+    let broker = shared_broker();
+    let first = FaultProxy::start(upstream(broker)).unwrap();
+    let second = FaultProxy::start(upstream(broker)).unwrap();
+    first.set_refusing(true);
+    let run = Pipeline::new("failover");
+    let mut host = run.start(&[proxy_url(broker, &first), proxy_url(broker, &second)]);
+    assert_eq!(first.accepted(), 0);
+    run.publish_inputs(broker, 0..100).await;
+    broker
+        .wait_for_message_count(&run.output, 100, Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    // The second goes away; the first is back.
+    second.set_refusing(true);
+    first.set_refusing(false);
+    second.cut_all();
+    host.wait_for_log("connection recovered", 2, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}\n{}", host.log_text()));
+    run.publish_inputs(broker, 100..200).await;
+    let seen = run.outputs(broker, 200, Duration::from_secs(30)).await;
+    assert_every_input_once_or_more(&seen, 200);
+    assert!(
+        first.open_connections() >= 2,
+        "both connections moved to the first address"
+    );
+    let log = host.log_text();
+    assert!(
+        log.contains(&format!(
+            "broker=amqp://guest:***@127.0.0.1:{}",
+            first.port()
+        )) || log.contains(&format!(":{}", first.port())),
+        "{log}"
+    );
+    host.terminate(Duration::from_secs(30)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_during_a_recovery_exits_cleanly_within_the_drain_timeout() {
+    let broker = shared_broker();
+    let proxy = FaultProxy::start(upstream(broker)).unwrap();
+    let run = Pipeline::new("sigterm");
+    let mut host = run.start(&[proxy_url(broker, &proxy)]);
+    proxy.set_refusing(true);
+    proxy.cut_all();
+    host.wait_for_log("connection lost; recovering", 1, Duration::from_secs(30))
+        .unwrap();
+    let health = run
+        .health_until(Duration::from_secs(10), |h| h["status"] == "DEGRADED")
+        .await
+        .unwrap_or_else(|h| panic!("{h}"));
+    assert!(
+        health["details"]
+            .to_string()
+            .contains("connection: the connection was lost"),
+        "{health}"
+    );
+    let started = Instant::now();
+    let status = host.terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+    // The drain timeout is 20 s; nothing was in flight, so it is quicker.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_login_is_reported_at_once_not_retried_until_the_timeout() {
+    let broker = shared_broker();
+    let run = Pipeline::new("login");
+    let wrong = broker
+        .amqp_url()
+        .replacen("guest:guest", "guest:not-the-password", 1);
+    assert_ne!(
+        wrong,
+        broker.amqp_url(),
+        "the test broker's URL carries guest:guest"
+    );
+    let config = run
+        .config(&[wrong])
+        .replace("connect_timeout = \"10s\"", "connect_timeout = \"60s\"");
+    let path = run.dir.path().join("host.toml");
+    std::fs::write(&path, config).unwrap();
+    let started = Instant::now();
+    let (status, log) = HostProcess::run_refused(
+        &path,
+        tempfile::tempdir().unwrap(),
+        &HostOptions {
+            consumers: 0,
+            ..HostOptions::default()
+        },
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(log.contains("refused the connection"), "{log}");
+    assert!(!log.contains("not-the-password"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_memory_alarm_pauses_publishing_and_dead_letters_nothing_retries_nothing() {
+    // Enough that the host is still publishing when the alarm comes: the
+    // broker blocks a connection at its next publish.
+    const INPUTS: usize = 20_000;
+    // The alarm is broker-wide: a node of its own.
+    let broker = Broker::start().unwrap();
+    let run = Pipeline::new("alarm");
+    let mut host = run.start(&[broker.amqp_url().to_string()]);
+    run.publish_inputs(&broker, 0..INPUTS).await;
+    broker
+        .wait_for_message_count(&run.output, 100, Duration::from_secs(60))
+        .await
+        .unwrap();
+
+    broker
+        .rabbitmqctl(&["set_vm_memory_high_watermark", "0"])
+        .unwrap();
+    let blocked = run
+        .health_until(Duration::from_secs(20), |h| {
+            h["connections"]["publish"]["state"] == "blocked"
+        })
+        .await;
+    let alarm_held = Instant::now();
+    let health = blocked.unwrap_or_else(|h| panic!("never blocked: {h}\n{}", host.log_text()));
+    assert_eq!(health["status"], "DEGRADED", "{health}");
+    assert!(
+        health["details"]
+            .to_string()
+            .contains("the broker has blocked this connection; publishing is paused"),
+        "{health}"
+    );
+    // Consuming goes on: the consume connection is not blocked.
+    assert_eq!(health["connections"]["consume"]["state"], "up", "{health}");
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(alarm_held.elapsed())).await;
+    broker
+        .rabbitmqctl(&["set_vm_memory_high_watermark", "0.4"])
+        .unwrap();
+
+    let seen = run.outputs(&broker, INPUTS, Duration::from_secs(180)).await;
+    assert_every_input_once_or_more(&seen, INPUTS);
+    assert_eq!(
+        broker
+            .message_count(&format!("{}.dlq", run.input))
+            .await
+            .unwrap(),
+        0
+    );
+    let metrics =
+        tokio::task::block_in_place(|| http_get(&format!("http://{}/metrics", run.admin)))
+            .unwrap()
+            .1;
+    assert!(
+        !metrics.contains("acemq_messages_retried_total{"),
+        "nothing retried: {metrics}"
+    );
+    assert!(
+        !metrics.contains("outcome=\"dead_lettered\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("acemq_connection_blocked_seconds_total{connection=\"publish\"}"),
+        "{metrics}"
+    );
+    host.wait_for_log(
+        "the broker unblocked the connection",
+        1,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    host.terminate(Duration::from_secs(30)).unwrap();
+    broker.stop().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_queue_deleted_under_its_consumer_is_restored_and_the_other_consumer_never_stops() {
+    let broker = shared_broker();
+    let a = Pipeline::new("deleted");
+    let b_queue = unique_name("deleted.other");
+    let config = format!(
+        "{}\n[[queues]]\nname = \"{b_queue}\"\n\n[[consumers]]\nqueue = \"{b_queue}\"\nplugin = \"{plugin}\"\npublish_to = [\"{out}\"]\n\n[consumers.config]\nout_exchange = \"{out}\"\n",
+        a.config(&[broker.amqp_url().to_string()]),
+        plugin = plugin_path("stamp-v1").display(),
+        out = a.out_exchange,
+    );
+    let path = a.dir.path().join("host.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut host = HostProcess::start_with(
+        &path,
+        tempfile::tempdir().unwrap(),
+        &HostOptions {
+            consumers: 2,
+            ..HostOptions::default()
+        },
+    )
+    .unwrap();
+
+    broker.delete_queue(&a.input).await.unwrap();
+    host.wait_for_log(
+        "consumer stopped; restarting it alone",
+        1,
+        Duration::from_secs(30),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", host.log_text()));
+    // The other consumer keeps its rate meanwhile.
+    let others = (0..200).map(|i| {
+        (
+            format!(r#"{{"n":{i}}}"#).into_bytes(),
+            BasicProperties::default().with_message_id(format!("other-{i}").into()),
+        )
+    });
+    broker.publish_many("", &b_queue, others).await.unwrap();
+    // The deleted queue comes back (the host declares its topology again)
+    // and its consumer reads it.
+    host.wait_for_log("consuming", 3, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}\n{}", host.log_text()));
+    a.publish_inputs(broker, 0..100).await;
+    let seen = a.outputs(broker, 300, Duration::from_secs(30)).await;
+    assert_every_input_once_or_more(&seen, 100);
+    assert_eq!(
+        (0..200)
+            .filter(|i| seen.contains_key(&format!("other-{i}")))
+            .count(),
+        200
+    );
+    let health = a
+        .health_until(Duration::from_secs(10), |h| h["status"] == "UP")
+        .await;
+    assert!(health.is_ok(), "{health:?}");
+    assert_eq!(
+        host.terminate(Duration::from_secs(30)).unwrap().code(),
+        Some(0)
+    );
+}
