@@ -12,6 +12,8 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use super::plugins::PluginRun;
+use std::sync::Arc;
+
 use crate::envelope::{self, Envelope, NO_REASON};
 use crate::plugin::{Outgoing, Verdict};
 use crate::retry::{Decision, RetryPolicy, WaitPlace};
@@ -21,7 +23,12 @@ use crate::topology::naming;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Settlement {
     /// Publish every output (confirmed, mandatory), then ack the input.
-    Accept { outputs: Vec<Outgoing> },
+    /// `version` (the handler's sha256) makes the outputs' ids: the same
+    /// input handled by the same version publishes the same ids again.
+    Accept {
+        outputs: Vec<Outgoing>,
+        version: Arc<str>,
+    },
     /// Hold the delivery unacked for `wait` (the policy's delay, jittered),
     /// then republish it to its own queue with the attempt advanced, then ack.
     RetryInConsumer { wait: Duration, reason: String },
@@ -166,8 +173,11 @@ fn settlement_for(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy
             reason: format!("could not be decoded: {reason}"),
         },
         PluginRun::Decided {
-            verdict, outputs, ..
-        } => decide_verdict(facts, verdict, outputs, policy),
+            verdict,
+            outputs,
+            version,
+            ..
+        } => decide_verdict(facts, verdict, outputs, version, policy),
         // A fault is a failure like any other: the policy decides.
         PluginRun::Faulted { fault, .. } => retry_or_give_up(facts, fault.reason, policy),
         PluginRun::OutputsRefused { reason, .. } => retry_or_give_up(facts, reason, policy),
@@ -190,10 +200,11 @@ fn decide_verdict(
     facts: DeliveryFacts<'_>,
     verdict: Verdict,
     outputs: Vec<Outgoing>,
+    version: Arc<str>,
     policy: &RetryPolicy,
 ) -> Settlement {
     match verdict {
-        Verdict::Accept => Settlement::Accept { outputs },
+        Verdict::Accept => Settlement::Accept { outputs, version },
         Verdict::Retry(reason) => retry_or_give_up(facts, or_no_reason(reason), policy),
         Verdict::Reject(reason) => Settlement::DeadLetter {
             queue: naming::dead_letter_queue(facts.queue),
@@ -400,7 +411,8 @@ mod tests {
         assert_eq!(
             s,
             Settlement::Accept {
-                outputs: vec![output]
+                outputs: vec![output],
+                version: "v1".into(),
             }
         );
         assert_eq!(s.outcome(), Outcome::Acked);
@@ -607,7 +619,10 @@ mod tests {
     #[test]
     fn outputs_that_failed_turn_an_accept_into_a_retry() {
         let e = envelope(1, 0);
-        let accepted = Settlement::Accept { outputs: vec![] };
+        let accepted = Settlement::Accept {
+            outputs: vec![],
+            version: "v1".into(),
+        };
         let s = follow_up(
             facts(&e, 0),
             &accepted,
@@ -665,7 +680,10 @@ mod tests {
         }
         let s = follow_up(
             facts(&e, 0),
-            &Settlement::Accept { outputs: vec![] },
+            &Settlement::Accept {
+                outputs: vec![],
+                version: "v1".into(),
+            },
             Setback::SetAsideFailed(huge),
             &RetryPolicy::none(),
         );

@@ -188,11 +188,15 @@ async fn carry_out(
     let queue = subject.queue;
     let id = subject.envelope.id.as_str();
     match settlement {
-        Settlement::Accept { outputs } => {
+        Settlement::Accept { outputs, version } => {
             let now_ms = port.now_ms();
             let publications = std::mem::take(outputs)
                 .into_iter()
-                .map(|o| output_publication(subject.envelope, o, now_ms, port.frame_max()))
+                .enumerate()
+                .map(|(position, o)| {
+                    let id = envelope::output_id(&subject.envelope.id, version, position);
+                    output_publication(subject.envelope, id, o, now_ms, port.frame_max())
+                })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(Setback::OutputsFailed)?;
             if let Err(e) = port.publish(publications).await {
@@ -297,10 +301,12 @@ fn retry_copy(subject: Subject<'_>, frame_max: u32) -> Result<BasicProperties, S
     Ok(properties)
 }
 
-/// A plugin's output as a new AceMQ message caused by `parent`; refused
+/// A plugin's output as a new AceMQ message caused by `parent`, with the
+/// id `id` ([`envelope::output_id`]); refused
 /// when its properties would not fit a frame of `frame_max` bytes.
 fn output_publication(
     parent: &Envelope,
+    id: String,
     output: Outgoing,
     now_ms: u64,
     frame_max: u32,
@@ -309,7 +315,8 @@ fn output_publication(
         Some(message_type) => message_type.clone(),
         None => output.routing_key.clone(),
     };
-    let child = Envelope::child_of(parent, message_type, envelope::default_origin(), now_ms);
+    let mut child = Envelope::child_of(parent, message_type, envelope::default_origin(), now_ms);
+    child.id = id;
     let properties = envelope::outgoing_properties(
         &child,
         output.content_type.as_deref(),
@@ -573,6 +580,26 @@ mod tests {
             assert_eq!(child.attempt, 1);
             assert_eq!(child.first_seen_ms, NOW_MS);
         }
+    }
+
+    #[tokio::test]
+    async fn a_redelivered_input_publishes_its_outputs_with_the_same_ids() {
+        let ids = || async {
+            let port = Recorder::default();
+            let outputs = vec![output("orders.events", "a"), output("orders.events", "b")];
+            run(&port, 1, verdict(Verdict::Accept, outputs), &policy()).await;
+            let calls = port.calls();
+            let [Call::Publish(published), Call::Ack] = &calls[..] else {
+                panic!("publish then ack, got {calls:?}");
+            };
+            published
+                .iter()
+                .map(|(_, _, child)| child.id.clone())
+                .collect::<Vec<_>>()
+        };
+        let first = ids().await;
+        assert_eq!(first, ids().await, "the same input, version and positions");
+        assert_ne!(first[0], first[1]);
     }
 
     #[tokio::test]
