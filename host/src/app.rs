@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::{
     Addresses, Board, Link, OnConnected, PublishLink, PublishSettings, Recovery, SubscriptionEnv,
-    SubscriptionSpec, resubscribe,
+    SubscriptionSpec, Tls, resubscribe,
 };
 use crate::config::{ConsumerConfig, LoadedConfig};
 use crate::delivery::{self, Pipeline};
@@ -222,17 +222,22 @@ pub async fn run(
         }),
     ));
     let urls = config.broker_urls()?;
+    let tls = config
+        .tls_settings()
+        .map(|settings| Tls::new(&settings))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{}: broker.tls: {e}", config.path.display()))?;
     let name = &broker_config.connection_name;
     // Two connections: a broker alarm blocks publishing connections only,
     // so acks keep flowing on the consume connection while it lasts.
     let consume_link = Link::new(
         "consume",
-        Addresses::new(urls.clone(), format!("{name}.consume")),
+        Addresses::new(urls.clone(), format!("{name}.consume")).with_tls(tls.clone()),
         metrics.clone(),
     );
     let publish_link = Link::new(
         "publish",
-        Addresses::new(urls, format!("{name}.publish")),
+        Addresses::new(urls, format!("{name}.publish")).with_tls(tls),
         metrics.clone(),
     );
     let board = Arc::new(Board::default());

@@ -78,6 +78,25 @@ pub struct BrokerConfig {
     /// How long a confirm, or a place among the unconfirmed, is waited for.
     #[serde(default = "defaults::confirm_timeout", with = "humantime_serde")]
     pub confirm_timeout: Duration,
+    /// TLS for `amqps://` addresses.
+    pub tls: Option<TlsConfig>,
+}
+
+/// `[broker.tls]`: how `amqps://` addresses are reached. Paths are relative
+/// to the config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file of the CA certificates to trust; only these are trusted.
+    /// Without it, the built-in Mozilla roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate, for brokers that require one.
+    pub cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's private key.
+    pub key_file: Option<PathBuf>,
+    /// The name the broker's certificate must carry, when it is not the
+    /// URL's host.
+    pub server_name: Option<String>,
 }
 
 // By hand, so that a config printed with `{:?}` never shows the password.
@@ -102,6 +121,7 @@ impl fmt::Debug for BrokerConfig {
             .field("recovery_backoff_max", &self.recovery_backoff_max)
             .field("max_unconfirmed", &self.max_unconfirmed)
             .field("confirm_timeout", &self.confirm_timeout)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -117,6 +137,7 @@ impl Default for BrokerConfig {
             recovery_backoff_max: defaults::recovery_backoff_max(),
             max_unconfirmed: defaults::max_unconfirmed(),
             confirm_timeout: defaults::confirm_timeout(),
+            tls: None,
         }
     }
 }
@@ -445,6 +466,18 @@ impl LoadedConfig {
             Some(dir) if !dir.as_os_str().is_empty() => dir.join(relative),
             _ => relative.to_path_buf(),
         }
+    }
+
+    /// The TLS settings of `[broker.tls]`, paths resolved; `None` without
+    /// the table.
+    pub fn tls_settings(&self) -> Option<crate::broker::TlsSettings> {
+        let tls = self.config.broker.tls.as_ref()?;
+        Some(crate::broker::TlsSettings {
+            ca_file: tls.ca_file.as_ref().map(|p| self.resolve(p)),
+            cert_file: tls.cert_file.as_ref().map(|p| self.resolve(p)),
+            key_file: tls.key_file.as_ref().map(|p| self.resolve(p)),
+            server_name: tls.server_name.clone(),
+        })
     }
 
     /// The broker addresses: `ACEMQ_URL` (several separated by commas),

@@ -69,12 +69,18 @@ impl Broker {
     /// tests. On failure the error carries the tail of the node's logs and the
     /// node's directory is kept for inspection.
     pub fn start() -> Result<Broker> {
+        Self::start_with_config("")
+    }
+
+    /// Like [`Broker::start`], with `extra_config` appended to the node's
+    /// `rabbitmq.conf` (a TLS listener, say).
+    pub fn start_with_config(extra_config: &str) -> Result<Broker> {
         let bin_dir = bin_dir();
         ensure_installed(&bin_dir)?;
         let mut last_error = None;
         for attempt in 1..=START_ATTEMPTS {
             let may_retry = attempt < START_ATTEMPTS;
-            match NodeProcess::start(&bin_dir, &next_node_name(), may_retry) {
+            match NodeProcess::start(&bin_dir, &next_node_name(), may_retry, extra_config) {
                 Ok(node) => {
                     let broker = Broker::from_node(bin_dir, node);
                     if let Err(error) = broker.wait_for_endpoints() {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use lapin::{Connection, ConnectionProperties, ErrorKind};
 
 use super::BrokerUrl;
+use super::tls::Tls;
 
 /// Heartbeat asked for when the URL names none: a blackholed connection is
 /// noticed after about two of these, not after RabbitMQ's default 60 s.
@@ -44,6 +45,8 @@ pub struct Addresses {
     urls: Vec<BrokerUrl>,
     /// The name shown in the management UI.
     name: String,
+    /// How `amqps://` addresses are reached.
+    tls: Option<Tls>,
 }
 
 impl Addresses {
@@ -53,7 +56,15 @@ impl Addresses {
         Self {
             urls,
             name: name.into(),
+            tls: None,
         }
+    }
+
+    /// Reaches `amqps://` addresses with `tls` (without it, lapin's
+    /// defaults: the built-in roots, the URL's host as the name).
+    pub fn with_tls(mut self, tls: Option<Tls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     pub fn len(&self) -> usize {
@@ -109,7 +120,12 @@ impl Addresses {
         let properties =
             ConnectionProperties::default().with_connection_name(self.name.clone().into());
         // The parsed URI, never the text: lapin's parse errors repeat the URL.
-        let attempt = Connection::connect_uri(uri, properties);
+        let attempt = async {
+            match &self.tls {
+                Some(tls) => tls.connect(uri, properties).await,
+                None => Connection::connect_uri(uri, properties).await,
+            }
+        };
         let result = match tokio::time::timeout(timeout, attempt).await {
             Ok(result) => result,
             Err(_) => {

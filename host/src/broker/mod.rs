@@ -13,9 +13,11 @@ pub mod link;
 pub mod publisher;
 pub mod resubscribe;
 pub mod subscription;
+pub mod tls;
 
 pub use address::{BrokerUrl, UrlError};
 pub use connection::{Addresses, ConnectError};
 pub use link::{Link, LinkObserver, OnConnected, Phase, Recovery};
 pub use publisher::{PublishError, PublishLink, PublishObserver, PublishSettings, Publisher};
 pub use subscription::{Board, Reading, Receipt, Received, SubscriptionEnv, SubscriptionSpec};
+pub use tls::{Tls, TlsSettings};

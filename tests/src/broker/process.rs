@@ -97,6 +97,7 @@ impl NodeProcess {
         bin_dir: &Path,
         name: &str,
         may_retry: bool,
+        extra_config: &str,
     ) -> Result<NodeProcess, StartFailure> {
         let started = Instant::now();
         let dir = tempfile::Builder::new()
@@ -104,7 +105,8 @@ impl NodeProcess {
             .tempdir()
             .context("creating the node directory")?;
         let ports = Ports::pick().context("picking free ports")?;
-        write_node_files(dir.path(), &ports).context("writing the node's config files")?;
+        write_node_files(dir.path(), &ports, extra_config)
+            .context("writing the node's config files")?;
         let env = node_env(dir.path(), name, &ports);
 
         let out_path = dir.path().join("server.out");
@@ -416,7 +418,7 @@ fn wait_for_exit(child: &mut Child, timeout: Duration) -> bool {
 }
 
 /// The node's files: config, plugins, an empty env file, and the cookie.
-fn write_node_files(dir: &Path, ports: &Ports) -> io::Result<()> {
+fn write_node_files(dir: &Path, ports: &Ports, extra_config: &str) -> io::Result<()> {
     for sub in ["mnesia", "log", "home"] {
         fs::create_dir(dir.join(sub))?;
     }
@@ -433,7 +435,8 @@ fn write_node_files(dir: &Path, ports: &Ports) -> io::Result<()> {
              # assertions on consumers and connections settle sooner.\n\
              collect_statistics_interval = 1000\n\
              # The log file is enough; stdout (server.out) keeps boot errors.\n\
-             log.console = false\n",
+             log.console = false\n\
+             {extra_config}\n",
             amqp = ports.amqp,
             mgmt = ports.mgmt,
         ),

@@ -1,0 +1,199 @@
+//! `amqps://`: the host reaches a broker that requires TLS and a client
+//! certificate, trusting only the configured CA, and handles messages over
+//! it; a broker whose certificate that CA did not sign is refused.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use acemq_tests::host::{HostOptions, HostProcess, free_port, plugin_path};
+use acemq_tests::{Broker, unique_name};
+use lapin::BasicProperties;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+/// A CA, and a certificate and key it signed, written as PEM files.
+struct Pki {
+    ca: PathBuf,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Pki {
+    fn new(dir: &Path, name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let ca = dir.join(format!("{name}.pem"));
+        std::fs::write(&ca, cert.pem()).unwrap();
+        Self {
+            ca,
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A certificate for `names` (an IP address becomes an IP SAN) and its
+    /// key: (certificate file, key file).
+    fn leaf(
+        &self,
+        dir: &Path,
+        file: &str,
+        names: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> (PathBuf, PathBuf) {
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.distinguished_name.push(DnType::CommonName, file);
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![usage];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let (cert_file, key_file) = (
+            dir.join(format!("{file}.pem")),
+            dir.join(format!("{file}.key")),
+        );
+        std::fs::write(&cert_file, cert.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        (cert_file, key_file)
+    }
+}
+
+fn host_config(url: &str, tls: &str, input: &str, output: &str, exchange: &str) -> String {
+    format!(
+        r#"
+[broker]
+url = "{url}"
+connect_timeout = "3s"
+
+[broker.tls]
+{tls}
+
+[[exchanges]]
+name = "{exchange}"
+kind = "direct"
+
+[[queues]]
+name = "{input}"
+
+[[queues]]
+name = "{output}"
+
+[[bindings]]
+queue = "{output}"
+exchange = "{exchange}"
+routing_key = "stamped"
+
+[[consumers]]
+queue = "{input}"
+plugin = "{plugin}"
+publish_to = ["{exchange}"]
+
+[consumers.config]
+out_exchange = "{exchange}"
+"#,
+        plugin = plugin_path("stamp-v1").display(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_host_handles_messages_over_mutual_tls_and_refuses_a_broker_its_ca_did_not_sign() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "acemq-test-ca");
+    let (server_cert, server_key) = pki.leaf(
+        dir.path(),
+        "broker",
+        &["localhost", "127.0.0.1"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client_cert, client_key) = pki.leaf(
+        dir.path(),
+        "acemq-host",
+        &[],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let ssl_port = free_port();
+    let broker = Broker::start_with_config(&format!(
+        "listeners.ssl.default = 127.0.0.1:{ssl_port}\n\
+         ssl_options.cacertfile = {ca}\n\
+         ssl_options.certfile = {cert}\n\
+         ssl_options.keyfile = {key}\n\
+         ssl_options.verify = verify_peer\n\
+         ssl_options.fail_if_no_peer_cert = true\n",
+        ca = pki.ca.display(),
+        cert = server_cert.display(),
+        key = server_key.display(),
+    ))
+    .unwrap();
+    let url = format!("amqps://guest:guest@localhost:{ssl_port}/%2f");
+    let (input, output, exchange) = (
+        unique_name("tls.in"),
+        unique_name("tls.out"),
+        unique_name("tls.x"),
+    );
+    let tls = format!(
+        "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"",
+        pki.ca.display(),
+        client_cert.display(),
+        client_key.display()
+    );
+    let config = dir.path().join("host.toml");
+    std::fs::write(&config, host_config(&url, &tls, &input, &output, &exchange)).unwrap();
+    let host = HostProcess::start_with(
+        &config,
+        tempfile::tempdir().unwrap(),
+        &HostOptions::default(),
+    )
+    .expect("the host connects over TLS");
+    let inputs = (0..50).map(|i| (format!("{i}").into_bytes(), BasicProperties::default()));
+    broker.publish_many("", &input, inputs).await.unwrap();
+    let count = broker
+        .wait_for_message_count(&output, 50, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(count, 50);
+    // Both of the host's connections (consume, publish) are TLS
+    // connections that presented its certificate.
+    let connections = broker
+        .rabbitmqctl(&["list_connections", "ssl", "peer_cert_subject"])
+        .unwrap();
+    let ours = connections
+        .lines()
+        .filter(|l| *l == "true\tCN=acemq-host")
+        .count();
+    assert_eq!(ours, 2, "{connections}");
+    assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
+
+    // A CA that did not sign the broker's certificate: refused, and said so.
+    let rogue = Pki::new(dir.path(), "some-other-ca");
+    let tls = format!(
+        "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"",
+        rogue.ca.display(),
+        client_cert.display(),
+        client_key.display()
+    );
+    std::fs::write(&config, host_config(&url, &tls, &input, &output, &exchange)).unwrap();
+    let (status, log) = HostProcess::run_refused(
+        &config,
+        tempfile::tempdir().unwrap(),
+        &HostOptions {
+            consumers: 0,
+            ..HostOptions::default()
+        },
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("invalid peer certificate: UnknownIssuer"),
+        "{log}"
+    );
+    broker.stop().unwrap();
+}
