@@ -43,6 +43,7 @@ pub fn publish(exchange: impl Into<String>, routing_key: impl Into<String>) -> P
             headers: Vec::new(),
             message_type: None,
             persistent: true,
+            mandatory: None,
         },
         encode_error: None,
     }
@@ -137,6 +138,16 @@ impl Publish {
         self
     }
 
+    /// Whether the message must reach a queue. `true`: if no queue takes it,
+    /// the handler's input fails and is retried (or set aside). `false`: the
+    /// broker drops it unrouted and the input is acked, for an event that
+    /// may have no subscriber yet. Unset, the consumer's `mandatory_outputs`
+    /// setting decides (true unless configured).
+    pub fn mandatory(mut self, must_be_routed: bool) -> Self {
+        self.out.mandatory = Some(must_be_routed);
+        self
+    }
+
     /// Hands the message to the host's buffer (see [`publish`] for when it is
     /// really sent). The error converts into [`Outcome::Retry`], so `?` ends
     /// the handler with a retry that names the exchange and the host's reason.
@@ -218,6 +229,7 @@ mod tests {
                 .header("k", "w")
                 .message_type("thing.done")
                 .transient()
+                .mandatory(false)
                 .send()
         });
         assert_eq!(sent.value, Ok(()));
@@ -234,6 +246,7 @@ mod tests {
                 ],
                 message_type: Some("thing.done".into()),
                 persistent: false,
+                mandatory: Some(false),
             }]
         );
     }

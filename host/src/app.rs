@@ -17,7 +17,7 @@ use crate::broker::{
     SubscriptionSpec, Tls, resubscribe,
 };
 use crate::config::{ConsumerConfig, LoadedConfig};
-use crate::delivery::{self, Pipeline};
+use crate::delivery::{self, ConsumerRules, Pipeline};
 use crate::plugin::swap::{PluginSpec, Reloader};
 use crate::plugin::{
     CodecSet, CodecVersion, ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits,
@@ -42,9 +42,7 @@ pub struct Prepared {
 /// One consumer: what it subscribes to, and what its pipeline runs.
 pub struct PreparedConsumer {
     pub subscription: SubscriptionSpec,
-    pub policy: RetryPolicy,
-    /// Bodies larger than this are parked before any plugin runs.
-    pub max_body_bytes: usize,
+    pub rules: ConsumerRules,
     pub handler: Arc<HandlerSlot>,
     pub plugin_path: std::path::PathBuf,
 }
@@ -184,8 +182,11 @@ fn prepare_consumer(
             prefetch: consumer.prefetch,
             concurrency: consumer.concurrency,
         },
-        policy,
-        max_body_bytes: consumer.max_body_bytes,
+        rules: ConsumerRules {
+            policy,
+            max_body_bytes: consumer.max_body_bytes,
+            mandatory_outputs: consumer.mandatory_outputs,
+        },
         handler: Arc::new(HandlerSlot::new(version)),
         plugin_path,
     })
@@ -339,8 +340,7 @@ pub async fn run(
             .set(1);
         let pipeline = Arc::new(Pipeline::new(
             queue,
-            consumer.policy,
-            consumer.max_body_bytes,
+            consumer.rules,
             consumer.handler,
             &shared,
         ));

@@ -324,6 +324,14 @@ pub struct ConsumerConfig {
     /// plugin runs.
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: usize,
+    /// Whether a plugin output must reach a queue when the plugin does not
+    /// say (`publish(..).mandatory(b)` in the guest SDK). True: an
+    /// unroutable output fails the input, which is retried or set aside, as
+    /// Java and .NET publish by default. Set false for events that may have
+    /// no subscriber yet (Python's and Ruby's default): the broker drops
+    /// them and the input is acked.
+    #[serde(default = "defaults::yes")]
+    pub mandatory_outputs: bool,
     /// Handed to the plugin through `config(key)`.
     #[serde(default)]
     pub config: BTreeMap<String, String>,

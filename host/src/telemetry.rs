@@ -131,6 +131,8 @@ pub struct Metrics {
     pub connection_blocked_seconds: Family<ConnectionLabel, Counter<f64, AtomicU64>>,
     /// Connections lost and recovered.
     pub connection_recoveries: Family<ConnectionLabel, Counter>,
+    /// Age of each queue's oldest delivery not yet acked, set at scrape time.
+    pub oldest_unacked_seconds: Family<QueueLabel, Gauge<f64, AtomicU64>>,
     /// When each blocked connection was blocked.
     blocked_since: Mutex<HashMap<String, Instant>>,
 }
@@ -161,6 +163,7 @@ impl Metrics {
             connection_blocked: Family::default(),
             connection_blocked_seconds: Family::default(),
             connection_recoveries: Family::default(),
+            oldest_unacked_seconds: Family::default(),
             blocked_since: Mutex::new(HashMap::new()),
         };
         {
@@ -244,6 +247,11 @@ impl Metrics {
                 "acemq_connection_recoveries",
                 "Connections lost and recovered",
                 metrics.connection_recoveries.clone(),
+            );
+            r.register(
+                "acemq_consume_oldest_unacked_seconds",
+                "Age of the oldest delivery not yet acked (0 when none)",
+                metrics.oldest_unacked_seconds.clone(),
             );
         }
         metrics

@@ -304,11 +304,11 @@ fn inspect_describes_a_plugin() {
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(
-        text.contains("world:   acemq:plugin/handler-plugin@0.2.0"),
+        text.contains("world:   acemq:plugin/handler-plugin@0.3.0"),
         "{text}"
     );
     assert!(
-        text.contains("exports: acemq:plugin/handler@0.2.0"),
+        text.contains("exports: acemq:plugin/handler@0.3.0"),
         "{text}"
     );
     assert!(text.contains("sha256:  "), "{text}");

@@ -33,6 +33,7 @@ fn publication(queue: &str, nowhere: &str, i: usize, j: usize) -> Publication {
         properties: BasicProperties::default()
             .with_delivery_mode(2)
             .with_message_id(format!("m-{i}-{j}").into()),
+        mandatory: true,
     }
 }
 
@@ -122,4 +123,26 @@ async fn concurrent_batches_each_learn_which_of_their_messages_were_unroutable()
     assert_eq!(ids.len(), routable);
     assert_eq!(broker.message_count(&queue).await.unwrap(), 0);
     broker.delete_queue(&queue).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_optional_message_that_reaches_no_queue_is_confirmed_and_a_mandatory_one_fails() {
+    let broker = shared_broker();
+    let publisher = Publisher::new(publish_link(broker).await);
+    let nowhere = unique_name("publishing.unbound");
+    let message = |mandatory| Publication {
+        exchange: String::new(),
+        routing_key: nowhere.clone(),
+        body: b"{}".to_vec().into(),
+        properties: BasicProperties::default().with_message_id("m-1".into()),
+        mandatory,
+    };
+    assert!(publisher.publish(&message(false)).await.is_ok());
+    match publisher.publish(&message(true)).await {
+        Err(PublishError::Unroutable { id, reason, .. }) => {
+            assert_eq!(id, "m-1");
+            assert_eq!(reason, "no queue is bound to receive it");
+        }
+        other => panic!("a mandatory message to no queue must fail as unroutable: {other:?}"),
+    }
 }

@@ -135,11 +135,12 @@ out_exchange = "{out}"
         seen
     }
 
-    fn health(&self) -> Value {
+    /// `/health`, or why it could not be read (the endpoint not up yet).
+    fn health(&self) -> Result<Value, String> {
+        let url = format!("http://{}/health", self.admin);
         let (_, body) =
-            tokio::task::block_in_place(|| http_get(&format!("http://{}/health", self.admin)))
-                .unwrap();
-        serde_json::from_str(&body).unwrap()
+            tokio::task::block_in_place(|| http_get(&url)).map_err(|e| format!("{e:#}"))?;
+        serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))
     }
 
     /// Polls `/health` until `check` holds; the last answer otherwise.
@@ -147,15 +148,20 @@ out_exchange = "{out}"
         &self,
         timeout: Duration,
         check: impl Fn(&Value) -> bool,
-    ) -> Result<Value, Value> {
+    ) -> Result<Value, String> {
         let deadline = Instant::now() + timeout;
         loop {
             let health = self.health();
-            if check(&health) {
-                return Ok(health);
+            if let Ok(health) = &health
+                && check(health)
+            {
+                return Ok(health.clone());
             }
             if Instant::now() > deadline {
-                return Err(health);
+                return Err(match health {
+                    Ok(health) => health.to_string(),
+                    Err(e) => e,
+                });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -481,4 +487,142 @@ async fn a_queue_deleted_under_its_consumer_is_restored_and_the_other_consumer_n
         host.terminate(Duration::from_secs(30)).unwrap().code(),
         Some(0)
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn while_it_connects_health_is_down_and_says_what_it_waits_for() {
+    let broker = shared_broker();
+    let proxy = FaultProxy::start(upstream(broker)).unwrap();
+    proxy.set_refusing(true);
+    let run = Pipeline::new("starting");
+    let path = run.dir.path().join("host.toml");
+    let config = run
+        .config(&[proxy_url(broker, &proxy)])
+        .replace("connect_timeout = \"10s\"", "connect_timeout = \"60s\"");
+    std::fs::write(&path, config).unwrap();
+    let options = HostOptions {
+        consumers: 0,
+        ..HostOptions::default()
+    };
+    let mut host = HostProcess::start_with(&path, tempfile::tempdir().unwrap(), &options).unwrap();
+    let down = run
+        .health_until(Duration::from_secs(20), |h| h["status"] == "DOWN")
+        .await
+        .unwrap_or_else(|h| panic!("{h}"));
+    let details = down["details"].to_string();
+    assert!(
+        details.contains("consume connection: waiting for"),
+        "{down}"
+    );
+    assert!(details.contains("Connection refused"), "{down}");
+    let (status, _) =
+        tokio::task::block_in_place(|| http_get(&format!("http://{}/health", run.admin))).unwrap();
+    assert_eq!(status, 503);
+    proxy.set_refusing(false);
+    host.wait_for_log("consuming", 1, Duration::from_secs(30))
+        .unwrap();
+    let up = run
+        .health_until(Duration::from_secs(10), |h| h["status"] == "UP")
+        .await;
+    assert!(up.is_ok(), "{up:?}");
+    host.terminate(Duration::from_secs(30)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_blackholed_network_is_noticed_by_heartbeats_and_recovered_from() {
+    const INPUTS: usize = 500;
+    let broker = shared_broker();
+    let proxy = FaultProxy::start(upstream(broker)).unwrap();
+    let run = Pipeline::new("blackhole");
+    // Heartbeats every 2 s: a silent connection is noticed in a few seconds.
+    let url = format!("{}?heartbeat=2", proxy_url(broker, &proxy));
+    let mut host = run.start(&[url]);
+    run.publish_inputs(broker, 0..INPUTS / 2).await;
+    broker
+        .wait_for_message_count(&run.output, 50, Duration::from_secs(30))
+        .await
+        .unwrap();
+    proxy.set_blackhole(true);
+    host.wait_for_log("connection lost; recovering", 2, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}\n{}", host.log_text()));
+    run.publish_inputs(broker, INPUTS / 2..INPUTS).await;
+    proxy.set_blackhole(false);
+    host.wait_for_log("connection recovered", 2, Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e}\n{}", host.log_text()));
+    let seen = run.outputs(broker, INPUTS, Duration::from_secs(60)).await;
+    assert_every_input_once_or_more(&seen, INPUTS);
+    assert_eq!(
+        broker
+            .message_count(&format!("{}.dlq", run.input))
+            .await
+            .unwrap(),
+        0
+    );
+    host.terminate(Duration::from_secs(30)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn latency_between_host_and_broker_slows_it_down_and_loses_nothing() {
+    const INPUTS: usize = 300;
+    let broker = shared_broker();
+    let proxy = FaultProxy::start(upstream(broker)).unwrap();
+    let run = Pipeline::new("latency");
+    let mut host = run.start(&[proxy_url(broker, &proxy)]);
+    proxy.set_latency(Duration::from_millis(40));
+    run.publish_inputs(broker, 0..INPUTS).await;
+    let seen = run.outputs(broker, INPUTS, Duration::from_secs(90)).await;
+    assert_eq!(
+        assert_every_input_once_or_more(&seen, INPUTS),
+        0,
+        "no loss, so no duplicate"
+    );
+    assert!(
+        !host.log_text().contains("connection lost"),
+        "{}",
+        host.log_text()
+    );
+    proxy.set_latency(Duration::ZERO);
+    host.wait_for_log("consuming", 1, Duration::from_secs(1))
+        .unwrap();
+    host.terminate(Duration::from_secs(30)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_broker_closing_every_connection_and_restarting_loses_nothing() {
+    const INPUTS: usize = 5000;
+    // Both faults reach every client of the node: a node of its own.
+    let broker = Broker::start().unwrap();
+    let run = Pipeline::new("restart");
+    let mut host = run.start(&[broker.amqp_url().to_string()]);
+    run.publish_inputs(&broker, 0..INPUTS).await;
+    broker
+        .wait_for_message_count(&run.output, 500, Duration::from_secs(60))
+        .await
+        .unwrap();
+    broker
+        .rabbitmqctl(&["close_all_connections", "fault test"])
+        .unwrap();
+    host.wait_for_log("connection recovered", 2, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}\n{}", host.log_text()));
+    broker.rabbitmqctl(&["stop_app"]).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    broker.rabbitmqctl(&["start_app"]).unwrap();
+    host.wait_for_log("connection recovered", 4, Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e}\n{}", host.log_text()));
+    let log = host.log_text();
+    assert!(
+        log.contains("CONNECTION_FORCED"),
+        "the broker's reason is logged: {log}"
+    );
+    let seen = run.outputs(&broker, INPUTS, Duration::from_secs(120)).await;
+    assert_every_input_once_or_more(&seen, INPUTS);
+    assert_eq!(
+        broker
+            .message_count(&format!("{}.dlq", run.input))
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
+    broker.stop().unwrap();
 }

@@ -332,11 +332,20 @@ impl Admin {
         let method = &head.method;
         match (path, method) {
             ("/health", &Method::GET) => self.health(),
-            ("/metrics", &Method::GET) => text(
-                StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                self.metrics.render(),
-            ),
+            ("/metrics", &Method::GET) => {
+                // Ages are measured now, not when something last changed.
+                for (queue, age) in self.board.oldest_unsettled() {
+                    self.metrics
+                        .oldest_unacked_seconds
+                        .get_or_create(&crate::telemetry::QueueLabel { queue })
+                        .set(age.map_or(0.0, |a| a.as_secs_f64()));
+                }
+                text(
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    self.metrics.render(),
+                )
+            }
             ("/plugins", &Method::GET) => json(
                 StatusCode::OK,
                 &serde_json::Value::Array(

@@ -17,8 +17,10 @@
 //!
 //! [`AckLedger`] is the bookkeeping alone (no I/O); [`AckBatcher`] sends.
 
-use std::collections::BTreeSet;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use lapin::Channel;
 use lapin::options::BasicAckOptions;
@@ -37,8 +39,8 @@ struct AckFrame {
 /// Which deliveries of a channel are unsettled and which are ready to ack.
 #[derive(Debug, Default)]
 struct AckLedger {
-    /// Received, and neither ready nor settled otherwise.
-    unsettled: BTreeSet<u64>,
+    /// Received (when), and neither ready nor settled otherwise.
+    unsettled: BTreeMap<u64, Instant>,
     /// Work done, ack not sent yet.
     ready: BTreeSet<u64>,
 }
@@ -46,12 +48,18 @@ struct AckLedger {
 impl AckLedger {
     /// A delivery was received (it is unsettled until said otherwise).
     fn received(&mut self, tag: u64) {
-        self.unsettled.insert(tag);
+        self.unsettled.insert(tag, Instant::now());
+    }
+
+    /// When the oldest unsettled delivery was received.
+    fn oldest(&self) -> Option<Instant> {
+        // Tags grow with time on a channel: the lowest is the oldest.
+        self.unsettled.first_key_value().map(|(_, at)| *at)
     }
 
     /// The delivery's work is done: it only needs its ack.
     fn ready(&mut self, tag: u64) {
-        if self.unsettled.remove(&tag) {
+        if self.unsettled.remove(&tag).is_some() {
             self.ready.insert(tag);
         }
     }
@@ -71,8 +79,8 @@ impl AckLedger {
     /// ack for each ready delivery above it. Taken acks leave the ledger.
     fn take(&mut self, everything: bool) -> Vec<AckFrame> {
         let mut frames = Vec::new();
-        let below = match self.unsettled.first() {
-            Some(&lowest) => {
+        let below = match self.unsettled.first_key_value() {
+            Some((&lowest, _)) => {
                 let above = self.ready.split_off(&lowest);
                 std::mem::replace(&mut self.ready, above)
             }
@@ -103,6 +111,43 @@ impl AckLedger {
     }
 }
 
+/// When a subscription's oldest unsettled delivery arrived, readable
+/// without a lock (for the metrics endpoint, at scrape time).
+#[derive(Debug)]
+pub struct OldestUnsettled {
+    base: Instant,
+    /// Nanoseconds after `base`; `u64::MAX` when nothing is unsettled.
+    since_base: AtomicU64,
+}
+
+impl Default for OldestUnsettled {
+    fn default() -> Self {
+        Self {
+            base: Instant::now(),
+            since_base: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl OldestUnsettled {
+    fn set(&self, oldest: Option<Instant>) {
+        let value = oldest.map_or(u64::MAX, |at| {
+            u64::try_from(at.saturating_duration_since(self.base).as_nanos())
+                .unwrap_or(u64::MAX - 1)
+        });
+        self.since_base.store(value, Ordering::Relaxed);
+    }
+
+    /// How long the oldest unsettled delivery has waited; `None` when
+    /// every delivery is settled.
+    pub fn age(&self) -> Option<Duration> {
+        match self.since_base.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            nanos => Some((self.base + Duration::from_nanos(nanos)).elapsed()),
+        }
+    }
+}
+
 /// The ledger of one channel, and the sending of its acks.
 pub struct AckBatcher {
     channel: Channel,
@@ -112,6 +157,7 @@ pub struct AckBatcher {
     ledger: Mutex<AckLedger>,
     /// Ready deliveries that trigger a flush without waiting for the linger.
     batch: usize,
+    oldest: Arc<OldestUnsettled>,
 }
 
 impl AckBatcher {
@@ -122,11 +168,19 @@ impl AckBatcher {
             channel,
             ledger: Mutex::new(AckLedger::default()),
             batch: usize::from(prefetch / 4).clamp(1, 64),
+            oldest: Arc::new(OldestUnsettled::default()),
         }
     }
 
+    /// The age of the oldest delivery not yet settled, kept current.
+    pub fn oldest(&self) -> Arc<OldestUnsettled> {
+        self.oldest.clone()
+    }
+
     pub async fn received(&self, tag: u64) {
-        self.ledger.lock().await.received(tag);
+        let mut ledger = self.ledger.lock().await;
+        ledger.received(tag);
+        self.oldest.set(ledger.oldest());
     }
 
     /// Marks the delivery done; its ack is sent with the next flush.
@@ -134,6 +188,7 @@ impl AckBatcher {
         let full = {
             let mut ledger = self.ledger.lock().await;
             ledger.ready(tag);
+            self.oldest.set(ledger.oldest());
             ledger.ready_count() >= self.batch
         };
         if full {
@@ -145,7 +200,9 @@ impl AckBatcher {
     /// the channel's close), never before: until then no `multiple` ack may
     /// cover it.
     pub async fn forget(&self, tag: u64) {
-        self.ledger.lock().await.forget(tag);
+        let mut ledger = self.ledger.lock().await;
+        ledger.forget(tag);
+        self.oldest.set(ledger.oldest());
     }
 
     /// Sends what can be sent; with `everything`, every ready ack.
@@ -189,6 +246,25 @@ mod tests {
             ledger.received(tag);
         }
         ledger
+    }
+
+    #[test]
+    fn the_oldest_unsettled_delivery_is_the_lowest_tag_still_unsettled() {
+        let mut ledger = ledger(&[1]);
+        std::thread::sleep(Duration::from_millis(2));
+        ledger.received(2);
+        let first = ledger.oldest().unwrap();
+        ledger.ready(1);
+        let second = ledger.oldest().unwrap();
+        assert!(second > first, "after 1 is ready, 2 is the oldest");
+        ledger.forget(2);
+        assert_eq!(ledger.oldest(), None);
+        let oldest = OldestUnsettled::default();
+        assert_eq!(oldest.age(), None);
+        // Deliveries arrive after the subscription began (its base).
+        std::thread::sleep(Duration::from_millis(60));
+        oldest.set(Some(Instant::now() - Duration::from_millis(50)));
+        assert!(oldest.age().unwrap() >= Duration::from_millis(50));
     }
 
     fn multiple(tag: u64) -> AckFrame {

@@ -62,6 +62,9 @@ pub struct Publication {
     /// Shared, not copied, when the same body is published again.
     pub body: Bytes,
     pub properties: BasicProperties,
+    /// The broker must route it to a queue, or return it (then it fails
+    /// as unroutable); without, an unroutable message is dropped unseen.
+    pub mandatory: bool,
 }
 
 impl Publication {
@@ -470,7 +473,7 @@ impl Publisher {
                     publication.exchange.as_str().into(),
                     publication.routing_key.as_str().into(),
                     BasicPublishOptions {
-                        mandatory: true,
+                        mandatory: publication.mandatory,
                         ..BasicPublishOptions::default()
                     },
                     &publication.body,

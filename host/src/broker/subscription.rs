@@ -27,7 +27,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::acks::AckBatcher;
+use super::acks::{AckBatcher, OldestUnsettled};
 
 /// What to consume, and how much at once.
 #[derive(Debug, Clone)]
@@ -55,6 +55,8 @@ pub struct SubscriptionEnv {
 #[derive(Debug, Default)]
 pub struct Board {
     queues: Mutex<BTreeMap<String, Reading>>,
+    /// Each subscribed queue's oldest unsettled delivery.
+    oldest: Mutex<BTreeMap<String, Arc<OldestUnsettled>>>,
 }
 
 /// One subscription's state on the [`Board`].
@@ -83,6 +85,21 @@ impl Board {
             .lock()
             .expect("board poisoned")
             .insert(queue.to_string(), reading);
+    }
+
+    /// How long each subscribed queue's oldest unsettled delivery has
+    /// waited (`None`: everything settled).
+    pub fn oldest_unsettled(&self) -> Vec<(String, Option<Duration>)> {
+        let oldest = self.oldest.lock().expect("board poisoned");
+        oldest.iter().map(|(q, o)| (q.clone(), o.age())).collect()
+    }
+
+    fn track_oldest(&self, queue: &str, oldest: Option<Arc<OldestUnsettled>>) {
+        let mut map = self.oldest.lock().expect("board poisoned");
+        match oldest {
+            Some(oldest) => map.insert(queue.to_string(), oldest),
+            None => map.remove(queue),
+        };
     }
 
     /// Every queue and its state, by name.
@@ -214,6 +231,7 @@ where
     let permits = Arc::new(Semaphore::new(spec.concurrency));
     let subscribed = Subscribed::start(queue, channel, tag, spec.prefetch);
     let acks = subscribed.acks.clone();
+    env.board.track_oldest(queue, Some(acks.oldest()));
     let channel_lost = CancellationToken::new();
     let mut running = JoinSet::new();
     let mut failure = None;
@@ -274,6 +292,7 @@ where
         }
     }
     subscribed.stop(running, env.drain_timeout).await;
+    env.board.track_oldest(queue, None);
     match failure {
         Some(e) => Err(e),
         None => Ok(()),

@@ -400,6 +400,7 @@ mod tests {
             headers: vec![],
             message_type: None,
             persistent: true,
+            mandatory: None,
         };
         let run = PluginRun::Decided {
             verdict: Verdict::Accept,

@@ -45,9 +45,7 @@ use crate::telemetry::Metrics;
 /// What one consumer does with each of its deliveries.
 pub struct Pipeline {
     queue: String,
-    policy: RetryPolicy,
-    /// Bodies larger than this are parked before any plugin runs.
-    max_body_bytes: usize,
+    rules: ConsumerRules,
     handler: Arc<HandlerSlot>,
     codecs: Arc<CodecSet>,
     /// This consumer's own: a channel error of its publishes fails no other
@@ -56,6 +54,16 @@ pub struct Pipeline {
     metrics: ConsumerMetrics,
     /// Cancelled when the host shuts down: ends a retry's consumer wait.
     shutdown: CancellationToken,
+}
+
+/// How one consumer treats its deliveries, from its config.
+#[derive(Debug, Clone)]
+pub struct ConsumerRules {
+    pub policy: RetryPolicy,
+    /// Bodies larger than this are parked before any plugin runs.
+    pub max_body_bytes: usize,
+    /// Whether an output must reach a queue when its plugin does not say.
+    pub mandatory_outputs: bool,
 }
 
 /// What every consumer's pipeline shares.
@@ -70,15 +78,13 @@ pub struct Shared {
 impl Pipeline {
     pub fn new(
         queue: &str,
-        policy: RetryPolicy,
-        max_body_bytes: usize,
+        rules: ConsumerRules,
         handler: Arc<HandlerSlot>,
         shared: &Shared,
     ) -> Self {
         Self {
             queue: queue.to_string(),
-            policy,
-            max_body_bytes,
+            rules,
             handler,
             codecs: shared.codecs.clone(),
             publisher: Publisher::new(shared.publish_link.clone()),
@@ -103,7 +109,9 @@ impl Pipeline {
         let envelope = Arc::new(Envelope::read(&properties, routing_key.as_str(), now_ms()));
         // Shared with the handler call and with any republish, never copied.
         let body = Bytes::from(body);
-        if let Some(refusal) = decide::refuse_oversized(queue, body.len(), self.max_body_bytes) {
+        if let Some(refusal) =
+            decide::refuse_oversized(queue, body.len(), self.rules.max_body_bytes)
+        {
             // Never handed to a plugin: the concurrency slot is not needed.
             drop(slot);
             self.settle(&envelope, &properties, &receipt, &body, refusal)
@@ -149,7 +157,7 @@ impl Pipeline {
             now_ms: now_ms(),
             jitter_sample: rand::random::<f64>(),
         };
-        let settlement = decide::decide(facts, run, &self.policy);
+        let settlement = decide::decide(facts, run, &self.rules.policy);
         self.settle(&envelope, &properties, &receipt, &body, settlement)
             .await;
     }
@@ -173,8 +181,9 @@ impl Pipeline {
             queue: &self.queue,
             envelope,
             properties,
+            mandatory_outputs: self.rules.mandatory_outputs,
         };
-        let report = settle::settle(&port, subject, &self.policy, settlement).await;
+        let report = settle::settle(&port, subject, &self.rules.policy, settlement).await;
         self.metrics.count(&report);
     }
 }
@@ -289,6 +298,8 @@ impl BrokerPort for OnBroker<'_> {
             routing_key: queue.to_string(),
             body: self.body.clone(),
             properties,
+            // A retry or set-aside copy that reached no queue would be lost.
+            mandatory: true,
         };
         self.publish_holding(std::slice::from_ref(&copy)).await
     }

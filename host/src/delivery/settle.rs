@@ -68,6 +68,8 @@ pub struct Subject<'a> {
     pub envelope: &'a Envelope,
     /// The delivery's properties: every republish keeps them.
     pub properties: &'a BasicProperties,
+    /// Whether outputs that do not say must reach a queue.
+    pub mandatory_outputs: bool,
 }
 
 /// Where a retried delivery waited (the `where` label of
@@ -195,7 +197,7 @@ async fn carry_out(
                 .enumerate()
                 .map(|(position, o)| {
                     let id = envelope::output_id(&subject.envelope.id, version, position);
-                    output_publication(subject.envelope, id, o, now_ms, port.frame_max())
+                    output_publication(subject, id, o, now_ms, port.frame_max())
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(Setback::OutputsFailed)?;
@@ -305,7 +307,7 @@ fn retry_copy(subject: Subject<'_>, frame_max: u32) -> Result<BasicProperties, S
 /// id `id` ([`envelope::output_id`]); refused
 /// when its properties would not fit a frame of `frame_max` bytes.
 fn output_publication(
-    parent: &Envelope,
+    subject: Subject<'_>,
     id: String,
     output: Outgoing,
     now_ms: u64,
@@ -315,6 +317,7 @@ fn output_publication(
         Some(message_type) => message_type.clone(),
         None => output.routing_key.clone(),
     };
+    let parent = subject.envelope;
     let mut child = Envelope::child_of(parent, message_type, envelope::default_origin(), now_ms);
     child.id = id;
     let properties = envelope::outgoing_properties(
@@ -335,6 +338,7 @@ fn output_publication(
         routing_key: output.routing_key,
         body: bytes::Bytes::from(output.body),
         properties,
+        mandatory: output.mandatory.unwrap_or(subject.mandatory_outputs),
     })
 }
 
@@ -377,6 +381,8 @@ mod tests {
         shutting_down: bool,
         /// The broker's frame size; RabbitMQ's default when unset.
         frame_max: Option<u32>,
+        /// The `mandatory` flag of every output published, in order.
+        mandatory: Mutex<Vec<bool>>,
     }
 
     impl Recorder {
@@ -395,6 +401,10 @@ mod tests {
 
     impl BrokerPort for Recorder {
         async fn publish(&self, outputs: Vec<Publication>) -> Result<(), PublishError> {
+            self.mandatory
+                .lock()
+                .unwrap()
+                .extend(outputs.iter().map(|p| p.mandatory));
             self.record(Call::Publish(
                 outputs
                     .iter()
@@ -478,6 +488,7 @@ mod tests {
             headers: vec![],
             message_type: None,
             persistent: true,
+            mandatory: None,
         }
     }
 
@@ -522,6 +533,7 @@ mod tests {
             queue: "orders.new",
             envelope: &envelope,
             properties: &properties,
+            mandatory_outputs: true,
         };
         let report = settle(port, subject, policy, settlement).await;
         let settled = port
@@ -579,6 +591,43 @@ mod tests {
             );
             assert_eq!(child.attempt, 1);
             assert_eq!(child.first_seen_ms, NOW_MS);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_output_must_reach_a_queue_as_it_says_or_as_its_consumer_says() {
+        let outputs = || {
+            let mut optional = output("orders.events", "maybe");
+            optional.mandatory = Some(false);
+            let mut required = output("orders.events", "surely");
+            required.mandatory = Some(true);
+            vec![output("orders.events", "unsaid"), optional, required]
+        };
+        for consumer_default in [true, false] {
+            let port = Recorder::default();
+            let (envelope, properties) = delivered(1);
+            let subject = Subject {
+                queue: "orders.new",
+                envelope: &envelope,
+                properties: &properties,
+                mandatory_outputs: consumer_default,
+            };
+            let settlement = crate::delivery::decide::decide(
+                DeliveryFacts {
+                    queue: "orders.new",
+                    envelope: &envelope,
+                    now_ms: NOW_MS,
+                    jitter_sample: 0.0,
+                },
+                verdict(Verdict::Accept, outputs()),
+                &policy(),
+            );
+            settle(&port, subject, &policy(), settlement).await;
+            assert_eq!(
+                *port.mandatory.lock().unwrap(),
+                [consumer_default, false, true],
+                "consumer default {consumer_default}"
+            );
         }
     }
 

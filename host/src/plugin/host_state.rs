@@ -193,6 +193,7 @@ impl HostState {
             headers,
             message_type: msg.message_type,
             persistent: msg.persistent,
+            mandatory: msg.mandatory,
         });
         Ok(())
     }

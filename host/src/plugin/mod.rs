@@ -10,12 +10,12 @@
 /// `concat!` in constants.
 macro_rules! contract_version {
     () => {
-        "0.2.0"
+        "0.3.0"
     };
 }
 
 /// A name of `wit/plugin.wit`, qualified with the package and the version
-/// this host implements: `contract!("handler")` is `acemq:plugin/handler@0.2.0`.
+/// this host implements: `contract!("handler")` is `acemq:plugin/handler@0.3.0`.
 macro_rules! contract {
     ($name:literal) => {
         concat!("acemq:plugin/", $name, "@", contract_version!())
@@ -140,6 +140,8 @@ pub struct Outgoing {
     pub headers: Vec<(String, HeaderValue)>,
     pub message_type: Option<String>,
     pub persistent: bool,
+    /// Must reach a queue; `None` follows the consumer's setting.
+    pub mandatory: Option<bool>,
 }
 
 /// What the handler decided, in the host's terms.
