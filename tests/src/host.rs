@@ -155,6 +155,22 @@ impl HostProcess {
         Ok((status, log.join("\n")))
     }
 
+    /// [`run_refused`](Self::run_refused) with the default options, a
+    /// fresh working folder and 30 s to exit: a config the host must refuse
+    /// at start (exit status, log).
+    pub fn refuses(path: &Path) -> Result<(ExitStatus, String)> {
+        let options = HostOptions {
+            consumers: 0,
+            ..HostOptions::default()
+        };
+        Self::run_refused(
+            path,
+            tempfile::tempdir()?,
+            &options,
+            Duration::from_secs(30),
+        )
+    }
+
     fn spawn(path: &Path, dir: tempfile::TempDir, options: &HostOptions) -> Result<Self> {
         let mut command = Command::new(host_binary());
         command

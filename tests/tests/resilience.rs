@@ -96,6 +96,24 @@ out_exchange = "{out}"
         HostProcess::start_with(&path, dir, &HostOptions::default()).expect("the host starts")
     }
 
+    /// Starts the host on `urls`, publishes `inputs`, and returns once
+    /// `flowing` outputs arrived: a run a fault can be injected into.
+    async fn flowing(
+        &self,
+        broker: &Broker,
+        urls: &[String],
+        inputs: usize,
+        flowing: u32,
+    ) -> HostProcess {
+        let host = self.start(urls);
+        self.publish_inputs(broker, 0..inputs).await;
+        broker
+            .wait_for_message_count(&self.output, flowing, Duration::from_secs(60))
+            .await
+            .unwrap();
+        host
+    }
+
     async fn publish_inputs(&self, broker: &Broker, range: std::ops::Range<usize>) {
         let inputs = range.map(|i| {
             let properties = BasicProperties::default()
@@ -334,16 +352,7 @@ async fn a_refused_login_is_reported_at_once_not_retried_until_the_timeout() {
     let path = run.dir.path().join("host.toml");
     std::fs::write(&path, config).unwrap();
     let started = Instant::now();
-    let (status, log) = HostProcess::run_refused(
-        &path,
-        tempfile::tempdir().unwrap(),
-        &HostOptions {
-            consumers: 0,
-            ..HostOptions::default()
-        },
-        Duration::from_secs(30),
-    )
-    .unwrap();
+    let (status, log) = HostProcess::refuses(&path).unwrap();
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(
         started.elapsed() < Duration::from_secs(15),
@@ -362,12 +371,9 @@ async fn a_memory_alarm_pauses_publishing_and_dead_letters_nothing_retries_nothi
     // The alarm is broker-wide: a node of its own.
     let broker = Broker::start().unwrap();
     let run = Pipeline::new("alarm");
-    let mut host = run.start(&[broker.amqp_url().to_string()]);
-    run.publish_inputs(&broker, 0..INPUTS).await;
-    broker
-        .wait_for_message_count(&run.output, 100, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let mut host = run
+        .flowing(&broker, &[broker.amqp_url().to_string()], INPUTS, 100)
+        .await;
 
     broker
         .rabbitmqctl(&["set_vm_memory_high_watermark", "0"])
@@ -536,12 +542,7 @@ async fn a_blackholed_network_is_noticed_by_heartbeats_and_recovered_from() {
     let run = Pipeline::new("blackhole");
     // Heartbeats every 2 s: a silent connection is noticed in a few seconds.
     let url = format!("{}?heartbeat=2", proxy_url(broker, &proxy));
-    let mut host = run.start(&[url]);
-    run.publish_inputs(broker, 0..INPUTS / 2).await;
-    broker
-        .wait_for_message_count(&run.output, 50, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let mut host = run.flowing(broker, &[url], INPUTS / 2, 50).await;
     proxy.set_blackhole(true);
     host.wait_for_log("connection lost; recovering", 2, Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("{e}\n{}", host.log_text()));
@@ -593,12 +594,9 @@ async fn the_broker_closing_every_connection_and_restarting_loses_nothing() {
     // Both faults reach every client of the node: a node of its own.
     let broker = Broker::start().unwrap();
     let run = Pipeline::new("restart");
-    let mut host = run.start(&[broker.amqp_url().to_string()]);
-    run.publish_inputs(&broker, 0..INPUTS).await;
-    broker
-        .wait_for_message_count(&run.output, 500, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let mut host = run
+        .flowing(&broker, &[broker.amqp_url().to_string()], INPUTS, 500)
+        .await;
     broker
         .rabbitmqctl(&["close_all_connections", "fault test"])
         .unwrap();

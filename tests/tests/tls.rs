@@ -180,16 +180,7 @@ async fn the_host_handles_messages_over_mutual_tls_and_refuses_a_broker_its_ca_d
         client_key.display()
     );
     std::fs::write(&config, host_config(&url, &tls, &input, &output, &exchange)).unwrap();
-    let (status, log) = HostProcess::run_refused(
-        &config,
-        tempfile::tempdir().unwrap(),
-        &HostOptions {
-            consumers: 0,
-            ..HostOptions::default()
-        },
-        Duration::from_secs(30),
-    )
-    .unwrap();
+    let (status, log) = HostProcess::refuses(&config).unwrap();
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(
         log.contains("invalid peer certificate: UnknownIssuer"),
