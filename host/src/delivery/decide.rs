@@ -187,6 +187,11 @@ fn settlement_for(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy
             queue: naming::parked_queue(facts.queue),
             reason: format!("its plugin published outside the consumer's publish_to: {reason}"),
         },
+        // A codec that failed (rather than refused the bytes) may well
+        // succeed next time: a valid message is not parked for it.
+        PluginRun::CodecFaulted { reason } => {
+            retry_or_give_up(facts, format!("its codec failed: {reason}"), policy)
+        }
         PluginRun::HostFailed { reason } => retry_or_give_up(
             facts,
             format!("the host failed while running the plugins: {reason}"),
@@ -584,6 +589,21 @@ mod tests {
                 reason: "could not be decoded: msgpack: invalid marker".into()
             }
         );
+    }
+
+    #[test]
+    fn a_codec_that_failed_rather_than_refused_is_retried_not_parked() {
+        let e = envelope(1, 0);
+        let run = PluginRun::CodecFaulted {
+            reason: "msgpack-codec failed: the call ran past its 2s deadline".into(),
+        };
+        match decide(facts(&e, 0), run, &two_minutes_of_tries()) {
+            Settlement::RetryInConsumer { reason, .. } => assert_eq!(
+                reason,
+                "its codec failed: msgpack-codec failed: the call ran past its 2s deadline"
+            ),
+            other => panic!("a retry, not {other:?}"),
+        }
     }
 
     #[test]

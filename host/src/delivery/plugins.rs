@@ -14,6 +14,9 @@ use crate::plugin::{CodecSet, Conversion, Fault, HandlerSlot, Input, Outgoing, V
 pub enum PluginRun {
     /// Every codec claiming the content type refused the body; no handler ran.
     Undecodable { reason: String },
+    /// A codec claiming the content type failed (trap, deadline, memory)
+    /// before any converted it; no handler ran.
+    CodecFaulted { reason: String },
     /// The handler returned a verdict; for an accept, its outputs are
     /// encoded and ready to publish (otherwise there are none).
     Decided {
@@ -54,7 +57,9 @@ impl PluginRun {
             | PluginRun::Faulted { version, .. }
             | PluginRun::OutputsRefused { version, .. }
             | PluginRun::Misconfigured { version, .. } => Some(version),
-            PluginRun::Undecodable { .. } | PluginRun::HostFailed { .. } => None,
+            PluginRun::Undecodable { .. }
+            | PluginRun::CodecFaulted { .. }
+            | PluginRun::HostFailed { .. } => None,
         }
     }
 
@@ -65,7 +70,9 @@ impl PluginRun {
             | PluginRun::Faulted { fuel, .. }
             | PluginRun::OutputsRefused { fuel, .. }
             | PluginRun::Misconfigured { fuel, .. } => *fuel,
-            PluginRun::Undecodable { .. } | PluginRun::HostFailed { .. } => None,
+            PluginRun::Undecodable { .. }
+            | PluginRun::CodecFaulted { .. }
+            | PluginRun::HostFailed { .. } => None,
         }
     }
 }
@@ -80,6 +87,7 @@ pub fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: Input) -
             input.body = body.into();
         }
         Conversion::Refused(reason) => return PluginRun::Undecodable { reason },
+        Conversion::Faulted(reason) => return PluginRun::CodecFaulted { reason },
     }
     let invocation = handler.invoke(input);
     let (version, fuel) = (invocation.version, invocation.fuel);
@@ -133,7 +141,7 @@ fn encode_outputs(codecs: &CodecSet, outputs: Vec<Outgoing>) -> Result<Vec<Outgo
                     output.body = body;
                     Ok(output)
                 }
-                Conversion::Refused(why) => Err(format!(
+                Conversion::Refused(why) | Conversion::Faulted(why) => Err(format!(
                     "an output to '{}' could not be encoded: {why}",
                     output.exchange
                 )),

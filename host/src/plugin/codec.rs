@@ -121,13 +121,14 @@ impl CodecVersion {
         }))
     }
 
-    /// Converts one body; `Err` is the codec's refusal or its fault.
+    /// Converts one body, or says why not: the codec's refusal of these
+    /// bytes, or its fault (a trap, the deadline, memory).
     fn convert(
         &self,
         direction: Direction,
         content_type: &str,
         body: &[u8],
-    ) -> Result<(String, Vec<u8>), String> {
+    ) -> Result<(String, Vec<u8>), NotConverted> {
         let converted = self.instances.with_instance(true, |warm| {
             // The limiter's memory of a refusal is per call.
             warm.store.data_mut().limiter.refused = None;
@@ -138,8 +139,19 @@ impl CodecVersion {
             }
         });
         // Ok(Err(why)) is the codec refusing, and its instance stays pooled.
-        converted.unwrap_or_else(|fault| Err(fault.reason))
+        match converted {
+            Ok(result) => result.map_err(NotConverted::Refused),
+            Err(fault) => Err(NotConverted::Faulted(fault.reason)),
+        }
     }
+}
+
+/// Why one codec did not convert a body.
+enum NotConverted {
+    /// It read the bytes and refused them: the same bytes are refused again.
+    Refused(String),
+    /// It failed (trap, deadline, memory): another try may succeed.
+    Faulted(String),
 }
 
 /// What the codecs made of a body.
@@ -151,6 +163,9 @@ pub enum Conversion {
     Converted { content_type: String, body: Vec<u8> },
     /// Every claimant refused; the reason lists each refusal.
     Refused(String),
+    /// No claimant converted it, and one failed rather than refused (a trap,
+    /// the deadline, memory): worth another try, unlike a refusal.
+    Faulted(String),
 }
 
 /// The codecs of a host, in config order, with the content types each claims.
@@ -201,14 +216,23 @@ impl CodecSet {
         if claimants.is_empty() {
             return Conversion::Unclaimed;
         }
-        let mut refusals = Vec::new();
+        let mut reasons = Vec::new();
+        let mut faulted = false;
         for codec in claimants {
             match codec.convert(direction, content_type, body) {
                 Ok((content_type, body)) => return Conversion::Converted { content_type, body },
-                Err(why) => refusals.push(format!("{}: {why}", codec.name)),
+                Err(NotConverted::Refused(why)) => reasons.push(format!("{}: {why}", codec.name)),
+                Err(NotConverted::Faulted(why)) => {
+                    faulted = true;
+                    reasons.push(format!("{} failed: {why}", codec.name));
+                }
             }
         }
-        Conversion::Refused(refusals.join("; "))
+        if faulted {
+            Conversion::Faulted(reasons.join("; "))
+        } else {
+            Conversion::Refused(reasons.join("; "))
+        }
     }
 }
 
