@@ -69,11 +69,21 @@ impl Envelope {
             }
         }
 
+        // Version and attempt as signed 32-bit integers (`I`), the type the
+        // Java library writes them with; a reader of any library accepts
+        // any width, but a Java reader that casts the value it finds gets
+        // the type it expects. A value past i32 (only a producer's odd
+        // header can make one) keeps its value in 64 bits rather than being
+        // cut. First-seen needs 64 bits.
+        let to_i32 = |value: u32| {
+            let value = value.max(1);
+            i32::try_from(value).map_or(AMQPValue::LongLongInt(i64::from(value)), AMQPValue::LongInt)
+        };
+        table.insert(header::VERSION.into(), to_i32(self.version));
+        table.insert(header::ATTEMPT.into(), to_i32(self.attempt));
         let mut put_int = |name: &str, value: i64| {
             table.insert(name.into(), AMQPValue::LongLongInt(value));
         };
-        put_int(header::VERSION, i64::from(self.version.max(1)));
-        put_int(header::ATTEMPT, i64::from(self.attempt.max(1)));
         put_int(
             header::FIRST_SEEN,
             i64::try_from(self.first_seen_ms).unwrap_or(i64::MAX),
@@ -219,14 +229,8 @@ mod tests {
         assert_eq!(get(&headers, header::ID), Some(&ls(&envelope.id)));
         assert_eq!(get(&headers, header::TYPE), Some(&ls("order.placed")));
         assert_eq!(get(&headers, header::CORRELATION), Some(&ls(&envelope.id)));
-        assert_eq!(
-            get(&headers, header::VERSION),
-            Some(&AMQPValue::LongLongInt(1))
-        );
-        assert_eq!(
-            get(&headers, header::ATTEMPT),
-            Some(&AMQPValue::LongLongInt(1))
-        );
+        assert_eq!(get(&headers, header::VERSION), Some(&AMQPValue::LongInt(1)));
+        assert_eq!(get(&headers, header::ATTEMPT), Some(&AMQPValue::LongInt(1)));
         assert_eq!(
             get(&headers, header::FIRST_SEEN),
             Some(&AMQPValue::LongLongInt(NOW as i64))
@@ -272,14 +276,8 @@ mod tests {
             get(&headers, header::CORRELATION),
             Some(&ls(&hand_built.id))
         );
-        assert_eq!(
-            get(&headers, header::VERSION),
-            Some(&AMQPValue::LongLongInt(1))
-        );
-        assert_eq!(
-            get(&headers, header::ATTEMPT),
-            Some(&AMQPValue::LongLongInt(1))
-        );
+        assert_eq!(get(&headers, header::VERSION), Some(&AMQPValue::LongInt(1)));
+        assert_eq!(get(&headers, header::ATTEMPT), Some(&AMQPValue::LongInt(1)));
     }
 
     #[test]
@@ -364,7 +362,7 @@ mod tests {
         assert_eq!(get(&headers, header::ERROR), None);
         assert_eq!(
             get(&headers, header::ATTEMPT),
-            Some(&AMQPValue::LongLongInt(3))
+            Some(&AMQPValue::LongInt(3))
         );
         assert_eq!(
             get(&headers, header::FIRST_SEEN),
@@ -459,7 +457,7 @@ mod tests {
         assert_eq!(get(&headers, header::ERROR), Some(&ls(reason)));
         assert_eq!(
             get(&headers, header::ATTEMPT),
-            Some(&AMQPValue::LongLongInt(2))
+            Some(&AMQPValue::LongInt(2))
         );
         assert_eq!(get(&headers, "x-death"), Some(&x_death()));
         assert_eq!(get(&headers, "traceparent"), Some(&ls(TRACEPARENT)));
