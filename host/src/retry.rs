@@ -24,6 +24,13 @@ pub const DEFAULT_EXPONENTIAL_JITTER: f64 = 0.2;
 /// by the broker with PRECONDITION_FAILED when the topology is applied.
 pub const MAX_RUNG_TTL_MILLIS: u128 = u32::MAX as u128;
 
+/// The longest a retry may be held unacknowledged in the consumer. RabbitMQ
+/// closes the channel of a delivery left unacknowledged for its
+/// `consumer_timeout` (30 minutes by default), which would fail every other
+/// delivery on that channel; half of it leaves room for the handler's own
+/// time and a clock that runs slow.
+pub const LONGEST_CONSUMER_WAIT: Duration = Duration::from_secs(15 * 60);
+
 /// A retry policy: the contract's fields, one to one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
@@ -260,6 +267,15 @@ impl RetryPolicy {
                 self.jitter
             ));
         }
+        if let Some(held) = self.longest_consumer_wait()
+            && held > LONGEST_CONSUMER_WAIT
+        {
+            return Err(format!(
+                "a retry would be held in the consumer for up to {}, and at most {} is allowed: RabbitMQ closes the channel of a delivery left unacknowledged for its consumer_timeout (30 minutes by default); lower max, or let long delays wait on a broker rung (wait_in_broker_from below them)",
+                humantime::format_duration(held),
+                humantime::format_duration(LONGEST_CONSUMER_WAIT)
+            ));
+        }
         for rung in self.broker_rungs() {
             let shown = humantime::format_duration(rung);
             if rung.subsec_nanos() != 0 {
@@ -318,6 +334,23 @@ impl RetryPolicy {
             }
         }
         rungs
+    }
+
+    /// The longest wait held in the consumer, jitter included; `None` when
+    /// every wait is on a broker rung (or there is no retry).
+    fn longest_consumer_wait(&self) -> Option<Duration> {
+        let mut longest = None;
+        for k in 0..self.max_attempts.saturating_sub(1) {
+            let delay = self.delay(k);
+            if !self.waits_in_broker(delay) {
+                let held = self.jittered(delay, 1.0);
+                longest = Some(longest.map_or(held, |l: Duration| l.max(held)));
+            }
+            if self.delay(k + 1) == delay {
+                break;
+            }
+        }
+        longest
     }
 
     /// Whether a wait of `delay` is held on a broker rung rather than in the consumer.
@@ -462,6 +495,20 @@ mod tests {
             };
         }
         policy
+    }
+
+    #[test]
+    fn a_policy_that_would_hold_a_delivery_past_the_consumer_timeout_is_refused() {
+        // Every wait in the consumer (no rungs), up to 30 min with jitter.
+        let held = RetryPolicy::exponential(8, secs(60), secs(25 * 60)).wait_in_broker_from(Duration::ZERO);
+        let err = held.check().unwrap_err();
+        assert!(err.starts_with("a retry would be held in the consumer for up to 30m"), "{err}");
+        assert!(err.contains("consumer_timeout"), "{err}");
+        // The same delays on rungs from 30 s on: fine.
+        let on_rungs = RetryPolicy::exponential(8, secs(60), secs(25 * 60));
+        assert!(on_rungs.check().is_ok());
+        // Short consumer waits: fine.
+        assert!(RetryPolicy::fixed(5, secs(10)).wait_in_broker_from(Duration::ZERO).check().is_ok());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::envelope::{self, Envelope, NO_REASON};
 use crate::plugin::{Outgoing, Verdict};
-use crate::retry::{Decision, RetryPolicy, WaitPlace};
+use crate::retry::{Decision, LONGEST_CONSUMER_WAIT, RetryPolicy, WaitPlace};
 use crate::topology::naming;
 
 /// How a delivery ends. Each variant is one settlement of the contract.
@@ -119,8 +119,15 @@ impl DeliveryFacts<'_> {
     }
 
     /// How long a retry waits in the consumer: the delay, jittered.
+    /// A wait held in the consumer, never longer than
+    /// [`LONGEST_CONSUMER_WAIT`]: a policy's own waits are checked against it
+    /// when the config loads, but a missing rung's delay (hours, perhaps)
+    /// is waited here instead, and a longer hold would have the broker
+    /// close the channel.
     fn consumer_wait(&self, delay: Duration, policy: &RetryPolicy) -> Duration {
-        policy.wait_time(delay, WaitPlace::Consumer, self.jitter_sample)
+        policy
+            .wait_time(delay, WaitPlace::Consumer, self.jitter_sample)
+            .min(LONGEST_CONSUMER_WAIT)
     }
 }
 
