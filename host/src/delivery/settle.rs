@@ -126,6 +126,10 @@ impl Report {
     }
 }
 
+/// How long a delivery whose retry or set-aside copy failed waits before it
+/// is requeued.
+pub const PAUSE_BEFORE_REQUEUE: Duration = Duration::from_secs(1);
+
 /// A step that settled the delivery, and what it adds to the report.
 enum Done {
     Acked,
@@ -155,6 +159,13 @@ pub(crate) async fn settle(
                 return report;
             }
             Err(setback) => {
+                if matches!(setback, Setback::SetAsideFailed(_) | Setback::RetryNotPublished(_)) {
+                    // A copy the broker did not take (a deleted `.dlq`, a
+                    // rung that refuses it) will likely fail again at once:
+                    // the delivery pauses before it is requeued, so that it
+                    // does not spin through its queue.
+                    let _ = port.wait(PAUSE_BEFORE_REQUEUE).await;
+                }
                 match (&setback, &settlement) {
                     (Setback::RungMissing, Settlement::RetryInBroker { rung, .. }) => {
                         report.rung_missing = Some(rung.clone());
@@ -812,9 +823,10 @@ mod tests {
                 ..Report::new(Outcome::Retried)
             }
         );
+        // It pauses before the requeue, so a failing copy does not spin.
         assert!(matches!(
             port.calls()[..],
-            [Call::Republish(..), Call::Requeue]
+            [Call::Republish(..), Call::Wait(PAUSE_BEFORE_REQUEUE), Call::Requeue]
         ));
     }
 
@@ -901,9 +913,10 @@ mod tests {
                 ..Report::new(Outcome::Retried)
             }
         );
+        // It pauses before the requeue, so a failing copy does not spin.
         assert!(matches!(
             port.calls()[..],
-            [Call::Republish(..), Call::Requeue]
+            [Call::Republish(..), Call::Wait(PAUSE_BEFORE_REQUEUE), Call::Requeue]
         ));
     }
 
