@@ -500,15 +500,24 @@ mod tests {
     #[test]
     fn a_policy_that_would_hold_a_delivery_past_the_consumer_timeout_is_refused() {
         // Every wait in the consumer (no rungs), up to 30 min with jitter.
-        let held = RetryPolicy::exponential(8, secs(60), secs(25 * 60)).wait_in_broker_from(Duration::ZERO);
+        let held = RetryPolicy::exponential(8, secs(60), secs(25 * 60))
+            .wait_in_broker_from(Duration::ZERO);
         let err = held.check().unwrap_err();
-        assert!(err.starts_with("a retry would be held in the consumer for up to 30m"), "{err}");
+        assert!(
+            err.starts_with("a retry would be held in the consumer for up to 30m"),
+            "{err}"
+        );
         assert!(err.contains("consumer_timeout"), "{err}");
         // The same delays on rungs from 30 s on: fine.
         let on_rungs = RetryPolicy::exponential(8, secs(60), secs(25 * 60));
         assert!(on_rungs.check().is_ok());
         // Short consumer waits: fine.
-        assert!(RetryPolicy::fixed(5, secs(10)).wait_in_broker_from(Duration::ZERO).check().is_ok());
+        assert!(
+            RetryPolicy::fixed(5, secs(10))
+                .wait_in_broker_from(Duration::ZERO)
+                .check()
+                .is_ok()
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -141,6 +142,7 @@ impl Received {
                 acks,
                 acker: delivery.acker,
                 channel_lost,
+                settled: AtomicBool::new(false),
             },
             slot,
         }
@@ -159,6 +161,10 @@ pub struct Receipt {
     /// Cancelled when the channel it came on fails: it can no longer be
     /// settled, and the broker delivers it again.
     channel_lost: CancellationToken,
+    /// Acked or requeued. A receipt dropped unsettled (the work around it
+    /// panicked, or was cancelled) requeues its delivery: otherwise it would
+    /// stay unacknowledged, and hold back every `multiple` ack above it.
+    settled: AtomicBool,
 }
 
 impl Receipt {
@@ -174,6 +180,7 @@ impl Receipt {
 
     /// The delivery's work is done: it is acked with the next batch.
     pub async fn ack(&self) {
+        self.settled.store(true, Ordering::Relaxed);
         self.acks.ready(self.tag).await;
     }
 
@@ -181,15 +188,40 @@ impl Receipt {
     /// delivery. Only once the nack is written may a `multiple` ack pass
     /// over it (see acks.rs).
     pub async fn requeue(&self) {
-        let options = BasicNackOptions {
-            multiple: false,
-            requeue: true,
-        };
-        if let Err(e) = self.acker.nack(options).await {
-            tracing::warn!(delivery_tag = self.tag, error = %e, "requeue failed; the broker will redeliver");
-        }
-        self.acks.forget(self.tag).await;
+        self.settled.store(true, Ordering::Relaxed);
+        requeue(&self.acker, &self.acks, self.tag).await;
     }
+}
+
+impl Drop for Receipt {
+    fn drop(&mut self) {
+        if self.settled.load(Ordering::Relaxed) || self.channel_lost.is_cancelled() {
+            return;
+        }
+        tracing::error!(
+            delivery_tag = self.tag,
+            "a delivery was dropped unsettled (its handling panicked or was cancelled); requeueing it"
+        );
+        let (acker, acks, tag) = (self.acker.clone(), self.acks.clone(), self.tag);
+        // Drop cannot wait: the nack goes out on the runtime, if it still
+        // runs (at exit, closing the channel gives the delivery back).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { requeue(&acker, &acks, tag).await });
+        }
+    }
+}
+
+/// Gives delivery `tag` back to its queue. Only once the nack is written may
+/// a `multiple` ack pass over it (see acks.rs).
+async fn requeue(acker: &Acker, acks: &AckBatcher, tag: u64) {
+    let options = BasicNackOptions {
+        multiple: false,
+        requeue: true,
+    };
+    if let Err(e) = acker.nack(options).await {
+        tracing::warn!(delivery_tag = tag, error = %e, "requeue failed; the broker will redeliver");
+    }
+    acks.forget(tag).await;
 }
 
 /// Subscribes and hands every delivery to `handle` until shutdown or until

@@ -159,7 +159,10 @@ pub(crate) async fn settle(
                 return report;
             }
             Err(setback) => {
-                if matches!(setback, Setback::SetAsideFailed(_) | Setback::RetryNotPublished(_)) {
+                if matches!(
+                    setback,
+                    Setback::SetAsideFailed(_) | Setback::RetryNotPublished(_)
+                ) {
                     // A copy the broker did not take (a deleted `.dlq`, a
                     // rung that refuses it) will likely fail again at once:
                     // the delivery pauses before it is requeued, so that it
@@ -826,7 +829,11 @@ mod tests {
         // It pauses before the requeue, so a failing copy does not spin.
         assert!(matches!(
             port.calls()[..],
-            [Call::Republish(..), Call::Wait(PAUSE_BEFORE_REQUEUE), Call::Requeue]
+            [
+                Call::Republish(..),
+                Call::Wait(PAUSE_BEFORE_REQUEUE),
+                Call::Requeue
+            ]
         ));
     }
 
@@ -916,7 +923,11 @@ mod tests {
         // It pauses before the requeue, so a failing copy does not spin.
         assert!(matches!(
             port.calls()[..],
-            [Call::Republish(..), Call::Wait(PAUSE_BEFORE_REQUEUE), Call::Requeue]
+            [
+                Call::Republish(..),
+                Call::Wait(PAUSE_BEFORE_REQUEUE),
+                Call::Requeue
+            ]
         ));
     }
 

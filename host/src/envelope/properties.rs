@@ -77,7 +77,8 @@ impl Envelope {
         // cut. First-seen needs 64 bits.
         let to_i32 = |value: u32| {
             let value = value.max(1);
-            i32::try_from(value).map_or(AMQPValue::LongLongInt(i64::from(value)), AMQPValue::LongInt)
+            i32::try_from(value)
+                .map_or(AMQPValue::LongLongInt(i64::from(value)), AMQPValue::LongInt)
         };
         table.insert(header::VERSION.into(), to_i32(self.version));
         table.insert(header::ATTEMPT.into(), to_i32(self.attempt));
@@ -360,10 +361,7 @@ mod tests {
         assert_eq!(get(&headers, "x-death"), Some(&x_death()));
         assert_eq!(get(&headers, "x-acemq-future"), None);
         assert_eq!(get(&headers, header::ERROR), None);
-        assert_eq!(
-            get(&headers, header::ATTEMPT),
-            Some(&AMQPValue::LongInt(3))
-        );
+        assert_eq!(get(&headers, header::ATTEMPT), Some(&AMQPValue::LongInt(3)));
         assert_eq!(
             get(&headers, header::FIRST_SEEN),
             Some(&AMQPValue::LongLongInt(EARLIER as i64))
@@ -455,10 +453,7 @@ mod tests {
 
         let headers = over_the_wire(headers_of(&copy));
         assert_eq!(get(&headers, header::ERROR), Some(&ls(reason)));
-        assert_eq!(
-            get(&headers, header::ATTEMPT),
-            Some(&AMQPValue::LongInt(2))
-        );
+        assert_eq!(get(&headers, header::ATTEMPT), Some(&AMQPValue::LongInt(2)));
         assert_eq!(get(&headers, "x-death"), Some(&x_death()));
         assert_eq!(get(&headers, "traceparent"), Some(&ls(TRACEPARENT)));
         assert_eq!(copy.delivery_mode(), &Some(PERSISTENT));
