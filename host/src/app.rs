@@ -181,6 +181,7 @@ fn prepare_consumer(
             queue,
             prefetch: consumer.prefetch,
             concurrency: consumer.concurrency,
+            ends_after: None,
         },
         rules: ConsumerRules {
             policy,

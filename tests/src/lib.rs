@@ -18,6 +18,7 @@
 pub mod broker;
 pub mod fault_proxy;
 pub mod host;
+pub mod raw_amqp;
 
 pub use broker::{Broker, ReceivedMessage, shared_broker, unique_name};
 pub use fault_proxy::FaultProxy;

@@ -55,6 +55,7 @@ async fn a_delivery_whose_handling_panics_is_requeued_and_handled_again() {
         queue: queue.clone(),
         prefetch: 10,
         concurrency: 2,
+        ends_after: None,
     };
     let running = {
         let env = env.clone();

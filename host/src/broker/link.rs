@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use lapin::{Connection, Event};
+use lapin::{Connection, ErrorKind, Event};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -117,6 +117,8 @@ pub struct Link {
     addresses: Addresses,
     state: watch::Sender<LinkState>,
     observer: Arc<dyn LinkObserver>,
+    /// When a frame from the broker last could not be parsed.
+    unparsable_at: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Link {
@@ -137,7 +139,18 @@ impl Link {
             addresses,
             state: watch::Sender::new(state),
             observer,
+            unparsable_at: std::sync::Mutex::new(None),
         })
+    }
+
+    /// How much is left of `window` since the link was last lost to a frame
+    /// it could not parse; `None` when that is longer ago (or never).
+    /// Consumers subscribe carefully meanwhile (see `resubscribe.rs`).
+    pub fn unparsable_within(&self, window: Duration) -> Option<Duration> {
+        let at = (*self.unparsable_at.lock().expect("link poisoned"))?;
+        window
+            .checked_sub(at.elapsed())
+            .filter(|left| !left.is_zero())
     }
 
     pub fn role(&self) -> &'static str {
@@ -261,11 +274,21 @@ impl Link {
             let Some(connection) = self.state().connection else {
                 break;
             };
-            let Some(reason) = self.watch_connection(&connection, &stop).await else {
+            let Some(loss) = self.watch_connection(&connection, &stop).await else {
                 break;
             };
             let lost_at = Instant::now();
-            tracing::warn!(connection = self.role, reason = %reason, recovery_interval = %humantime::format_duration(recovery.interval), "connection lost; recovering");
+            let reason = loss.reason;
+            // The network is fine when a frame could not be parsed: waiting
+            // would only stop every consumer of the connection for longer.
+            let first_wait = if loss.unparsable {
+                *self.unparsable_at.lock().expect("link poisoned") = Some(lost_at);
+                tracing::error!(connection = self.role, reason = %reason, "the broker sent a frame that cannot be parsed, most likely a message whose header names, message-id, content type or routing key are not UTF-8 (another client published it); the connection is reopened at once and the broker delivers the message again. Give its queue a delivery limit (a quorum queue's x-delivery-limit, by a policy) so that the broker dead-letters it after a few tries");
+                UNPARSABLE_RECOVERY_WAIT.min(recovery.interval)
+            } else {
+                recovery.interval
+            };
+            tracing::warn!(connection = self.role, reason = %reason, recovery_interval = %humantime::format_duration(first_wait), "connection lost; recovering");
             // The old connection is dropped from the state at once: its
             // channels fail, and whoever waits on them ends.
             self.set(
@@ -275,7 +298,7 @@ impl Link {
                 None,
                 false,
             );
-            let mut backoff = Backoff::new(recovery.interval, recovery.backoff_max);
+            let mut backoff = Backoff::new(first_wait, recovery.backoff_max);
             let mut attempt = 1u32;
             let recovered = loop {
                 let wait = backoff.next_wait(rand::random::<f64>());
@@ -340,7 +363,7 @@ impl Link {
         &self,
         connection: &Connection,
         stop: &CancellationToken,
-    ) -> Option<String> {
+    ) -> Option<Loss> {
         let mut events = connection.events_listener();
         // lapin reports a broker's connection.close and a socket failure as
         // events, but not every way a connection can end; the status is
@@ -363,17 +386,40 @@ impl Link {
                     // A channel's error is an event too; only a connection
                     // that is no longer connected is lost.
                     Some(Event::Error(error)) if !connection.status().connected() => {
-                        return Some(error.to_string());
+                        return Some(Loss {
+                            reason: error.to_string(),
+                            unparsable: matches!(error.kind(), ErrorKind::ParsingError(_)),
+                        });
                     }
                     Some(_) => {}
-                    None => return Some("the connection ended".to_string()),
+                    None => return Some(Loss::plain("the connection ended")),
                 },
                 _ = check.tick() => {
                     if !connection.status().connected() {
-                        return Some("the connection closed".to_string());
+                        return Some(Loss::plain("the connection closed"));
                     }
                 }
             }
+        }
+    }
+}
+
+/// The wait before reconnecting after a frame could not be parsed.
+const UNPARSABLE_RECOVERY_WAIT: Duration = Duration::from_millis(100);
+
+/// Why a connection was lost.
+struct Loss {
+    reason: String,
+    /// lapin could not parse a frame from the broker: the data, not the
+    /// network, is at fault.
+    unparsable: bool,
+}
+
+impl Loss {
+    fn plain(reason: &str) -> Self {
+        Self {
+            reason: reason.to_string(),
+            unparsable: false,
         }
     }
 }

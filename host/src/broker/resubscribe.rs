@@ -55,13 +55,16 @@ pub async fn keep_subscribed<H, F>(
             continue;
         }
         let started = Instant::now();
-        let result = subscription::run(&connection, spec.clone(), env.clone(), &handle).await;
-        let Err(failure) = result else {
-            return;
-        };
+        let this_run = careful(&link, &spec);
+        let result = subscription::run(&connection, this_run, env.clone(), &handle).await;
         if env.shutdown.is_cancelled() {
             return;
         }
+        let Err(failure) = result else {
+            // A careful subscription's time is up: subscribe normally.
+            tracing::info!(queue = %queue, prefetch = spec.prefetch, "consuming with the full prefetch again");
+            continue;
+        };
         let connection_lost =
             link.state().generation != generation || !connection.status().connected();
         if connection_lost {
@@ -78,6 +81,34 @@ pub async fn keep_subscribed<H, F>(
         if !pause(&mut backoff, &env.shutdown, &queue).await {
             return;
         }
+    }
+}
+
+/// How long consumers subscribe carefully after their connection was lost
+/// to a frame it could not parse.
+const CAREFUL_FOR: Duration = Duration::from_secs(60);
+
+/// The subscription to make now: `spec`, or, shortly after the connection
+/// was lost to a message that cannot be parsed, the same with a prefetch of
+/// one until [`CAREFUL_FOR`] has passed.
+///
+/// Why: such a message closes the connection each time it is delivered,
+/// until the queue's delivery limit dead-letters it. On a quorum queue
+/// every delivery returned by a closed connection counts towards that
+/// limit, so with a full prefetch the messages delivered alongside it
+/// would run out of tries too. With a prefetch of one, it is delivered
+/// alone (returned messages go back to the head of the queue).
+fn careful(link: &Link, spec: &SubscriptionSpec) -> SubscriptionSpec {
+    match link.unparsable_within(CAREFUL_FOR) {
+        Some(left) => {
+            tracing::warn!(queue = %spec.queue, careful_for = %humantime::format_duration(Duration::from_secs(left.as_secs())), "consuming one message at a time after a message that could not be parsed");
+            SubscriptionSpec {
+                prefetch: 1,
+                ends_after: Some(left),
+                ..spec.clone()
+            }
+        }
+        None => spec.clone(),
     }
 }
 

@@ -38,6 +38,9 @@ pub struct SubscriptionSpec {
     pub prefetch: u16,
     /// Deliveries worked on at once.
     pub concurrency: usize,
+    /// Stop cleanly after this long, as at shutdown but for this
+    /// subscription alone (a careful one, replaced by a normal one).
+    pub ends_after: Option<Duration>,
 }
 
 /// Shared by every subscription of the host.
@@ -268,10 +271,13 @@ where
     let mut running = JoinSet::new();
     let mut failure = None;
 
+    let time_up = tokio::time::sleep(spec.ends_after.unwrap_or(Duration::MAX / 4));
+    tokio::pin!(time_up);
     loop {
         let next = tokio::select! {
             biased;
             _ = env.shutdown.cancelled() => break,
+            _ = &mut time_up => break,
             next = deliveries.next() => next,
         };
         match next {
