@@ -347,3 +347,157 @@ plugin = "{plugin}"
         .await
         .expect("the host ran until it was stopped");
 }
+
+/// The config of two consumers running the `outcomes` plugin: `queue`,
+/// whose plugin publishes to `out_exchange` (which may not exist), and
+/// `other`, with traffic of its own; `extra` is appended.
+fn two_consumers(queue: &str, other: &str, out_exchange: &str, extra: &str) -> String {
+    format!(
+        r#"
+[broker]
+url = "{url}"
+
+[[queues]]
+name = "{queue}"
+dead_letter = true
+
+[[queues]]
+name = "{other}"
+dead_letter = true
+
+[[consumers]]
+queue = "{queue}"
+plugin = "{plugin}"
+publish_to = ["{out_exchange}"]
+
+[consumers.config]
+out_exchange = "{out_exchange}"
+
+[[consumers]]
+queue = "{other}"
+plugin = "{plugin}"
+{extra}
+"#,
+        url = shared_broker().amqp_url(),
+        plugin = plugin_path("outcomes").display(),
+    )
+}
+
+/// Sends `poison` among `park:` traffic on `queue`, and traffic to `other`;
+/// returns once both consumers parked all their traffic.
+async fn poison_between_traffic(queue: &str, other: &str, poison: &str) {
+    let broker = shared_broker();
+    let traffic = |from: usize| {
+        (from..from + TRAFFIC)
+            .map(|i| (format!("park:traffic {i}").into_bytes(), properties()))
+            .collect::<Vec<_>>()
+    };
+    broker.publish_many("", other, traffic(0)).await.unwrap();
+    broker.publish_many("", queue, traffic(0)).await.unwrap();
+    broker
+        .publish("", queue, poison.as_bytes(), properties())
+        .await
+        .unwrap();
+    broker
+        .publish_many("", queue, traffic(TRAFFIC))
+        .await
+        .unwrap();
+    for (q, expected) in [(queue, 2 * TRAFFIC), (other, TRAFFIC)] {
+        let parked = broker
+            .drain(&format!("{q}.parked"), expected, WAIT)
+            .await
+            .unwrap();
+        assert_eq!(parked.len(), expected, "the consumer of {q} stopped");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_output_to_a_missing_exchange_fails_its_delivery_only() {
+    let broker = shared_broker();
+    let (queue, other) = (
+        unique_name("poison.missing"),
+        unique_name("poison.missing.other"),
+    );
+    let missing = unique_name("poison.no-such-exchange");
+    let host = InProcessHost::start(&two_consumers(&queue, &other, &missing, ""))
+        .await
+        .unwrap();
+    poison_between_traffic(&queue, &other, "publish-to:anything").await;
+    let dead = broker
+        .drain(&format!("{queue}.dlq"), 1, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(
+        dead.len(),
+        1,
+        "the delivery that published to nowhere is set aside"
+    );
+    let error = error_of(&dead[0]);
+    assert!(error.contains("publishing its outputs failed"), "{error}");
+    assert!(error.contains("NOT_FOUND - no exchange"), "{error}");
+    assert_eq!(broker.message_count(&queue).await.unwrap(), 0);
+    host.stop()
+        .await
+        .expect("the host ran until it was stopped");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unroutable_output_beside_a_nacked_one_fails_its_delivery_and_nothing_is_lost() {
+    let broker = shared_broker();
+    let (queue, other) = (unique_name("poison.nack"), unique_name("poison.nack.other"));
+    let (out, full) = (
+        unique_name("poison.nack.out"),
+        unique_name("poison.nack.full"),
+    );
+    // `full` holds one message and refuses more (reject-publish: the broker
+    // nacks a publish to it); key `nowhere` reaches no queue.
+    let extra = format!(
+        r#"
+[[exchanges]]
+name = "{out}"
+kind = "direct"
+
+[[queues]]
+name = "{full}"
+type = "classic"
+arguments = {{ "x-max-length" = 1, "x-overflow" = "reject-publish" }}
+
+[[bindings]]
+queue = "{full}"
+exchange = "{out}"
+routing_key = "full"
+"#
+    );
+    let host = InProcessHost::start(&two_consumers(&queue, &other, &out, &extra))
+        .await
+        .unwrap();
+    broker
+        .publish("", &full, b"the one it holds", properties())
+        .await
+        .unwrap();
+    poison_between_traffic(&queue, &other, "publish-to:full,nowhere").await;
+    let dead = broker
+        .drain(&format!("{queue}.dlq"), 1, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(
+        dead.len(),
+        1,
+        "the delivery whose outputs were not taken is set aside"
+    );
+    let error = error_of(&dead[0]);
+    // Both failures are seen: the nack, and the return, whatever confirm it
+    // came with.
+    assert!(
+        error.contains("2 of 2 messages were not confirmed; 0 were"),
+        "{error}"
+    );
+    assert!(
+        error.contains("the broker refused to confirm it"),
+        "{error}"
+    );
+    assert_eq!(broker.message_count(&full).await.unwrap(), 1);
+    host.stop()
+        .await
+        .expect("the host ran until it was stopped");
+}

@@ -11,8 +11,10 @@
 //!   then accept.
 //! - `publish-key:N`: publish `{}` with a routing key of N bytes, then
 //!   accept.
+//! - `publish-to:K1,K2,...`: publish `{}` once with each routing key, then
+//!   accept (outputs of one batch that meet different fates).
 //!
-//! Both publish to the exchange in config key `out_exchange`; a refused
+//! They publish to the exchange in config key `out_exchange`; a refused
 //! publish becomes the SDK's retry carrying the host's words.
 //!
 //! Anything else is rejected, naming the body.
@@ -48,6 +50,13 @@ impl Handler for Outcomes {
                     .header("x-big", big)
                     .text("{}")
                     .send()?;
+                accept()
+            }
+            "publish-to" => {
+                let exchange = out_exchange()?;
+                for key in rest.split(',') {
+                    publish(&exchange, key).text("{}").send()?;
+                }
                 accept()
             }
             "publish-key" => {
@@ -119,5 +128,13 @@ mod tests {
         let done = host.handle::<Outcomes>(testing::message("publish-key:300"));
         assert_eq!(done.outcome, Outcome::Accept);
         assert_eq!(done.published[0].routing_key.len(), 300);
+        let done = host.handle::<Outcomes>(testing::message("publish-to:a,b"));
+        assert_eq!(done.outcome, Outcome::Accept);
+        let keys: Vec<_> = done
+            .published
+            .iter()
+            .map(|p| p.routing_key.as_str())
+            .collect();
+        assert_eq!(keys, ["a", "b"]);
     }
 }
