@@ -135,6 +135,9 @@ pub struct Metrics {
     pub oldest_unacked_seconds: Family<QueueLabel, Gauge<f64, AtomicU64>>,
     /// When each blocked connection was blocked.
     blocked_since: Mutex<HashMap<String, Instant>>,
+    /// `publish_total`'s series by exchange, routing key and outcome, found
+    /// without building a label set (three strings) for every publish.
+    publish_series: Mutex<HashMap<String, HashMap<String, [Option<Counter>; 4]>>>,
 }
 
 impl Default for Metrics {
@@ -165,6 +168,7 @@ impl Metrics {
             connection_recoveries: Family::default(),
             oldest_unacked_seconds: Family::default(),
             blocked_since: Mutex::new(HashMap::new()),
+            publish_series: Mutex::new(HashMap::new()),
         };
         {
             let mut r = metrics.registry.lock().expect("registry poisoned");
@@ -317,11 +321,24 @@ impl crate::broker::PublishObserver for Metrics {
         routing_key: &str,
         outcome: crate::broker::publisher::PublishOutcome,
     ) {
-        self.publish_total
-            .get_or_create(&PublishLabels {
-                exchange: exchange.to_string(),
-                routing_key: routing_key.to_string(),
-                outcome: outcome.as_str().to_string(),
+        let mut series = self.publish_series.lock().expect("publish series poisoned");
+        let by_key = match series.get_mut(exchange) {
+            Some(by_key) => by_key,
+            None => series.entry(exchange.to_string()).or_default(),
+        };
+        let outcomes = match by_key.get_mut(routing_key) {
+            Some(outcomes) => outcomes,
+            None => by_key.entry(routing_key.to_string()).or_default(),
+        };
+        outcomes[outcome as usize]
+            .get_or_insert_with(|| {
+                self.publish_total
+                    .get_or_create(&PublishLabels {
+                        exchange: exchange.to_string(),
+                        routing_key: routing_key.to_string(),
+                        outcome: outcome.as_str().to_string(),
+                    })
+                    .clone()
             })
             .inc();
     }
@@ -334,6 +351,29 @@ impl crate::broker::PublishObserver for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn publishes_are_counted_by_exchange_key_and_outcome() {
+        use crate::broker::PublishObserver;
+        use crate::broker::publisher::PublishOutcome;
+        let m = Metrics::new();
+        m.published("orders", "order.accepted", PublishOutcome::Confirmed);
+        m.published("orders", "order.accepted", PublishOutcome::Confirmed);
+        m.published("orders", "order.accepted", PublishOutcome::Refused);
+        m.published("", "orders.new.dlq", PublishOutcome::Confirmed);
+        let text = m.render();
+        for line in [
+            "acemq_publish_total{exchange=\"orders\",routing_key=\"order.accepted\",outcome=\"confirmed\"} 2",
+            "acemq_publish_total{exchange=\"orders\",routing_key=\"order.accepted\",outcome=\"refused\"} 1",
+            "acemq_publish_total{exchange=\"\",routing_key=\"orders.new.dlq\",outcome=\"confirmed\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(
+            !text.contains("outcome=\"failed\""),
+            "no series before its first count: {text}"
+        );
+    }
 
     #[test]
     fn renders_contract_names_with_underscores() {

@@ -41,7 +41,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::join_all;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::ShortString;
 use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
@@ -395,6 +396,17 @@ enum NoConfirm {
     ConnectionLost,
 }
 
+impl NoConfirm {
+    /// The same ending, for another message of the batch.
+    fn again(&self) -> Self {
+        match self {
+            NoConfirm::Failed(e) => NoConfirm::Failed(e.clone()),
+            NoConfirm::TimedOut => NoConfirm::TimedOut,
+            NoConfirm::ConnectionLost => NoConfirm::ConnectionLost,
+        }
+    }
+}
+
 impl Publisher {
     pub fn new(shared: Arc<PublishLink>) -> Self {
         Self {
@@ -492,15 +504,8 @@ impl Publisher {
                 Err(e) => results[index] = Some(Err(unknown(publication, &e.to_string()))),
             }
         }
-        let waits = waiting
-            .into_iter()
-            .map(|(index, confirm, place)| async move {
-                let outcome = self.confirmation(confirm, state.generation).await;
-                drop(place);
-                (index, outcome)
-            });
         let mut seen = Vec::new();
-        for (index, outcome) in join_all(waits).await {
+        for (index, outcome) in self.confirmations(waiting, state.generation).await {
             let p = &publications[index];
             results[index] = Some(match outcome {
                 Ok(Confirmation::Ack(returned)) => {
@@ -596,33 +601,67 @@ impl Publisher {
         }
     }
 
-    /// Waits for one confirm: up to the confirm timeout (which does not run
-    /// while the broker has blocked the connection: a publish written before
-    /// a block is confirmed after it), and no longer than the connection.
-    async fn confirmation(
+    /// Waits for the confirms of one batch: up to the confirm timeout (which
+    /// does not run while the broker has blocked the connection: a publish
+    /// written before a block is confirmed after it), and no longer than the
+    /// connection. One timer and one watch for the whole batch, not one per
+    /// message: this runs for every output the host publishes.
+    async fn confirmations(
         &self,
-        confirm: PublisherConfirm,
+        waiting: Vec<(usize, PublisherConfirm, Unconfirmed)>,
         generation: u64,
-    ) -> Result<Confirmation, NoConfirm> {
+    ) -> Vec<(usize, Result<Confirmation, NoConfirm>)> {
+        // Which of the batch's positions still wait (positions are small).
+        let size = waiting
+            .iter()
+            .map(|(index, ..)| index + 1)
+            .max()
+            .unwrap_or(0);
+        let mut outstanding = vec![false; size];
+        for (index, ..) in &waiting {
+            outstanding[*index] = true;
+        }
+        let mut pending: FuturesUnordered<_> = waiting
+            .into_iter()
+            .map(|(index, confirm, place)| async move {
+                let result = confirm.await;
+                drop(place);
+                (index, result)
+            })
+            .collect();
+        let mut done = Vec::with_capacity(pending.len());
         let link = &self.shared.link;
         let mut states = link.watch();
         let timeout = self.shared.settings.confirm_timeout;
-        tokio::pin!(confirm);
-        loop {
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let cut_short = loop {
             tokio::select! {
-                result = &mut confirm => return result.map_err(NoConfirm::Failed),
-                lost = states.wait_for(|s| s.generation != generation || matches!(s.phase, Phase::Lost { .. } | Phase::Reconnecting { .. })) => {
-                    if lost.is_ok() {
-                        return Err(NoConfirm::ConnectionLost);
+                next = pending.next() => match next {
+                    Some((index, result)) => {
+                        outstanding[index] = false;
+                        done.push((index, result.map_err(NoConfirm::Failed)));
                     }
+                    None => break None,
+                },
+                // A link whose state can no longer change is gone too.
+                _ = states.wait_for(|s| s.generation != generation || matches!(s.phase, Phase::Lost { .. } | Phase::Reconnecting { .. })) => {
+                    break Some(NoConfirm::ConnectionLost);
                 }
-                _ = tokio::time::sleep(timeout) => {
-                    if !matches!(link.phase(), Phase::Blocked { .. }) {
-                        return Err(NoConfirm::TimedOut);
+                _ = &mut deadline => {
+                    if matches!(link.phase(), Phase::Blocked { .. }) {
+                        deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
+                    } else {
+                        break Some(NoConfirm::TimedOut);
                     }
                 }
             }
+        };
+        if let Some(why) = cut_short {
+            let left = outstanding.iter().enumerate().filter(|(_, waits)| **waits);
+            done.extend(left.map(|(index, _)| (index, Err(why.again()))));
         }
+        done
     }
 
     /// A place in the open round, or in a new one on a pooled channel.
