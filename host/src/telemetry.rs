@@ -96,6 +96,12 @@ pub struct ConnectionLabel {
     pub connection: String,
 }
 
+/// One publish destination's counters, by [`PublishOutcome`] (as an index),
+/// each made at its first count.
+///
+/// [`PublishOutcome`]: crate::broker::publisher::PublishOutcome
+type OutcomeCounters = [Option<Counter>; 4];
+
 /// Every metric the host keeps.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -137,7 +143,7 @@ pub struct Metrics {
     blocked_since: Mutex<HashMap<String, Instant>>,
     /// `publish_total`'s series by exchange, routing key and outcome, found
     /// without building a label set (three strings) for every publish.
-    publish_series: Mutex<HashMap<String, HashMap<String, [Option<Counter>; 4]>>>,
+    publish_series: Mutex<HashMap<String, HashMap<String, OutcomeCounters>>>,
 }
 
 impl Default for Metrics {
