@@ -39,7 +39,7 @@
 //! Prints figures and asserts nothing: broker and clients share the
 //! machine's cores, so expect ±20 % between runs; compare the medians.
 
-use acemq_tests::env_or;
+use acemq_tests::{env_or, median};
 use std::io::Read as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
@@ -246,7 +246,7 @@ fn main() -> Result<()> {
         rows.push(row);
     }
 
-    let median_of = |f: &dyn Fn(&Row) -> f64| median(rows.iter().map(f).collect());
+    let median_of = |f: &dyn Fn(&Row) -> f64| median(&mut rows.iter().map(f).collect::<Vec<_>>());
     let ratio = median_of(&|r| r.host.rate / r.bare.rate);
     println!(
         "median of {}: bare {:.0} msg/s, host {:.0} msg/s, host/bare {:.3} (target >= {TARGET_RATIO}: {}); \
@@ -479,15 +479,6 @@ fn field(stdout: &str, key: &str) -> Result<f64> {
         .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
         .with_context(|| format!("no {key}= in {line:?}"))?;
     value.parse().with_context(|| format!("{key}={value:?}"))
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
 }
 
 fn cpus() -> usize {

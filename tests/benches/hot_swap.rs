@@ -34,7 +34,7 @@
 //! Prints figures and asserts nothing: broker, host, publisher and this
 //! consumer share the machine's cores, so expect noise; compare medians.
 
-use acemq_tests::env_or;
+use acemq_tests::{env_or, median};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -608,13 +608,4 @@ fn signed_ms(at: Instant, origin: Instant) -> f64 {
 
 fn met(ok: bool) -> &'static str {
     if ok { "met" } else { "NOT met" }
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
 }

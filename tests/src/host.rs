@@ -234,6 +234,12 @@ impl HostProcess {
         }
     }
 
+    /// The host's exit status if it has exited, `None` while it runs;
+    /// does not wait. A benchmark checks with it that the host stayed up.
+    pub fn exited(&mut self) -> Result<Option<ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
     pub fn log_lines(&self) -> Vec<String> {
         self.log.lock().expect("log poisoned").clone()
     }
@@ -389,6 +395,32 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("a bound address").port()
 }
 
+/// The sum of every sample of the metric `name` (as exposed, e.g.
+/// `acemq_publish_total`) in the Prometheus text `exposition` of `GET
+/// /metrics` whose labels include each of `labels`; 0 when none match.
+/// Label values are compared as written, so they must need no escaping
+/// (queue and exchange names made by [`crate::unique_name`] do not).
+pub fn metric_sum(exposition: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    exposition
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            // `{labels} value`, or ` value` for a metric without labels;
+            // anything else is another metric whose name starts with `name`.
+            let (set, value) = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            let pairs: Vec<&str> = set.split(',').collect();
+            labels
+                .iter()
+                .all(|(key, wanted)| pairs.contains(&format!("{key}=\"{wanted}\"").as_str()))
+                .then(|| value.split_whitespace().next()?.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
 /// `GET url` without credentials (the admin endpoint's reads are open when
 /// no token is configured): status and body. Blocking, for a few
 /// milliseconds on loopback; from async code call it inside
@@ -406,4 +438,36 @@ pub fn http_get(url: &str) -> Result<(u16, String)> {
         .with_context(|| format!("GET {url}"))?;
     let status = response.status().as_u16();
     Ok((status, response.body_mut().read_to_string()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metric_sum;
+
+    #[test]
+    fn metric_sum_adds_the_matching_samples_of_one_metric() {
+        let exposition = "\
+# TYPE acemq_publish counter
+acemq_publish_total{exchange=\"x\",routing_key=\"a\",outcome=\"refused\"} 2
+acemq_publish_total{exchange=\"x\",routing_key=\"b\",outcome=\"refused\"} 3
+acemq_publish_total{exchange=\"x\",routing_key=\"a\",outcome=\"confirmed\"} 40
+acemq_publish_totally{outcome=\"refused\"} 100
+acemq_publish_unconfirmed 7
+# EOF";
+        let refused = [("outcome", "refused")];
+        assert_eq!(metric_sum(exposition, "acemq_publish_total", &refused), 5.0);
+        assert_eq!(
+            metric_sum(
+                exposition,
+                "acemq_publish_total",
+                &[("routing_key", "a"), ("outcome", "confirmed")]
+            ),
+            40.0
+        );
+        assert_eq!(
+            metric_sum(exposition, "acemq_publish_unconfirmed", &[]),
+            7.0
+        );
+        assert_eq!(metric_sum(exposition, "acemq_consume_total", &refused), 0.0);
+    }
 }

@@ -38,6 +38,17 @@ where
     }
 }
 
+/// The median of `values` (sorted in place; the mean of the middle two for
+/// an even count), NaN for none: the benches' summary of repeated runs.
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
 /// A connected publish link to `broker`, as the host builds one (the
 /// contract's publishing limits, metrics kept in a registry of its own),
 /// for tests of the publisher on its own. Not supervised: nothing
