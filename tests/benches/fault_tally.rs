@@ -37,7 +37,8 @@
 //!   are bounded by what was in flight at a loss: the prefetch plus the
 //!   unconfirmed publishes.
 //! - refused: publishes the host declined while its publish connection was
-//!   down or blocked (the plugin retries those inputs).
+//!   down or blocked; the host holds those inputs and publishes their
+//!   outputs once the connection is back, without counting an attempt.
 //! - dead-lettered: the input's `.dlq`, which stays empty: no fault here is
 //!   a message's fault.
 //!
@@ -72,7 +73,7 @@ use serde_json::Value;
 use tokio::runtime::Runtime;
 
 use acemq_tests::host::{
-    HostProcess, free_port, http_get, metric_sum, plugin_path, workspace_root,
+    HostProcess, SUBSCRIBED, free_port, http_get, metric_sum, plugin_path, workspace_root,
 };
 use acemq_tests::{Broker, ReceivedMessage, env_or, median, unique_name};
 
@@ -93,9 +94,6 @@ const MIN_BACKLOG: usize = 2_000;
 const BACK_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long the inputs may take to be done after the last fault.
 const DONE_TIMEOUT: Duration = Duration::from_secs(240);
-/// The host's line for a subscription made: its message, then its fields.
-/// Other lines mention "consuming from queue" in their errors.
-const SUBSCRIBED: &str = ": consuming queue=";
 const LOST: &str = "connection lost; recovering";
 const BLOCKED: &str = "the broker blocked the connection";
 const UNBLOCKED: &str = "the broker unblocked the connection";

@@ -76,6 +76,10 @@ pub fn host_binary() -> PathBuf {
     path
 }
 
+/// What the host logs once a subscription holds its consumer (its message,
+/// then its first field): other lines may mention consuming in passing.
+pub const SUBSCRIBED: &str = ": consuming queue=";
+
 /// How to start an [`HostProcess`].
 #[derive(Debug, Clone)]
 pub struct HostOptions {
@@ -136,7 +140,7 @@ impl HostProcess {
     /// by itself ([`wait_with_log`](Self::wait_with_log)).
     pub fn start_with(path: &Path, dir: tempfile::TempDir, options: &HostOptions) -> Result<Self> {
         let mut host = Self::spawn(path, dir, options)?;
-        host.wait_for_log("consuming", options.consumers, Duration::from_secs(60))?;
+        host.wait_for_log(SUBSCRIBED, options.consumers, Duration::from_secs(60))?;
         Ok(host)
     }
 

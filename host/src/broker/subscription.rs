@@ -300,7 +300,7 @@ where
             }
             Some(Err(e)) => {
                 failure = Some(anyhow::anyhow!(
-                    "consuming from queue '{queue}' failed: {e}"
+                    "the subscription to queue '{queue}' failed: {e}"
                 ));
                 break;
             }
