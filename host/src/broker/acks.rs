@@ -215,7 +215,12 @@ impl AckBatcher {
             if let Err(e) = self.channel.basic_ack(frame.delivery_tag, options).await {
                 // The channel is gone: the broker requeues what it had not
                 // been told, and it is handled again (at-least-once).
-                tracing::warn!(delivery_tag = frame.delivery_tag, multiple = frame.multiple, error = %e, "ack failed; the broker will redeliver");
+                if self.channel.status().connected() {
+                    tracing::warn!(delivery_tag = frame.delivery_tag, multiple = frame.multiple, error = %e, "ack failed; the broker will redeliver");
+                } else {
+                    // The channel's loss is logged once, by its connection.
+                    tracing::debug!(delivery_tag = frame.delivery_tag, error = %e, "ack on a closed channel; the broker redelivers");
+                }
             }
         }
     }

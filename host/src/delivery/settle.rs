@@ -216,7 +216,7 @@ async fn carry_out(
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(Setback::OutputsFailed)?;
             if let Err(e) = port.publish(publications).await {
-                tracing::warn!(queue, message_id = id, error = %e, "outputs were not confirmed");
+                log_publish_failure(queue, id, "outputs were not confirmed", &e);
                 return Err(broker_trouble_or(e, Setback::OutputsFailed));
             }
             port.ack().await;
@@ -237,7 +237,7 @@ async fn carry_out(
                 }
             }
             if let Err(e) = port.republish(queue, properties).await {
-                tracing::warn!(queue, message_id = id, error = %e, "retry republish failed; requeueing");
+                log_publish_failure(queue, id, "retry republish failed; requeueing", &e);
                 return Err(broker_trouble_or(e, Setback::RetryNotPublished));
             }
             port.ack().await;
@@ -257,7 +257,7 @@ async fn carry_out(
                     Err(Setback::RungMissing)
                 }
                 Err(e) => {
-                    tracing::warn!(queue, message_id = id, error = %e, "retry republish failed; requeueing");
+                    log_publish_failure(queue, id, "retry republish failed; requeueing", &e);
                     Err(broker_trouble_or(e, Setback::RetryNotPublished))
                 }
             }
@@ -283,7 +283,12 @@ async fn carry_out(
                 ));
             };
             if let Err(e) = port.republish(target, properties).await {
-                tracing::error!(queue, message_id = id, to = %target, error = %e, "set-aside publish failed; requeueing");
+                log_publish_failure(
+                    queue,
+                    id,
+                    &format!("set-aside publish to {target} failed; requeueing"),
+                    &e,
+                );
                 return Err(broker_trouble_or(e, Setback::SetAsideFailed));
             }
             port.ack().await;
@@ -295,6 +300,17 @@ async fn carry_out(
             tracing::debug!(queue, message_id = id, why = %why, "requeued");
             Ok(Done::Retried(RetryPlace::Requeued))
         }
+    }
+}
+
+/// Logs a publish that failed: a warning, unless the broker or the
+/// connection is in trouble, which the connection's link logs once; a line
+/// per delivery would bury that one.
+fn log_publish_failure(queue: &str, id: &str, what: &str, error: &PublishError) {
+    if error.is_broker_trouble() {
+        tracing::debug!(queue, message_id = id, error = %error, "{what}");
+    } else {
+        tracing::warn!(queue, message_id = id, error = %error, "{what}");
     }
 }
 
