@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::broker::stream::{StreamOffset, StreamPosition};
 use crate::broker::{
     Addresses, Board, Link, OnConnected, PublishLink, PublishSettings, Recovery, SubscriptionEnv,
     SubscriptionSpec, Tls, resubscribe,
@@ -37,6 +38,9 @@ pub struct Prepared {
     pub consumers: Vec<PreparedConsumer>,
     /// The admin endpoint's settings (token read); none without `admin_listen`.
     pub admin: Option<crate::admin::Settings>,
+    /// What each consumer's subscription is doing (for `/health`, and for
+    /// whoever started the host to see it serving).
+    pub board: Arc<Board>,
 }
 
 /// One consumer: what it subscribes to, and what its pipeline runs.
@@ -58,7 +62,13 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
     let codecs = Arc::new(load_codecs(&config, &engine)?);
     let mut consumers = Vec::new();
     for (index, consumer) in config.config.consumers.iter().enumerate() {
-        consumers.push(prepare_consumer(&config, &engine, index, consumer)?);
+        consumers.push(prepare_consumer(
+            &config, &topology, &engine, index, consumer,
+        )?);
+    }
+    let board = Arc::new(Board::default());
+    for consumer in &consumers {
+        board.expect(&consumer.subscription.queue);
     }
     Ok(Prepared {
         config,
@@ -67,6 +77,7 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
         codecs,
         consumers,
         admin,
+        board,
     })
 }
 
@@ -137,6 +148,7 @@ fn engine_settings(config: &LoadedConfig) -> EngineSettings {
 
 fn prepare_consumer(
     config: &LoadedConfig,
+    topology: &Topology,
     engine: &PluginEngine,
     index: usize,
     consumer: &ConsumerConfig,
@@ -166,6 +178,26 @@ fn prepare_consumer(
             ..Limits::default()
         },
     });
+    // A stream declared in this config; a stream declared elsewhere is one
+    // when the consumer names an offset.
+    let is_stream = topology
+        .queue(&queue)
+        .is_some_and(|q| q.queue_type == crate::topology::QueueType::Stream);
+    let offset = match &consumer.offset {
+        Some(offset) if !is_stream && topology.queue(&queue).is_some() => {
+            return Err(config
+                .error_at(
+                    Some(offset.span().start),
+                    format!("consumers[{index}].offset: queue '{queue}' is declared here as a queue, not a stream; an offset is for stream consumers"),
+                )
+                .into());
+        }
+        // Checked when the config was read.
+        Some(offset) => Some(offset.get_ref().parse().map_err(|e| anyhow::anyhow!(e))?),
+        None => is_stream.then_some(StreamOffset::Next),
+    };
+    let stream = offset.map(|offset| Arc::new(StreamPosition::new(offset)));
+    let is_stream = is_stream || stream.is_some();
     let plugin_path = config.resolve(consumer.plugin.get_ref());
     let version = HandlerVersion::load(engine, &plugin_path, context)
         .with_context(|| format!("consumers[{index}] (queue '{queue}')"))?;
@@ -179,9 +211,10 @@ fn prepare_consumer(
     Ok(PreparedConsumer {
         subscription: SubscriptionSpec {
             queue,
-            prefetch: consumer.prefetch,
+            prefetch: consumer.prefetch_for(is_stream),
             concurrency: consumer.concurrency,
             ends_after: None,
+            stream,
         },
         rules: ConsumerRules {
             policy,
@@ -242,10 +275,7 @@ pub async fn run(
         Addresses::new(urls, format!("{name}.publish")).with_tls(tls),
         metrics.clone(),
     );
-    let board = Arc::new(Board::default());
-    for consumer in &prepared.consumers {
-        board.expect(&consumer.subscription.queue);
-    }
+    let board = prepared.board.clone();
 
     // The admin endpoint answers from now on: DOWN, with what the host is
     // waiting for, until it connects.

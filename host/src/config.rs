@@ -305,10 +305,15 @@ pub struct ConsumerConfig {
     pub plugin: Spanned<PathBuf>,
     /// Name of a `[retry.NAME]` policy; none means failures are dead-lettered.
     pub retry: Option<Spanned<String>>,
-    #[serde(default = "defaults::prefetch")]
-    pub prefetch: u16,
+    /// Unacknowledged deliveries the broker sends ahead; see
+    /// [`ConsumerConfig::prefetch_for`] for the default.
+    pub prefetch: Option<u16>,
     #[serde(default = "defaults::concurrency")]
     pub concurrency: usize,
+    /// Where a stream consumer starts: `"first"`, `"last"`, `"next"` (the
+    /// default), an offset number, an RFC 3339 time, or an interval back
+    /// from now (`"1h"`).
+    pub offset: Option<Spanned<OffsetSetting>>,
     /// Exchanges the plugin may publish to.
     #[serde(default)]
     pub publish_to: Vec<String>,
@@ -335,6 +340,36 @@ pub struct ConsumerConfig {
     /// Handed to the plugin through `config(key)`.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
+}
+
+/// A stream offset as written in the config: a number, or a word, a time or
+/// an interval.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OffsetSetting {
+    Number(i64),
+    Text(String),
+}
+
+impl OffsetSetting {
+    pub fn parse(&self) -> Result<crate::broker::stream::StreamOffset, String> {
+        use crate::broker::stream::StreamOffset;
+        match self {
+            OffsetSetting::Number(n) => u64::try_from(*n)
+                .map(StreamOffset::At)
+                .map_err(|_| format!("the offset {n} is negative")),
+            OffsetSetting::Text(text) => StreamOffset::parse(text),
+        }
+    }
+}
+
+impl ConsumerConfig {
+    /// The prefetch: as configured, else the contract's defaults: 10 for a
+    /// stream (Python's and Go's), 20 for a queue.
+    pub fn prefetch_for(&self, stream: bool) -> u16 {
+        self.prefetch
+            .unwrap_or(if stream { 10 } else { defaults::prefetch() })
+    }
 }
 
 /// `[[codecs]]`.
@@ -589,10 +624,18 @@ impl LoadedConfig {
                     ),
                 ));
             }
-            if consumer.prefetch == 0 {
+            if consumer.prefetch == Some(0) {
                 return Err(self.error_at(
                     Some(consumer.queue.span().start),
-                    format!("consumers[{i}].prefetch: must be at least 1"),
+                    format!("consumers[{i}].prefetch: must be at least 1: RabbitMQ sends nothing to a consumer without one, and refuses to let a stream consumer start with none"),
+                ));
+            }
+            if let Some(offset) = &consumer.offset
+                && let Err(e) = offset.get_ref().parse()
+            {
+                return Err(self.error_at(
+                    Some(offset.span().start),
+                    format!("consumers[{i}].offset: {e}"),
                 ));
             }
             if consumer.concurrency == 0 {
@@ -716,7 +759,8 @@ mod tests {
     fn defaults_follow_the_contract() {
         let loaded = parse("[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\n").unwrap();
         let consumer = &loaded.config.consumers[0];
-        assert_eq!(consumer.prefetch, 20);
+        assert_eq!(consumer.prefetch_for(false), 20);
+        assert_eq!(consumer.prefetch_for(true), 10);
         assert_eq!(consumer.concurrency, 1);
         assert_eq!(loaded.config.host.drain_timeout, Duration::from_secs(20));
     }

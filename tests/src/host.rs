@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use acemq_host::admin::policy::TOKEN_ENV;
 use acemq_host::app;
+use acemq_host::broker::{Board, Reading};
 use acemq_host::config::LoadedConfig;
 use acemq_host::telemetry::Metrics;
 
@@ -330,13 +331,8 @@ impl InProcessHost {
     pub async fn start(config: &str) -> Result<Self> {
         let loaded = LoadedConfig::parse(Path::new("test-host.toml"), config.to_string())
             .map_err(|e| anyhow!("{e}"))?;
-        let consumers = loaded
-            .config
-            .consumers
-            .iter()
-            .map(|c| c.queue.get_ref().clone())
-            .collect::<Vec<_>>();
         let prepared = tokio::task::spawn_blocking(move || app::prepare(loaded)).await??;
+        let board = prepared.board.clone();
         let metrics = Arc::new(Metrics::new());
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(app::run(prepared, shutdown.clone(), metrics.clone()));
@@ -345,45 +341,35 @@ impl InProcessHost {
             shutdown,
             task,
         };
-        host.wait_until_consuming(&consumers).await?;
+        host.wait_until_consuming(&board).await?;
         Ok(host)
     }
 
-    async fn wait_until_consuming(&self, queues: &[String]) -> Result<()> {
+    /// Waits until every consumer holds its subscription, as the host's own
+    /// board says (exact, unlike the broker's sampled consumer counts).
+    async fn wait_until_consuming(&self, board: &Board) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let connection = crate::shared_broker().connect().await?;
-        for queue in queues {
-            // A passive declare reports the consumer count exactly; the
-            // management API's figure is a sample that lags.
-            loop {
-                if self.task.is_finished() {
-                    bail!("the host stopped before it consumed from {queue}");
-                }
-                // A channel per try: a passive declare of a queue that does
-                // not exist yet closes its channel.
-                let channel = connection.create_channel().await?;
-                let declared = channel
-                    .queue_declare(
-                        queue.as_str().into(),
-                        lapin::options::QueueDeclareOptions {
-                            passive: true,
-                            ..Default::default()
-                        },
-                        lapin::types::FieldTable::default(),
-                    )
-                    .await;
-                if matches!(&declared, Ok(q) if q.consumer_count() > 0) {
-                    let _ = channel.close(200, "done".into()).await;
-                    break;
-                }
-                if Instant::now() > deadline {
-                    bail!("the host did not start consuming from {queue} within 30 s");
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        loop {
+            if self.task.is_finished() {
+                bail!("the host stopped before it consumed from every queue");
             }
+            let waiting: Vec<String> = board
+                .snapshot()
+                .into_iter()
+                .filter(|(_, reading)| *reading != Reading::Consuming)
+                .map(|(queue, _)| queue)
+                .collect();
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the host did not start consuming from {} within 30 s",
+                    waiting.join(", ")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let _ = connection.close(200, "done".into()).await;
-        Ok(())
     }
 
     /// Shuts the host down as SIGTERM would and waits for it.

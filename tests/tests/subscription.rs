@@ -56,6 +56,7 @@ async fn a_delivery_whose_handling_panics_is_requeued_and_handled_again() {
         prefetch: 10,
         concurrency: 2,
         ends_after: None,
+        stream: None,
     };
     let running = {
         let env = env.clone();

@@ -23,6 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lapin::Channel;
+
+use super::stream::StreamPosition;
 use lapin::options::BasicAckOptions;
 use tokio::sync::Mutex;
 
@@ -158,17 +160,20 @@ pub struct AckBatcher {
     /// Ready deliveries that trigger a flush without waiting for the linger.
     batch: usize,
     oldest: Arc<OldestUnsettled>,
+    /// A stream consumer's position, told of every ack sent.
+    stream: Option<Arc<StreamPosition>>,
 }
 
 impl AckBatcher {
     /// `prefetch` sizes the batch: a quarter of the window, so the broker
     /// always has room to deliver while acks wait.
-    pub fn new(channel: Channel, prefetch: u16) -> Self {
+    pub fn new(channel: Channel, prefetch: u16, stream: Option<Arc<StreamPosition>>) -> Self {
         Self {
             channel,
             ledger: Mutex::new(AckLedger::default()),
             batch: usize::from(prefetch / 4).clamp(1, 64),
             oldest: Arc::new(OldestUnsettled::default()),
+            stream,
         }
     }
 
@@ -212,7 +217,13 @@ impl AckBatcher {
             let options = BasicAckOptions {
                 multiple: frame.multiple,
             };
-            if let Err(e) = self.channel.basic_ack(frame.delivery_tag, options).await {
+            let sent = self.channel.basic_ack(frame.delivery_tag, options).await;
+            if sent.is_ok()
+                && let Some(stream) = &self.stream
+            {
+                stream.acked(frame.delivery_tag, frame.multiple);
+            }
+            if let Err(e) = sent {
                 // The channel is gone: the broker requeues what it had not
                 // been told, and it is handled again (at-least-once).
                 if self.channel.status().connected() {

@@ -12,6 +12,7 @@ pub mod connection;
 pub mod link;
 pub mod publisher;
 pub mod resubscribe;
+pub mod stream;
 pub mod subscription;
 pub mod tls;
 

@@ -29,6 +29,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckBatcher, OldestUnsettled};
+use super::stream::{OFFSET_ARGUMENT, StreamOffset, StreamPosition};
 
 /// What to consume, and how much at once.
 #[derive(Debug, Clone)]
@@ -41,6 +42,9 @@ pub struct SubscriptionSpec {
     /// Stop cleanly after this long, as at shutdown but for this
     /// subscription alone (a careful one, replaced by a normal one).
     pub ends_after: Option<Duration>,
+    /// For a stream: where to start, and where the next subscription
+    /// resumes (see `stream.rs`).
+    pub stream: Option<Arc<StreamPosition>>,
 }
 
 /// Shared by every subscription of the host.
@@ -246,12 +250,18 @@ where
         .basic_qos(spec.prefetch, BasicQosOptions { global: false })
         .await?;
     let tag = format!("acemq-host.{}.{}", queue, uuid::Uuid::new_v4().simple());
+    let mut arguments = FieldTable::default();
+    if let Some(position) = &spec.stream {
+        let start = position.start();
+        tracing::info!(queue, offset = ?start, "reading the stream");
+        arguments.insert(OFFSET_ARGUMENT.into(), start.to_amqp());
+    }
     let mut deliveries = channel
         .basic_consume(
             queue.into(),
             tag.as_str().into(),
             BasicConsumeOptions::default(),
-            FieldTable::default(),
+            arguments,
         )
         .await
         .map_err(|e| anyhow::anyhow!("cannot consume from queue '{queue}': {e}"))?;
@@ -264,7 +274,7 @@ where
     );
 
     let permits = Arc::new(Semaphore::new(spec.concurrency));
-    let subscribed = Subscribed::start(queue, channel, tag, spec.prefetch);
+    let subscribed = Subscribed::start(queue, channel, tag, spec.prefetch, spec.stream.clone());
     let acks = subscribed.acks.clone();
     env.board.track_oldest(queue, Some(acks.oldest()));
     let channel_lost = CancellationToken::new();
@@ -283,6 +293,12 @@ where
         match next {
             Some(Ok(delivery)) => {
                 acks.received(delivery.delivery_tag).await;
+                if let Some(position) = &spec.stream
+                    && let Some(offset) =
+                        StreamOffset::of_delivery(delivery.properties.headers().as_ref())
+                {
+                    position.received(delivery.delivery_tag, offset);
+                }
                 // Wait for a free place. A delivery that shutdown overtakes
                 // never starts: it is left unsettled, and closing the
                 // channel gives it back (see below).
@@ -349,8 +365,14 @@ struct Subscribed<'a> {
 }
 
 impl<'a> Subscribed<'a> {
-    fn start(queue: &'a str, channel: Channel, consumer_tag: String, prefetch: u16) -> Self {
-        let acks = Arc::new(AckBatcher::new(channel.clone(), prefetch));
+    fn start(
+        queue: &'a str,
+        channel: Channel,
+        consumer_tag: String,
+        prefetch: u16,
+        stream: Option<Arc<StreamPosition>>,
+    ) -> Self {
+        let acks = Arc::new(AckBatcher::new(channel.clone(), prefetch, stream));
         let linger_stop = CancellationToken::new();
         let linger = tokio::spawn({
             let acks = acks.clone();

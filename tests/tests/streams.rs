@@ -1,0 +1,209 @@
+//! Stream consumers on a real broker: where each kind of offset starts
+//! reading, and that a subscription that ends (a lost connection) resumes
+//! where it stopped rather than at its configured offset.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use acemq_tests::host::{InProcessHost, plugin_path};
+use acemq_tests::{FaultProxy, shared_broker, unique_name};
+use lapin::BasicProperties;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use serde_json::Value;
+
+/// A stream declared as the host declares one (durable, `x-queue-type`).
+async fn declare_stream(name: &str) {
+    let connection = shared_broker().connect().await.unwrap();
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(LongString::from("stream")),
+    );
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    connection
+        .create_channel()
+        .await
+        .unwrap()
+        .queue_declare(name.into(), options, arguments)
+        .await
+        .unwrap();
+    let _ = connection.close(200, "done".into()).await;
+}
+
+async fn append(stream: &str, ids: &[String]) {
+    let messages = ids.iter().map(|id| {
+        let properties = BasicProperties::default().with_message_id(id.as_str().into());
+        (id.clone().into_bytes(), properties)
+    });
+    shared_broker()
+        .publish_many("", stream, messages)
+        .await
+        .unwrap();
+}
+
+fn ids(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// A host reading `stream` from `offset` (a TOML value) through `stamp-v1`
+/// into an output queue of its own; `url` is the broker's or a proxy's.
+async fn reader(stream: &str, offset: &str, url: &str) -> (InProcessHost, String) {
+    let out_exchange = unique_name("streams.x");
+    let output = unique_name("streams.out");
+    let config = format!(
+        r#"
+[broker]
+url = "{url}"
+network_recovery_interval = "200ms"
+
+[[exchanges]]
+name = "{out_exchange}"
+kind = "direct"
+
+[[queues]]
+name = "{stream}"
+type = "stream"
+
+[[queues]]
+name = "{output}"
+
+[[bindings]]
+queue = "{output}"
+exchange = "{out_exchange}"
+routing_key = "stamped"
+
+[[consumers]]
+queue = "{stream}"
+plugin = "{plugin}"
+publish_to = ["{out_exchange}"]
+offset = {offset}
+
+[consumers.config]
+out_exchange = "{out_exchange}"
+"#,
+        plugin = plugin_path("stamp-v1").display(),
+    );
+    (InProcessHost::start(&config).await.unwrap(), output)
+}
+
+/// How many times each input id was stamped into `output`, once at least
+/// `expected` outputs arrived (or the wait ran out) and a moment passed for
+/// any more.
+async fn stamped(output: &str, expected: u32) -> BTreeMap<String, usize> {
+    let broker = shared_broker();
+    broker
+        .wait_for_message_count(output, expected, Duration::from_secs(30))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let count = broker.message_count(output).await.unwrap() as usize;
+    let mut seen = BTreeMap::new();
+    for message in broker
+        .drain(output, count, Duration::from_secs(10))
+        .await
+        .unwrap()
+    {
+        let body: Value = serde_json::from_slice(&message.body).unwrap();
+        *seen
+            .entry(body["input"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    seen
+}
+
+fn names(seen: &BTreeMap<String, usize>) -> Vec<&str> {
+    seen.keys().map(String::as_str).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_kind_of_offset_starts_where_it_says() {
+    let broker = shared_broker();
+    let stream = unique_name("streams.offsets");
+    declare_stream(&stream).await;
+    let (early, late) = (ids("a", 5), ids("b", 5));
+    append(&stream, &early).await;
+    // Separate chunks, a second apart: a time offset falls between them.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let between = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    append(&stream, &late).await;
+    let everything: Vec<&str> = early.iter().chain(&late).map(String::as_str).collect();
+
+    for offset in ["\"first\"", "\"1h\""] {
+        let (host, output) = reader(&stream, offset, broker.amqp_url()).await;
+        let seen = stamped(&output, 10).await;
+        assert_eq!(names(&seen), everything, "offset {offset}");
+        host.stop().await.unwrap();
+    }
+    // Offsets count from 0: offset 5 is the first of the second batch
+    // (the stream holds nothing else).
+    let (host, output) = reader(&stream, "5", broker.amqp_url()).await;
+    assert_eq!(
+        names(&stamped(&output, 5).await),
+        ["b0", "b1", "b2", "b3", "b4"]
+    );
+    host.stop().await.unwrap();
+
+    let (host, output) = reader(&stream, &format!("\"{between}\""), broker.amqp_url()).await;
+    assert_eq!(
+        names(&stamped(&output, 5).await),
+        ["b0", "b1", "b2", "b3", "b4"]
+    );
+    host.stop().await.unwrap();
+
+    // The last chunk: the newest messages, never the first batch.
+    let (host, output) = reader(&stream, "\"last\"", broker.amqp_url()).await;
+    let last = stamped(&output, 1).await;
+    assert!(
+        !last.is_empty() && last.keys().all(|k| k.starts_with('b')),
+        "{last:?}"
+    );
+    assert!(last.contains_key("b4"), "{last:?}");
+    host.stop().await.unwrap();
+
+    // Next: only what is appended once it reads.
+    let (host, output) = reader(&stream, "\"next\"", broker.amqp_url()).await;
+    append(&stream, &ids("c", 1)).await;
+    assert_eq!(names(&stamped(&output, 1).await), ["c0"]);
+    host.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_lost_connection_reading_resumes_where_it_stopped_not_at_first() {
+    const BEFORE: usize = 300;
+    let broker = shared_broker();
+    let stream = unique_name("streams.resume");
+    declare_stream(&stream).await;
+    append(&stream, &ids("m", BEFORE)).await;
+    let upstream = format!("127.0.0.1:{}", broker.amqp_port()).parse().unwrap();
+    let proxy = FaultProxy::start(upstream).unwrap();
+    let url = broker.amqp_url().replacen(
+        &format!(":{}", broker.amqp_port()),
+        &format!(":{}", proxy.port()),
+        1,
+    );
+    let (host, output) = reader(&stream, "\"first\"", &url).await;
+    broker
+        .wait_for_message_count(&output, BEFORE as u32, Duration::from_secs(30))
+        .await
+        .unwrap();
+    proxy.cut_all();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after: Vec<String> = (BEFORE..BEFORE + 20).map(|i| format!("m{i}")).collect();
+    append(&stream, &after).await;
+    let seen = stamped(&output, (BEFORE + 20) as u32).await;
+    assert_eq!(
+        seen.len(),
+        BEFORE + 20,
+        "every message, before and after the loss"
+    );
+    // Only what was read but not yet acked when the connection dropped is
+    // read again (at most the prefetch, 10); from "first" it would be all.
+    let again: usize = seen.values().map(|n| n - 1).sum();
+    assert!(again <= 10, "{again} messages read twice");
+    host.stop().await.unwrap();
+}
