@@ -95,6 +95,7 @@ fn dispatch_one(
         envelope: &envelope,
         now_ms: 1_700_000_000_002,
         jitter_sample: 0.5,
+        from_stream: false,
     };
     let settlement = delivery::decide::decide(facts, run, policy);
     assert_eq!(settlement.outcome(), Outcome::Acked);

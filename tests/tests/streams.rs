@@ -207,3 +207,51 @@ async fn after_a_lost_connection_reading_resumes_where_it_stopped_not_at_first()
     assert!(again <= 10, "{again} messages read twice");
     host.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_on_a_stream_declared_elsewhere_appends_nothing_and_is_dead_lettered_with_why() {
+    let broker = shared_broker();
+    let stream = unique_name("streams.elsewhere");
+    // Another service's stream: this config does not declare it, names no
+    // offset, and gives its consumer a retry policy.
+    declare_stream(&stream).await;
+    let config = format!(
+        r#"
+[broker]
+url = "{url}"
+
+[retry.three]
+kind = "fixed"
+attempts = 3
+initial = "1s"
+
+[[consumers]]
+queue = "{stream}"
+plugin = "{plugin}"
+retry = "three"
+"#,
+        url = broker.amqp_url(),
+        plugin = plugin_path("outcomes").display(),
+    );
+    let host = InProcessHost::start(&config).await.unwrap();
+    append(&stream, &["retry:db down".to_string()]).await;
+
+    let dead = broker
+        .drain(&format!("{stream}.dlq"), 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1, "the retry went to the .dlq");
+    let error = match dead[0].header("x-acemq-error") {
+        Some(AMQPValue::LongString(s)) => s.to_string(),
+        other => panic!("no reason: {other:?}"),
+    };
+    let expected = format!("a handler reading the stream '{stream}' asked to retry message");
+    assert!(error.starts_with(&expected), "{error}");
+    assert!(error.ends_with("The handler's reason: db down"), "{error}");
+    host.stop().await.unwrap();
+
+    // The stream holds the one message it was given, no retry copy.
+    let (reader, output) = reader(&stream, "\"first\"", broker.amqp_url()).await;
+    assert_eq!(names(&stamped(&output, 1).await), ["retry:db down"]);
+    reader.stop().await.unwrap();
+}

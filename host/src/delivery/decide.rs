@@ -110,6 +110,10 @@ pub struct DeliveryFacts<'a> {
     /// A uniform sample in [0, 1) for the policy's jitter: drawn by the
     /// caller, so the decision itself stays a function of its inputs.
     pub jitter_sample: f64,
+    /// It came from a stream (it carries `x-stream-offset`): it is never
+    /// retried, whatever the policy, because a retry would append a copy
+    /// to the stream for every other reader.
+    pub from_stream: bool,
 }
 
 impl DeliveryFacts<'_> {
@@ -217,6 +221,11 @@ fn decide_verdict(
 ) -> Settlement {
     match verdict {
         Verdict::Accept => Settlement::Accept { outputs, version },
+        Verdict::Retry(reason) if facts.from_stream => Settlement::DeadLetter {
+            queue: naming::dead_letter_queue(facts.queue),
+            reason: stream_retry_refused(facts.queue, &facts.envelope.id, &or_no_reason(reason)),
+            outcome: Outcome::DeadLettered,
+        },
         Verdict::Retry(reason) => retry_or_give_up(facts, or_no_reason(reason), policy),
         Verdict::Reject(reason) => Settlement::DeadLetter {
             queue: naming::dead_letter_queue(facts.queue),
@@ -317,7 +326,20 @@ fn requeue(why: String) -> Settlement {
     Settlement::Requeue { why }
 }
 
+/// The contract's sentence (Python's `StreamRetryError`, without its
+/// `acemq: ` prefix) for a handler that asked to retry a stream message,
+/// followed by the handler's own reason.
+fn stream_retry_refused(stream: &str, id: &str, reason: &str) -> String {
+    format!(
+        "a handler reading the stream '{stream}' asked to retry message {id}. A stream never removes a message, so retrying one means appending a second copy of it to the log for every other consumer to read as well. Park it instead — park(...) puts a copy in {stream}.parked and leaves the log alone — or accept() to checkpoint past it and record the failure yourself. The handler's reason: {reason}"
+    )
+}
+
 fn retry_or_give_up(facts: DeliveryFacts<'_>, reason: String, policy: &RetryPolicy) -> Settlement {
+    // A stream message runs on no retry whatever the policy says: a failure
+    // is dead-lettered at once.
+    let none = RetryPolicy::none();
+    let policy = if facts.from_stream { &none } else { policy };
     match policy.decide(facts.envelope.attempt, Some(facts.age())) {
         Decision::Wait {
             delay,
@@ -380,7 +402,41 @@ mod tests {
             envelope,
             now_ms,
             jitter_sample: 0.5,
+            from_stream: false,
         }
+    }
+
+    #[test]
+    fn a_stream_message_is_never_retried_and_a_retry_verdict_says_why() {
+        let e = envelope(1, 0);
+        let stream_facts = || DeliveryFacts {
+            from_stream: true,
+            ..facts(&e, 0)
+        };
+        match decide(stream_facts(), retry("db down"), &two_minutes_of_tries()) {
+            Settlement::DeadLetter { queue, reason, .. } => {
+                assert_eq!(queue, "orders.new.dlq");
+                assert!(
+                    reason.starts_with(
+                        "a handler reading the stream 'orders.new' asked to retry message "
+                    ),
+                    "{reason}"
+                );
+                assert!(
+                    reason.ends_with("The handler's reason: db down"),
+                    "{reason}"
+                );
+            }
+            other => panic!("dead-lettered, not {other:?}"),
+        }
+        // A fault too goes to the .dlq at once, policy or not.
+        let host = PluginRun::HostFailed {
+            reason: "boom".into(),
+        };
+        assert!(matches!(
+            decide(stream_facts(), host, &two_minutes_of_tries()),
+            Settlement::DeadLetter { .. }
+        ));
     }
 
     fn verdict(verdict: Verdict) -> PluginRun {

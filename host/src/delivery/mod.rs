@@ -156,6 +156,7 @@ impl Pipeline {
             envelope: &envelope,
             now_ms: now_ms(),
             jitter_sample: rand::random::<f64>(),
+            from_stream: from_stream(&properties),
         };
         let settlement = decide::decide(facts, run, &self.rules.policy);
         self.settle(&envelope, &properties, &receipt, &body, settlement)
@@ -171,6 +172,7 @@ impl Pipeline {
         body: &Bytes,
         settlement: Settlement,
     ) {
+        let from_stream = from_stream(properties);
         let port = OnBroker {
             publisher: &self.publisher,
             receipt,
@@ -182,10 +184,21 @@ impl Pipeline {
             envelope,
             properties,
             mandatory_outputs: self.rules.mandatory_outputs,
+            from_stream,
         };
         let report = settle::settle(&port, subject, &self.rules.policy, settlement).await;
         self.metrics.count(&report);
     }
+}
+
+/// Whether a delivery came from a stream: the broker stamps every stream
+/// delivery with its offset. Known from the delivery itself, so a stream
+/// declared by another service is recognised too.
+fn from_stream(properties: &BasicProperties) -> bool {
+    properties.headers().as_ref().is_some_and(|h| {
+        h.inner()
+            .contains_key(crate::broker::stream::OFFSET_ARGUMENT)
+    })
 }
 
 /// The message a handler is given for a delivery: its envelope (read once

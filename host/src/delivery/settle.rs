@@ -70,6 +70,8 @@ pub struct Subject<'a> {
     pub properties: &'a BasicProperties,
     /// Whether outputs that do not say must reach a queue.
     pub mandatory_outputs: bool,
+    /// It came from a stream: see [`DeliveryFacts::from_stream`].
+    pub from_stream: bool,
 }
 
 /// Where a retried delivery waited (the `where` label of
@@ -184,6 +186,7 @@ pub(crate) async fn settle(
                     envelope: subject.envelope,
                     now_ms: port.now_ms(),
                     jitter_sample: port.jitter_sample(),
+                    from_stream: subject.from_stream,
                 };
                 // Never an accept again, and a requeue cannot fail: this ends.
                 settlement = follow_up(facts, &settlement, setback, policy);
@@ -557,6 +560,7 @@ mod tests {
             envelope: &envelope,
             now_ms: NOW_MS,
             jitter_sample: 0.5,
+            from_stream: false,
         };
         let settlement = decide(facts, plugins, policy);
         let subject = Subject {
@@ -564,6 +568,7 @@ mod tests {
             envelope: &envelope,
             properties: &properties,
             mandatory_outputs: true,
+            from_stream: false,
         };
         let report = settle(port, subject, policy, settlement).await;
         let settled = port
@@ -641,6 +646,7 @@ mod tests {
                 envelope: &envelope,
                 properties: &properties,
                 mandatory_outputs: consumer_default,
+                from_stream: false,
             };
             let settlement = crate::delivery::decide::decide(
                 DeliveryFacts {
@@ -648,6 +654,7 @@ mod tests {
                     envelope: &envelope,
                     now_ms: NOW_MS,
                     jitter_sample: 0.0,
+                    from_stream: false,
                 },
                 verdict(Verdict::Accept, outputs()),
                 &policy(),

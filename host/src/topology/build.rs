@@ -424,10 +424,13 @@ impl<'a> Builder<'a> {
         let Some(policy) = self.policy(&format!("the consumer of '{queue}'"), name) else {
             return;
         };
-        let is_stream = self
-            .topology
-            .queue(queue)
-            .is_some_and(|q| q.queue_type == QueueType::Stream);
+        // A stream declared here, or one declared elsewhere that the
+        // consumer reads from an offset.
+        let is_stream = c.offset.is_some()
+            || self
+                .topology
+                .queue(queue)
+                .is_some_and(|q| q.queue_type == QueueType::Stream);
         if is_stream && policy.max_attempts > 1 {
             self.problems.push(validate::stream_retry(queue, name));
             return;
@@ -1000,6 +1003,32 @@ pub(crate) mod tests {
                 .bindings
                 .iter()
                 .all(|b| b.declared_by == DeclaredBy::Consumer)
+        );
+    }
+
+    #[test]
+    fn a_consumer_reading_an_offset_is_a_stream_consumer_and_takes_no_retry_policy() {
+        // The stream is another service's: only the offset says it is one.
+        let problems = build(
+            r#"
+            [retry.r]
+            kind = "fixed"
+            attempts = 3
+            initial = "1s"
+            [[consumers]]
+            queue = "s"
+            plugin = "p.wasm"
+            offset = "first"
+            retry = "r"
+            "#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            problems.contains(
+                "acemq: stream 's' is given retry policy 'r'; a stream never removes a message"
+            ),
+            "{problems}"
         );
     }
 
