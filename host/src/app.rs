@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::stream::{StreamOffset, StreamPosition};
+use crate::broker::stream::{FileCheckpoint, StreamOffset, StreamPosition};
 use crate::broker::{
     Addresses, Board, Link, OnConnected, PublishLink, PublishSettings, Recovery, SubscriptionEnv,
     SubscriptionSpec, Tls, resubscribe,
@@ -196,7 +196,20 @@ fn prepare_consumer(
         Some(offset) => Some(offset.get_ref().parse().map_err(|e| anyhow::anyhow!(e))?),
         None => is_stream.then_some(StreamOffset::Next),
     };
-    let stream = offset.map(|offset| Arc::new(StreamPosition::new(offset)));
+    let checkpoint = stream_checkpoint(config, index, consumer)?;
+    if checkpoint.is_some() && offset.is_none() {
+        let at = consumer.checkpoint.as_ref().map(|c| c.span().start);
+        return Err(config
+            .error_at(at, format!("consumers[{index}].checkpoint: only a stream consumer keeps a checkpoint; declare '{queue}' as a stream here or give the consumer an offset"))
+            .into());
+    }
+    let stream = offset.map(|offset| {
+        let position = StreamPosition::new(offset);
+        Arc::new(match checkpoint {
+            Some(checkpoint) => position.with_checkpoint(checkpoint),
+            None => position,
+        })
+    });
     let is_stream = is_stream || stream.is_some();
     let plugin_path = config.resolve(consumer.plugin.get_ref());
     let version = HandlerVersion::load(engine, &plugin_path, context)
@@ -215,6 +228,7 @@ fn prepare_consumer(
             concurrency: consumer.concurrency,
             ends_after: None,
             stream,
+            consumer_tag: consumer.consumer_name.clone(),
         },
         rules: ConsumerRules {
             policy,
@@ -224,6 +238,34 @@ fn prepare_consumer(
         handler: Arc::new(HandlerSlot::new(version)),
         plugin_path,
     })
+}
+
+/// The file checkpoint `[[consumers]] checkpoint` asks for, if any.
+fn stream_checkpoint(
+    config: &LoadedConfig,
+    index: usize,
+    consumer: &ConsumerConfig,
+) -> anyhow::Result<Option<FileCheckpoint>> {
+    let Some(setting) = &consumer.checkpoint else {
+        return Ok(None);
+    };
+    let text = setting.get_ref().trim();
+    if text == "none" {
+        return Ok(None);
+    }
+    match text.strip_prefix("file:") {
+        Some(path) if !path.trim().is_empty() => Ok(Some(FileCheckpoint::new(
+            config.resolve(std::path::Path::new(path.trim())),
+            consumer.checkpoint_every,
+            consumer.checkpoint_interval,
+        ))),
+        _ => Err(config
+            .error_at(
+                Some(setting.span().start),
+                format!("consumers[{index}].checkpoint: {text:?} is not a checkpoint: use \"none\" or \"file:PATH\" (kept in the broker is not built yet)"),
+            )
+            .into()),
+    }
 }
 
 /// Runs the host until `shutdown` is cancelled.

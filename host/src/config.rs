@@ -314,6 +314,18 @@ pub struct ConsumerConfig {
     /// default), an offset number, an RFC 3339 time, or an interval back
     /// from now (`"1h"`).
     pub offset: Option<Spanned<OffsetSetting>>,
+    /// A stable name for a stream consumer: its consumer tag, and what its
+    /// checkpoint is kept under.
+    pub consumer_name: Option<String>,
+    /// Where a stream consumer keeps its position across restarts:
+    /// `"none"` (the default) or `"file:PATH"` (relative to this file).
+    pub checkpoint: Option<Spanned<String>>,
+    /// Save the checkpoint after this many acks...
+    #[serde(default = "defaults::checkpoint_every")]
+    pub checkpoint_every: u64,
+    /// ...or once this long has passed since the last save.
+    #[serde(default = "defaults::checkpoint_interval", with = "humantime_serde")]
+    pub checkpoint_interval: Duration,
     /// Exchanges the plugin may publish to.
     #[serde(default)]
     pub publish_to: Vec<String>,
@@ -392,6 +404,12 @@ mod defaults {
     }
     pub fn connection_name() -> String {
         "acemq-host".to_string()
+    }
+    pub fn checkpoint_every() -> u64 {
+        1000
+    }
+    pub fn checkpoint_interval() -> Duration {
+        Duration::from_secs(5)
     }
     pub fn network_recovery_interval() -> Duration {
         // The contract's default (bunny's network_recovery_interval).

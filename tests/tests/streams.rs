@@ -115,6 +115,20 @@ async fn stamped(output: &str, expected: u32) -> BTreeMap<String, usize> {
     seen
 }
 
+/// Like [`stamped`], but keeps draining until `distinct` different inputs
+/// were stamped (duplicates make the output count alone misleading).
+async fn stamped_until(output: &str, distinct: usize) -> BTreeMap<String, usize> {
+    let mut seen = BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while seen.len() < distinct && tokio::time::Instant::now() < deadline {
+        let wanted = (distinct - seen.len()) as u32;
+        for (input, times) in stamped(output, wanted).await {
+            *seen.entry(input).or_insert(0) += times;
+        }
+    }
+    seen
+}
+
 fn names(seen: &BTreeMap<String, usize>) -> Vec<&str> {
     seen.keys().map(String::as_str).collect()
 }
@@ -254,4 +268,91 @@ retry = "three"
     let (reader, output) = reader(&stream, "\"first\"", broker.amqp_url()).await;
     assert_eq!(names(&stamped(&output, 1).await), ["retry:db down"]);
     reader.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_kill_a_restarted_host_resumes_at_its_checkpoint_and_skips_nothing() {
+    use acemq_tests::host::{HostOptions, HostProcess};
+    const MESSAGES: usize = 5000;
+    const EVERY: usize = 100;
+    const PREFETCH: usize = 10;
+    let broker = shared_broker();
+    let stream = unique_name("streams.checkpoint");
+    declare_stream(&stream).await;
+    append(&stream, &ids("m", MESSAGES)).await;
+    let (out_exchange, output) = (unique_name("streams.x"), unique_name("streams.out"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("host.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[broker]
+url = "{url}"
+
+[[exchanges]]
+name = "{out_exchange}"
+kind = "direct"
+
+[[queues]]
+name = "{stream}"
+type = "stream"
+
+[[queues]]
+name = "{output}"
+
+[[bindings]]
+queue = "{output}"
+exchange = "{out_exchange}"
+routing_key = "stamped"
+
+[[consumers]]
+queue = "{stream}"
+plugin = "{plugin}"
+publish_to = ["{out_exchange}"]
+offset = "first"
+consumer_name = "projection-1"
+checkpoint = "file:projection-1.checkpoint"
+checkpoint_every = {EVERY}
+
+[consumers.config]
+out_exchange = "{out_exchange}"
+"#,
+            url = broker.amqp_url(),
+            plugin = plugin_path("stamp-v1").display(),
+        ),
+    )
+    .unwrap();
+    let start = || {
+        HostProcess::start_with(
+            &config,
+            tempfile::tempdir().unwrap(),
+            &HostOptions::default(),
+        )
+        .unwrap()
+    };
+
+    let first = start();
+    broker
+        .wait_for_message_count(&output, (MESSAGES / 3) as u32, Duration::from_secs(60))
+        .await
+        .unwrap();
+    drop(first); // SIGKILL: no shutdown, no last checkpoint
+    let saved: u64 = std::fs::read_to_string(dir.path().join("projection-1.checkpoint"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(saved > 0, "a checkpoint was saved before the kill");
+
+    let second = start();
+    let seen = stamped_until(&output, MESSAGES).await;
+    assert_eq!(seen.len(), MESSAGES, "no offset was skipped");
+    let again: usize = seen.values().map(|n| n - 1).sum();
+    assert!(
+        again <= EVERY + PREFETCH,
+        "{again} read twice (bound {})",
+        EVERY + PREFETCH
+    );
+    assert!(second.terminate(Duration::from_secs(30)).unwrap().success());
 }

@@ -57,6 +57,7 @@ async fn a_delivery_whose_handling_panics_is_requeued_and_handled_again() {
         concurrency: 2,
         ends_after: None,
         stream: None,
+        consumer_tag: None,
     };
     let running = {
         let env = env.clone();

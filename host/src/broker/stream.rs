@@ -12,8 +12,10 @@
 //! whose ack was not sent (or just past the highest one read, when every
 //! ack went out), not from the configured offset: `first` would read the
 //! whole stream again after each lost connection, and `next` would skip
-//! what was appended meanwhile. The position lives as long as the host
-//! process; keeping it across restarts is the checkpoint's job.
+//! what was appended meanwhile. A [`FileCheckpoint`] keeps that position
+//! across restarts: saved every so many acks, every few seconds and when
+//! the subscription stops, and read when the consumer first subscribes.
+//! It overrides the configured offset once it exists.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -104,6 +106,7 @@ impl StreamOffset {
 pub struct StreamPosition {
     configured: StreamOffset,
     state: Mutex<PositionState>,
+    checkpoint: Option<FileCheckpoint>,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +115,16 @@ struct PositionState {
     unacked: BTreeMap<u64, u64>,
     /// One past the highest offset read so far.
     next: Option<u64>,
+    /// Acks since the checkpoint was last saved, and when that was.
+    acks_since_save: u64,
+    saved_at: Option<std::time::Instant>,
+}
+
+impl PositionState {
+    /// The lowest offset not acked, else just past the highest read.
+    fn resume(&self) -> Option<u64> {
+        self.unacked.values().min().copied().or(self.next)
+    }
 }
 
 impl StreamPosition {
@@ -119,20 +132,56 @@ impl StreamPosition {
         Self {
             configured,
             state: Mutex::new(PositionState::default()),
+            checkpoint: None,
         }
     }
 
-    /// Where the next subscription starts: the configured offset the first
-    /// time; afterwards the lowest offset not acked, else just past the
-    /// highest read.
+    /// Keeps the position in `checkpoint` too.
+    pub fn with_checkpoint(mut self, checkpoint: FileCheckpoint) -> Self {
+        self.checkpoint = Some(checkpoint);
+        self
+    }
+
+    /// Where the next subscription starts: the checkpoint, else the
+    /// configured offset, the first time; afterwards the lowest offset not
+    /// acked, else just past the highest read.
     pub fn start(&self) -> StreamOffset {
         let mut state = self.state.lock().expect("stream position poisoned");
-        let resume = state.unacked.values().min().copied().or(state.next);
+        let resume = state.resume();
         // A new subscription has new delivery tags.
         state.unacked.clear();
-        match resume {
-            Some(offset) => StreamOffset::At(offset),
-            None => self.configured,
+        if let Some(offset) = resume {
+            return StreamOffset::At(offset);
+        }
+        match self.checkpoint.as_ref().map(FileCheckpoint::load) {
+            Some(Ok(Some(offset))) => StreamOffset::At(offset),
+            Some(Err(e)) => {
+                tracing::error!(error = %e, offset = ?self.configured, "cannot read the stream checkpoint; starting from the configured offset");
+                self.configured
+            }
+            _ => self.configured,
+        }
+    }
+
+    /// Saves the position to the checkpoint now (at the end of a
+    /// subscription, whose acks were all sent).
+    pub fn save(&self) {
+        let mut state = self.state.lock().expect("stream position poisoned");
+        self.save_locked(&mut state);
+    }
+
+    fn save_locked(&self, state: &mut PositionState) {
+        let (Some(checkpoint), Some(offset)) = (&self.checkpoint, state.resume()) else {
+            return;
+        };
+        match checkpoint.save(offset) {
+            Ok(()) => {
+                state.acks_since_save = 0;
+                state.saved_at = Some(std::time::Instant::now());
+            }
+            Err(e) => {
+                tracing::error!(error = %e, offset, "cannot save the stream checkpoint; it is tried again")
+            }
         }
     }
 
@@ -148,11 +197,80 @@ impl StreamPosition {
     /// out.
     pub fn acked(&self, tag: u64, multiple: bool) {
         let mut state = self.state.lock().expect("stream position poisoned");
+        let before = state.unacked.len();
         if multiple {
             state.unacked = state.unacked.split_off(&(tag + 1));
         } else {
             state.unacked.remove(&tag);
         }
+        state.acks_since_save += (before - state.unacked.len()) as u64;
+        if let Some(checkpoint) = &self.checkpoint {
+            let due = state.acks_since_save >= checkpoint.every
+                || state
+                    .saved_at
+                    .is_none_or(|at| at.elapsed() >= checkpoint.interval);
+            if due {
+                self.save_locked(&mut state);
+            }
+        }
+    }
+}
+
+/// A stream position kept in a file: the offset a consumer resumes from,
+/// as decimal text. Written whole or not at all (a temporary file in the
+/// same folder, synced, then renamed over the old one), so a crash leaves
+/// the previous checkpoint, never half of one.
+#[derive(Debug)]
+pub struct FileCheckpoint {
+    path: std::path::PathBuf,
+    /// Save after this many acks...
+    every: u64,
+    /// ...or when this long has passed since the last save.
+    interval: Duration,
+}
+
+impl FileCheckpoint {
+    pub fn new(path: std::path::PathBuf, every: u64, interval: Duration) -> Self {
+        Self {
+            path,
+            every: every.max(1),
+            interval,
+        }
+    }
+
+    /// The saved offset; `None` before the first save.
+    pub fn load(&self) -> Result<Option<u64>, String> {
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) => text.trim().parse().map(Some).map_err(|_| {
+                format!(
+                    "the checkpoint {} holds {:?}, not an offset",
+                    self.path.display(),
+                    text.trim()
+                )
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!(
+                "cannot read the checkpoint {}: {e}",
+                self.path.display()
+            )),
+        }
+    }
+
+    pub fn save(&self, offset: u64) -> Result<(), String> {
+        use std::io::Write as _;
+        let folder = self
+            .path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        let write = || -> std::io::Result<()> {
+            let mut file = tempfile::NamedTempFile::new_in(folder)?;
+            writeln!(file, "{offset}")?;
+            file.as_file().sync_all()?;
+            file.persist(&self.path).map_err(|e| e.error)?;
+            Ok(())
+        };
+        write().map_err(|e| format!("cannot write the checkpoint {}: {e}", self.path.display()))
     }
 }
 
@@ -204,6 +322,31 @@ mod tests {
         position.received(2, 103);
         position.acked(2, true);
         assert_eq!(position.start(), StreamOffset::At(104));
+    }
+
+    #[test]
+    fn a_checkpoint_is_saved_every_so_many_acks_and_read_back_at_the_first_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orders.checkpoint");
+        let checkpoint = || FileCheckpoint::new(path.clone(), 2, Duration::from_secs(3600));
+        let position = StreamPosition::new(StreamOffset::First).with_checkpoint(checkpoint());
+        // Nothing saved yet: the configured offset.
+        assert_eq!(position.start(), StreamOffset::First);
+        for (tag, offset) in [(1, 10), (2, 11), (3, 12)] {
+            position.received(tag, offset);
+        }
+        // The first ack saves (no save yet); then every second ack.
+        position.acked(1, false);
+        assert_eq!(checkpoint().load().unwrap(), Some(11));
+        position.acked(2, false);
+        assert_eq!(checkpoint().load().unwrap(), Some(11));
+        position.acked(3, false);
+        assert_eq!(checkpoint().load().unwrap(), Some(13));
+        // Another process, later: it starts at the checkpoint.
+        let restarted = StreamPosition::new(StreamOffset::First).with_checkpoint(checkpoint());
+        assert_eq!(restarted.start(), StreamOffset::At(13));
+        std::fs::write(&path, "not a number").unwrap();
+        assert!(checkpoint().load().unwrap_err().contains("not an offset"));
     }
 
     #[test]

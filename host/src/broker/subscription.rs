@@ -45,6 +45,9 @@ pub struct SubscriptionSpec {
     /// For a stream: where to start, and where the next subscription
     /// resumes (see `stream.rs`).
     pub stream: Option<Arc<StreamPosition>>,
+    /// The consumer tag, when the consumer has a stable name; a unique one
+    /// otherwise.
+    pub consumer_tag: Option<String>,
 }
 
 /// Shared by every subscription of the host.
@@ -249,7 +252,10 @@ where
     channel
         .basic_qos(spec.prefetch, BasicQosOptions { global: false })
         .await?;
-    let tag = format!("acemq-host.{}.{}", queue, uuid::Uuid::new_v4().simple());
+    let tag = spec
+        .consumer_tag
+        .clone()
+        .unwrap_or_else(|| format!("acemq-host.{}.{}", queue, uuid::Uuid::new_v4().simple()));
     let mut arguments = FieldTable::default();
     if let Some(position) = &spec.stream {
         let start = position.start();
@@ -347,6 +353,10 @@ where
     }
     subscribed.stop(running, env.drain_timeout).await;
     env.board.track_oldest(queue, None);
+    if let Some(position) = &spec.stream {
+        // Every ack that could be sent went out: where the next run resumes.
+        position.save();
+    }
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
