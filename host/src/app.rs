@@ -12,7 +12,8 @@ use anyhow::Context as _;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::stream::{FileCheckpoint, StreamOffset, StreamPosition};
+use crate::broker::checkpoint::{BrokerCheckpoint, Cadence, Checkpoint, FileCheckpoint};
+use crate::broker::stream::{StreamOffset, StreamPosition};
 use crate::broker::{
     Addresses, Board, Link, OnConnected, PublishLink, PublishSettings, Recovery, SubscriptionEnv,
     SubscriptionSpec, Tls, resubscribe,
@@ -196,7 +197,7 @@ fn prepare_consumer(
         Some(offset) => Some(offset.get_ref().parse().map_err(|e| anyhow::anyhow!(e))?),
         None => is_stream.then_some(StreamOffset::Next),
     };
-    let checkpoint = stream_checkpoint(config, index, consumer)?;
+    let checkpoint = stream_checkpoint(config, index, consumer, is_stream || offset.is_some())?;
     if checkpoint.is_some() && offset.is_none() {
         let at = consumer.checkpoint.as_ref().map(|c| c.span().start);
         return Err(config
@@ -240,29 +241,48 @@ fn prepare_consumer(
     })
 }
 
-/// The file checkpoint `[[consumers]] checkpoint` asks for, if any.
+/// The checkpoint `[[consumers]] checkpoint` asks for: `"file:PATH"`,
+/// `"broker"` (the default for a stream consumer with a `consumer_name`),
+/// or `"none"`.
 fn stream_checkpoint(
     config: &LoadedConfig,
     index: usize,
     consumer: &ConsumerConfig,
-) -> anyhow::Result<Option<FileCheckpoint>> {
-    let Some(setting) = &consumer.checkpoint else {
-        return Ok(None);
+    is_stream: bool,
+) -> anyhow::Result<Option<Checkpoint>> {
+    let cadence = Cadence {
+        every: consumer.checkpoint_every.max(1),
+        interval: consumer.checkpoint_interval,
     };
-    let text = setting.get_ref().trim();
+    let named = consumer.consumer_name.as_deref();
+    let at = consumer.checkpoint.as_ref().map(|c| c.span().start);
+    let text = match &consumer.checkpoint {
+        Some(setting) => setting.get_ref().trim().to_string(),
+        None if is_stream && named.is_some() => "broker".to_string(),
+        None => return Ok(None),
+    };
     if text == "none" {
         return Ok(None);
     }
+    if text == "broker" {
+        let Some(name) = named else {
+            return Err(config
+                .error_at(at, format!("consumers[{index}].checkpoint: a checkpoint kept in the broker needs a consumer_name, which names it"))
+                .into());
+        };
+        return Ok(Some(Checkpoint::Broker(BrokerCheckpoint::new(
+            name, cadence,
+        ))));
+    }
     match text.strip_prefix("file:") {
-        Some(path) if !path.trim().is_empty() => Ok(Some(FileCheckpoint::new(
+        Some(path) if !path.trim().is_empty() => Ok(Some(Checkpoint::File(FileCheckpoint::new(
             config.resolve(std::path::Path::new(path.trim())),
-            consumer.checkpoint_every,
-            consumer.checkpoint_interval,
-        ))),
+            cadence,
+        )))),
         _ => Err(config
             .error_at(
-                Some(setting.span().start),
-                format!("consumers[{index}].checkpoint: {text:?} is not a checkpoint: use \"none\" or \"file:PATH\" (kept in the broker is not built yet)"),
+                at,
+                format!("consumers[{index}].checkpoint: {text:?} is not a checkpoint: use \"broker\", \"file:PATH\" or \"none\""),
             )
             .into()),
     }

@@ -270,23 +270,12 @@ retry = "three"
     reader.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn after_a_kill_a_restarted_host_resumes_at_its_checkpoint_and_skips_nothing() {
-    use acemq_tests::host::{HostOptions, HostProcess};
-    const MESSAGES: usize = 5000;
-    const EVERY: usize = 100;
-    const PREFETCH: usize = 10;
-    let broker = shared_broker();
-    let stream = unique_name("streams.checkpoint");
-    declare_stream(&stream).await;
-    append(&stream, &ids("m", MESSAGES)).await;
-    let (out_exchange, output) = (unique_name("streams.x"), unique_name("streams.out"));
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("host.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
+/// The config of a host reading `stream` from the first offset through
+/// `stamp-v1`, with `checkpoint` lines and a consumer name unique to the
+/// stream (a checkpoint kept in the broker is named by it).
+fn checkpointed(stream: &str, output: &str, out_exchange: &str, checkpoint: &str) -> String {
+    format!(
+        r#"
 [broker]
 url = "{url}"
 
@@ -311,28 +300,49 @@ queue = "{stream}"
 plugin = "{plugin}"
 publish_to = ["{out_exchange}"]
 offset = "first"
-consumer_name = "projection-1"
-checkpoint = "file:projection-1.checkpoint"
-checkpoint_every = {EVERY}
+consumer_name = "projection-{stream}"
+{checkpoint}
 
 [consumers.config]
 out_exchange = "{out_exchange}"
 "#,
-            url = broker.amqp_url(),
-            plugin = plugin_path("stamp-v1").display(),
-        ),
+        url = shared_broker().amqp_url(),
+        plugin = plugin_path("stamp-v1").display(),
+    )
+}
+
+/// Starts the host on `config` as a child process.
+fn host_on(config: &std::path::Path) -> acemq_tests::host::HostProcess {
+    use acemq_tests::host::{HostOptions, HostProcess};
+    HostProcess::start_with(
+        config,
+        tempfile::tempdir().unwrap(),
+        &HostOptions::default(),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_kill_a_restarted_host_resumes_at_its_checkpoint_and_skips_nothing() {
+    const MESSAGES: usize = 5000;
+    const EVERY: usize = 100;
+    const PREFETCH: usize = 10;
+    let broker = shared_broker();
+    let stream = unique_name("streams.checkpoint");
+    declare_stream(&stream).await;
+    append(&stream, &ids("m", MESSAGES)).await;
+    let (out_exchange, output) = (unique_name("streams.x"), unique_name("streams.out"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("host.toml");
+    let lines =
+        format!("checkpoint = \"file:projection-1.checkpoint\"\ncheckpoint_every = {EVERY}");
+    std::fs::write(
+        &config,
+        checkpointed(&stream, &output, &out_exchange, &lines),
     )
     .unwrap();
-    let start = || {
-        HostProcess::start_with(
-            &config,
-            tempfile::tempdir().unwrap(),
-            &HostOptions::default(),
-        )
-        .unwrap()
-    };
 
-    let first = start();
+    let first = host_on(&config);
     broker
         .wait_for_message_count(&output, (MESSAGES / 3) as u32, Duration::from_secs(60))
         .await
@@ -345,7 +355,7 @@ out_exchange = "{out_exchange}"
         .unwrap();
     assert!(saved > 0, "a checkpoint was saved before the kill");
 
-    let second = start();
+    let second = host_on(&config);
     let seen = stamped_until(&output, MESSAGES).await;
     assert_eq!(seen.len(), MESSAGES, "no offset was skipped");
     let again: usize = seen.values().map(|n| n - 1).sum();
@@ -355,4 +365,42 @@ out_exchange = "{out_exchange}"
         EVERY + PREFETCH
     );
     assert!(second.terminate(Duration::from_secs(30)).unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_checkpoint_kept_in_the_broker_moves_to_another_host_with_the_same_consumer_name() {
+    const MESSAGES: usize = 3000;
+    let broker = shared_broker();
+    let stream = unique_name("streams.moves");
+    declare_stream(&stream).await;
+    append(&stream, &ids("m", MESSAGES)).await;
+    let (out_exchange, output) = (unique_name("streams.x"), unique_name("streams.out"));
+    // Two hosts that share nothing but the broker and the consumer name;
+    // the checkpoint is the broker's (the default with a consumer name).
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for dir in [&dir_a, &dir_b] {
+        std::fs::write(
+            dir.path().join("host.toml"),
+            checkpointed(&stream, &output, &out_exchange, ""),
+        )
+        .unwrap();
+    }
+    let a = host_on(&dir_a.path().join("host.toml"));
+    broker
+        .wait_for_message_count(&output, (MESSAGES / 3) as u32, Duration::from_secs(60))
+        .await
+        .unwrap();
+    // A clean stop saves the last position.
+    assert!(a.terminate(Duration::from_secs(30)).unwrap().success());
+    let b = host_on(&dir_b.path().join("host.toml"));
+    let seen = stamped_until(&output, MESSAGES).await;
+    assert_eq!(seen.len(), MESSAGES, "no offset was skipped");
+    let again: usize = seen.values().map(|n| n - 1).sum();
+    // After a clean stop nothing is read twice (each ack was sent first).
+    assert_eq!(again, 0, "{again} read twice");
+    assert!(b.terminate(Duration::from_secs(30)).unwrap().success());
+    broker
+        .delete_queue(&format!("acemq.checkpoint.projection-{stream}"))
+        .await
+        .unwrap();
 }

@@ -8,6 +8,7 @@
 
 pub mod acks;
 pub mod address;
+pub mod checkpoint;
 pub mod connection;
 pub mod link;
 pub mod publisher;

@@ -12,16 +12,19 @@
 //! whose ack was not sent (or just past the highest one read, when every
 //! ack went out), not from the configured offset: `first` would read the
 //! whole stream again after each lost connection, and `next` would skip
-//! what was appended meanwhile. A [`FileCheckpoint`] keeps that position
-//! across restarts: saved every so many acks, every few seconds and when
-//! the subscription stops, and read when the consumer first subscribes.
-//! It overrides the configured offset once it exists.
+//! what was appended meanwhile. A checkpoint (`checkpoint.rs`) keeps that
+//! position across restarts: saved every so many acks, every few seconds
+//! and when the subscription stops, and read when the consumer first
+//! subscribes. It overrides the configured offset once it exists.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, UNIX_EPOCH};
 
+use lapin::Connection;
 use lapin::types::{AMQPValue, LongString};
+
+use super::checkpoint::Checkpoint;
 
 /// The consumer argument naming where a stream subscription starts.
 pub const OFFSET_ARGUMENT: &str = "x-stream-offset";
@@ -106,7 +109,7 @@ impl StreamOffset {
 pub struct StreamPosition {
     configured: StreamOffset,
     state: Mutex<PositionState>,
-    checkpoint: Option<FileCheckpoint>,
+    checkpoint: Option<Checkpoint>,
 }
 
 #[derive(Debug, Default)]
@@ -137,37 +140,53 @@ impl StreamPosition {
     }
 
     /// Keeps the position in `checkpoint` too.
-    pub fn with_checkpoint(mut self, checkpoint: FileCheckpoint) -> Self {
+    pub fn with_checkpoint(mut self, checkpoint: Checkpoint) -> Self {
         self.checkpoint = Some(checkpoint);
         self
     }
 
-    /// Where the next subscription starts: the checkpoint, else the
-    /// configured offset, the first time; afterwards the lowest offset not
-    /// acked, else just past the highest read.
-    pub fn start(&self) -> StreamOffset {
-        let mut state = self.state.lock().expect("stream position poisoned");
-        let resume = state.resume();
-        // A new subscription has new delivery tags.
-        state.unacked.clear();
+    /// Where the next subscription, on `connection`, starts: the checkpoint,
+    /// else the configured offset, the first time; afterwards the lowest
+    /// offset not acked, else just past the highest read.
+    pub async fn start(&self, connection: &Connection) -> StreamOffset {
+        let resume = self.begin();
+        let Some(checkpoint) = &self.checkpoint else {
+            return resume.map_or(self.configured, StreamOffset::At);
+        };
+        checkpoint.attach(connection).await;
         if let Some(offset) = resume {
             return StreamOffset::At(offset);
         }
-        match self.checkpoint.as_ref().map(FileCheckpoint::load) {
-            Some(Ok(Some(offset))) => StreamOffset::At(offset),
-            Some(Err(e)) => {
+        match checkpoint.load(connection).await {
+            Ok(Some(offset)) => StreamOffset::At(offset),
+            Ok(None) => self.configured,
+            Err(e) => {
                 tracing::error!(error = %e, offset = ?self.configured, "cannot read the stream checkpoint; starting from the configured offset");
                 self.configured
             }
-            _ => self.configured,
         }
     }
 
-    /// Saves the position to the checkpoint now (at the end of a
-    /// subscription, whose acks were all sent).
-    pub fn save(&self) {
+    /// A new subscription begins: where this process would resume, if it
+    /// read anything yet. Its delivery tags start again, so the old ones
+    /// are dropped.
+    fn begin(&self) -> Option<u64> {
         let mut state = self.state.lock().expect("stream position poisoned");
-        self.save_locked(&mut state);
+        let resume = state.resume();
+        state.unacked.clear();
+        resume
+    }
+
+    /// Saves the position now and waits until it is stored (a
+    /// subscription stops; whatever acks it could send went out).
+    pub async fn finish(&self) {
+        {
+            let mut state = self.state.lock().expect("stream position poisoned");
+            self.save_locked(&mut state);
+        }
+        if let Some(checkpoint) = &self.checkpoint {
+            checkpoint.flush().await;
+        }
     }
 
     fn save_locked(&self, state: &mut PositionState) {
@@ -205,10 +224,11 @@ impl StreamPosition {
         }
         state.acks_since_save += (before - state.unacked.len()) as u64;
         if let Some(checkpoint) = &self.checkpoint {
-            let due = state.acks_since_save >= checkpoint.every
+            let cadence = checkpoint.cadence();
+            let due = state.acks_since_save >= cadence.every
                 || state
                     .saved_at
-                    .is_none_or(|at| at.elapsed() >= checkpoint.interval);
+                    .is_none_or(|at| at.elapsed() >= cadence.interval);
             if due {
                 self.save_locked(&mut state);
             }
@@ -216,67 +236,10 @@ impl StreamPosition {
     }
 }
 
-/// A stream position kept in a file: the offset a consumer resumes from,
-/// as decimal text. Written whole or not at all (a temporary file in the
-/// same folder, synced, then renamed over the old one), so a crash leaves
-/// the previous checkpoint, never half of one.
-#[derive(Debug)]
-pub struct FileCheckpoint {
-    path: std::path::PathBuf,
-    /// Save after this many acks...
-    every: u64,
-    /// ...or when this long has passed since the last save.
-    interval: Duration,
-}
-
-impl FileCheckpoint {
-    pub fn new(path: std::path::PathBuf, every: u64, interval: Duration) -> Self {
-        Self {
-            path,
-            every: every.max(1),
-            interval,
-        }
-    }
-
-    /// The saved offset; `None` before the first save.
-    pub fn load(&self) -> Result<Option<u64>, String> {
-        match std::fs::read_to_string(&self.path) {
-            Ok(text) => text.trim().parse().map(Some).map_err(|_| {
-                format!(
-                    "the checkpoint {} holds {:?}, not an offset",
-                    self.path.display(),
-                    text.trim()
-                )
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!(
-                "cannot read the checkpoint {}: {e}",
-                self.path.display()
-            )),
-        }
-    }
-
-    pub fn save(&self, offset: u64) -> Result<(), String> {
-        use std::io::Write as _;
-        let folder = self
-            .path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(std::path::Path::new("."));
-        let write = || -> std::io::Result<()> {
-            let mut file = tempfile::NamedTempFile::new_in(folder)?;
-            writeln!(file, "{offset}")?;
-            file.as_file().sync_all()?;
-            file.persist(&self.path).map_err(|e| e.error)?;
-            Ok(())
-        };
-        write().map_err(|e| format!("cannot write the checkpoint {}: {e}", self.path.display()))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::checkpoint::{Cadence, FileCheckpoint};
 
     #[test]
     fn each_kind_of_offset_is_read_and_typed_as_the_broker_expects() {
@@ -309,44 +272,46 @@ mod tests {
     #[test]
     fn a_new_subscription_resumes_at_the_lowest_offset_not_acked() {
         let position = StreamPosition::new(StreamOffset::First);
-        assert_eq!(position.start(), StreamOffset::First);
+        assert_eq!(
+            position.begin(),
+            None,
+            "nothing read: the configured offset"
+        );
         for (tag, offset) in [(1, 100), (2, 101), (3, 102), (4, 103)] {
             position.received(tag, offset);
         }
         position.acked(2, true);
         position.acked(4, false);
         // 102 was never acked: it is read again, and so is what follows.
-        assert_eq!(position.start(), StreamOffset::At(102));
+        assert_eq!(position.begin(), Some(102));
         // Everything of the next subscription acked: just past the highest.
         position.received(1, 102);
         position.received(2, 103);
         position.acked(2, true);
-        assert_eq!(position.start(), StreamOffset::At(104));
+        assert_eq!(position.begin(), Some(104));
     }
 
     #[test]
-    fn a_checkpoint_is_saved_every_so_many_acks_and_read_back_at_the_first_start() {
+    fn a_checkpoint_is_saved_every_so_many_acks() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("orders.checkpoint");
-        let checkpoint = || FileCheckpoint::new(path.clone(), 2, Duration::from_secs(3600));
-        let position = StreamPosition::new(StreamOffset::First).with_checkpoint(checkpoint());
-        // Nothing saved yet: the configured offset.
-        assert_eq!(position.start(), StreamOffset::First);
+        let cadence = Cadence {
+            every: 2,
+            interval: Duration::from_secs(3600),
+        };
+        let file = || FileCheckpoint::new(path.clone(), cadence);
+        let position =
+            StreamPosition::new(StreamOffset::First).with_checkpoint(Checkpoint::File(file()));
         for (tag, offset) in [(1, 10), (2, 11), (3, 12)] {
             position.received(tag, offset);
         }
-        // The first ack saves (no save yet); then every second ack.
+        // The first ack saves (nothing saved yet); then every second ack.
         position.acked(1, false);
-        assert_eq!(checkpoint().load().unwrap(), Some(11));
+        assert_eq!(file().load().unwrap(), Some(11));
         position.acked(2, false);
-        assert_eq!(checkpoint().load().unwrap(), Some(11));
+        assert_eq!(file().load().unwrap(), Some(11));
         position.acked(3, false);
-        assert_eq!(checkpoint().load().unwrap(), Some(13));
-        // Another process, later: it starts at the checkpoint.
-        let restarted = StreamPosition::new(StreamOffset::First).with_checkpoint(checkpoint());
-        assert_eq!(restarted.start(), StreamOffset::At(13));
-        std::fs::write(&path, "not a number").unwrap();
-        assert!(checkpoint().load().unwrap_err().contains("not an offset"));
+        assert_eq!(file().load().unwrap(), Some(13));
     }
 
     #[test]

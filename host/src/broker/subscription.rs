@@ -258,7 +258,7 @@ where
         .unwrap_or_else(|| format!("acemq-host.{}.{}", queue, uuid::Uuid::new_v4().simple()));
     let mut arguments = FieldTable::default();
     if let Some(position) = &spec.stream {
-        let start = position.start();
+        let start = position.start(connection).await;
         tracing::info!(queue, offset = ?start, "reading the stream");
         arguments.insert(OFFSET_ARGUMENT.into(), start.to_amqp());
     }
@@ -355,7 +355,7 @@ where
     env.board.track_oldest(queue, None);
     if let Some(position) = &spec.stream {
         // Every ack that could be sent went out: where the next run resumes.
-        position.save();
+        position.finish().await;
     }
     match failure {
         Some(e) => Err(e),
