@@ -288,6 +288,72 @@ fn stream_checkpoint(
     }
 }
 
+/// `acemq-host stream reset`: moves the checkpoint of the stream consumer
+/// named `consumer_name` to `to` (`first`, `last`, `next`, an offset, a
+/// time). Meant for a stopped consumer: a running host overwrites the
+/// checkpoint at its next save. Returns what was done, for the operator.
+pub async fn reset_stream_checkpoint(
+    config: &LoadedConfig,
+    consumer_name: &str,
+    to: &str,
+) -> anyhow::Result<String> {
+    StreamOffset::parse(to)
+        .or_else(|e| {
+            to.trim()
+                .parse::<u64>()
+                .map(StreamOffset::At)
+                .map_err(|_| e)
+        })
+        .map_err(|e| anyhow::anyhow!("--to: {e}"))?;
+    let consumers = &config.config.consumers;
+    let Some((index, consumer)) = consumers
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c.consumer_name.as_deref() == Some(consumer_name))
+    else {
+        let names: Vec<&str> = consumers
+            .iter()
+            .filter_map(|c| c.consumer_name.as_deref())
+            .collect();
+        anyhow::bail!(
+            "{}: no consumer is named '{consumer_name}' (named consumers: {})",
+            config.path.display(),
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        );
+    };
+    let Some(checkpoint) = stream_checkpoint(config, index, consumer, true)? else {
+        anyhow::bail!("the consumer '{consumer_name}' keeps no checkpoint (checkpoint = \"none\")");
+    };
+    let connection = match &checkpoint {
+        Checkpoint::File(_) => None,
+        Checkpoint::Broker(_) => {
+            let tls = config.tls_settings().map(|s| Tls::new(&s)).transpose()?;
+            let addresses = Addresses::new(
+                config.broker_urls()?,
+                format!("{}.reset", config.config.broker.connection_name),
+            )
+            .with_tls(tls);
+            let (connection, _) = addresses
+                .connect_round(0, config.config.broker.connect_timeout)
+                .await?;
+            Some(connection)
+        }
+    };
+    let result = checkpoint.reset(connection.as_ref(), to).await;
+    if let Some(connection) = connection {
+        let _ = connection.close(200, "checkpoint reset".into()).await;
+    }
+    result.map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(format!(
+        "the checkpoint of '{consumer_name}' (queue '{}') now says: {to}",
+        consumer.queue.get_ref()
+    ))
+}
+
 /// Runs the host until `shutdown` is cancelled.
 ///
 /// Once started, nothing the broker does ends it: the two connections are

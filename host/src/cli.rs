@@ -46,6 +46,27 @@ pub enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
+    /// Work with stream consumers' checkpoints.
+    Stream {
+        #[command(subcommand)]
+        command: StreamCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StreamCommand {
+    /// Move a stopped stream consumer's checkpoint: it resumes from there.
+    Reset {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The consumer's `consumer_name`.
+        #[arg(long)]
+        consumer: String,
+        /// `first`, `last`, `next`, an offset, an RFC 3339 time or an
+        /// interval back from now (`1h`).
+        #[arg(long)]
+        to: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -69,6 +90,14 @@ pub fn main() -> ExitCode {
         Command::Plugin {
             command: PluginCommand::Componentize { input, output },
         } => report(componentize(&input, &output)),
+        Command::Stream {
+            command:
+                StreamCommand::Reset {
+                    config,
+                    consumer,
+                    to,
+                },
+        } => stream_reset(config, &consumer, &to),
         Command::Plugin {
             command: PluginCommand::Inspect { file },
         } => match plugin::inspect::inspect_file(&file) {
@@ -103,6 +132,27 @@ fn run(config_path: PathBuf) -> ExitCode {
         app::run(prepared, shutdown, Arc::new(Metrics::new())).await
     });
     report(result)
+}
+
+fn stream_reset(config_path: PathBuf, consumer: &str, to: &str) -> ExitCode {
+    let config = match LoadedConfig::load(&config_path) {
+        Ok(config) => config,
+        Err(e) => return fail(EXIT_INVALID, &e),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(1, &e),
+    };
+    match runtime.block_on(app::reset_stream_checkpoint(&config, consumer, to)) {
+        Ok(done) => {
+            println!("{done}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, &format!("{e:#}")),
+    }
 }
 
 fn plan(config_path: PathBuf) -> ExitCode {

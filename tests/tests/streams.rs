@@ -404,3 +404,55 @@ async fn a_checkpoint_kept_in_the_broker_moves_to_another_host_with_the_same_con
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stream_reset_moves_a_stopped_consumers_checkpoint() {
+    const MESSAGES: usize = 100;
+    let broker = shared_broker();
+    let stream = unique_name("streams.reset");
+    declare_stream(&stream).await;
+    append(&stream, &ids("m", MESSAGES)).await;
+    let (out_exchange, output) = (unique_name("streams.x"), unique_name("streams.out"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("host.toml");
+    std::fs::write(&config, checkpointed(&stream, &output, &out_exchange, "")).unwrap();
+    let host = host_on(&config);
+    assert_eq!(stamped_until(&output, MESSAGES).await.len(), MESSAGES);
+    assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
+
+    let reset = std::process::Command::new(acemq_tests::host::host_binary())
+        .args([
+            "stream",
+            "reset",
+            "--consumer",
+            &format!("projection-{stream}"),
+            "--to",
+            "50",
+            "--config",
+        ])
+        .arg(&config)
+        .env_remove("ACEMQ_URL")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&reset.stdout);
+    assert!(
+        reset.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&reset.stderr)
+    );
+    assert!(said.contains("now says: 50"), "{said}");
+
+    // Restarted, it reads from offset 50 again: m50 to m99.
+    let host = host_on(&config);
+    let again = stamped_until(&output, MESSAGES / 2).await;
+    let expected: Vec<String> = (50..MESSAGES).map(|i| format!("m{i}")).collect();
+    assert_eq!(
+        names(&again),
+        expected.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
+    broker
+        .delete_queue(&format!("acemq.checkpoint.projection-{stream}"))
+        .await
+        .unwrap();
+}

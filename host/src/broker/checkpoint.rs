@@ -25,6 +25,8 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tokio::sync::watch;
 
+use super::stream::StreamOffset;
+
 /// How often a checkpoint is saved.
 #[derive(Debug, Clone, Copy)]
 pub struct Cadence {
@@ -49,8 +51,8 @@ impl Checkpoint {
         }
     }
 
-    /// The saved offset; `None` before the first save.
-    pub async fn load(&self, connection: &Connection) -> Result<Option<u64>, String> {
+    /// The saved position; `None` before the first save.
+    pub async fn load(&self, connection: &Connection) -> Result<Option<StreamOffset>, String> {
         match self {
             Checkpoint::File(file) => file.load(),
             Checkpoint::Broker(broker) => broker.load(connection).await,
@@ -61,10 +63,40 @@ impl Checkpoint {
     /// current subscription, which publishes the newest offset it was given.
     pub fn save(&self, offset: u64) -> Result<(), String> {
         match self {
-            Checkpoint::File(file) => file.save(offset),
+            Checkpoint::File(file) => file.save(&offset.to_string()),
             Checkpoint::Broker(broker) => {
                 broker.latest.send_replace(Some(offset));
                 Ok(())
+            }
+        }
+    }
+
+    /// Moves the checkpoint to `position` (`first`, `last`, `next`, an
+    /// offset, a time): `acemq-host stream reset`, while no host reads.
+    pub async fn reset(
+        &self,
+        connection: Option<&Connection>,
+        position: &str,
+    ) -> Result<(), String> {
+        if parse_offset(position).is_none() {
+            return Err(format!("{position:?} is not a stream position"));
+        }
+        match self {
+            Checkpoint::File(file) => file.save(position),
+            Checkpoint::Broker(broker) => {
+                let connection =
+                    connection.ok_or("a checkpoint kept in the broker needs a connection")?;
+                let channel = broker
+                    .declared_channel(connection)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                channel
+                    .confirm_select(ConfirmSelectOptions::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let done = publish(&channel, &broker.queue, position).await;
+                let _ = channel.close(200, "checkpoint reset".into()).await;
+                done
             }
         }
     }
@@ -103,7 +135,7 @@ impl FileCheckpoint {
         Self { path, cadence }
     }
 
-    pub fn load(&self) -> Result<Option<u64>, String> {
+    pub fn load(&self) -> Result<Option<StreamOffset>, String> {
         match std::fs::read_to_string(&self.path) {
             Ok(text) => parse_offset(&text).map(Some).ok_or_else(|| {
                 format!(
@@ -120,7 +152,7 @@ impl FileCheckpoint {
         }
     }
 
-    pub fn save(&self, offset: u64) -> Result<(), String> {
+    pub fn save(&self, position: &str) -> Result<(), String> {
         use std::io::Write as _;
         let folder = self
             .path
@@ -129,7 +161,7 @@ impl FileCheckpoint {
             .unwrap_or(Path::new("."));
         let write = || -> std::io::Result<()> {
             let mut file = tempfile::NamedTempFile::new_in(folder)?;
-            writeln!(file, "{offset}")?;
+            writeln!(file, "{position}")?;
             file.as_file().sync_all()?;
             file.persist(&self.path).map_err(|e| e.error)?;
             Ok(())
@@ -138,8 +170,14 @@ impl FileCheckpoint {
     }
 }
 
-fn parse_offset(text: &str) -> Option<u64> {
-    text.trim().parse().ok()
+/// A saved position: an offset (what the host saves), or what `stream
+/// reset` may write (`first`, `last`, `next`, a time).
+fn parse_offset(text: &str) -> Option<StreamOffset> {
+    let text = text.trim();
+    match text.parse::<u64>() {
+        Ok(offset) => Some(StreamOffset::At(offset)),
+        Err(_) => StreamOffset::parse(text).ok(),
+    }
 }
 
 /// A stream position kept in the broker (see the module's note).
@@ -186,7 +224,7 @@ impl BrokerCheckpoint {
         Ok(channel)
     }
 
-    async fn load(&self, connection: &Connection) -> Result<Option<u64>, String> {
+    async fn load(&self, connection: &Connection) -> Result<Option<StreamOffset>, String> {
         let failed =
             |e: lapin::Error| format!("cannot read the checkpoint queue '{}': {e}", self.queue);
         let channel = self.declared_channel(connection).await.map_err(failed)?;
@@ -230,7 +268,7 @@ impl BrokerCheckpoint {
             while changes.changed().await.is_ok() && channel.status().connected() {
                 let latest = *changes.borrow_and_update();
                 if let Some(offset) = latest
-                    && let Err(e) = publish(&channel, &queue, offset).await
+                    && let Err(e) = publish(&channel, &queue, &offset.to_string()).await
                 {
                     tracing::warn!(queue = %queue, offset, error = %e, "a stream checkpoint was not saved; the next one will be");
                 }
@@ -246,7 +284,7 @@ impl BrokerCheckpoint {
         let channel = self.channel.lock().expect("checkpoint poisoned").clone();
         match channel {
             Some(channel) if channel.status().connected() => {
-                publish(&channel, &self.queue, offset).await
+                publish(&channel, &self.queue, &offset.to_string()).await
             }
             _ => Err("its channel is closed".to_string()),
         }
@@ -258,9 +296,9 @@ pub fn queue_name(consumer_name: &str) -> String {
     format!("acemq.checkpoint.{consumer_name}")
 }
 
-/// Publishes `offset` as the checkpoint, confirmed.
-async fn publish(channel: &Channel, queue: &str, offset: u64) -> Result<(), String> {
-    let body = offset.to_string();
+/// Publishes `position` as the checkpoint, confirmed.
+async fn publish(channel: &Channel, queue: &str, position: &str) -> Result<(), String> {
+    let body = position;
     let confirm = channel
         .basic_publish(
             "".into(),
@@ -295,8 +333,10 @@ mod tests {
         };
         let file = FileCheckpoint::new(path.clone(), cadence);
         assert_eq!(file.load().unwrap(), None);
-        file.save(42).unwrap();
-        assert_eq!(file.load().unwrap(), Some(42));
+        file.save("42").unwrap();
+        assert_eq!(file.load().unwrap(), Some(StreamOffset::At(42)));
+        file.save("first").unwrap();
+        assert_eq!(file.load().unwrap(), Some(StreamOffset::First));
         std::fs::write(&path, "nonsense").unwrap();
         assert!(file.load().unwrap_err().contains("not an offset"));
         assert_eq!(queue_name("projection-1"), "acemq.checkpoint.projection-1");
