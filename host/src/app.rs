@@ -117,7 +117,7 @@ fn check_plugin_paths(config: &LoadedConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn engine_settings(config: &LoadedConfig) -> EngineSettings {
+pub fn engine_settings(config: &LoadedConfig) -> EngineSettings {
     let consumers = &config.config.consumers;
     let host = &config.config.host;
     // Each consumer holds at most `concurrency` instances at once, plus one
@@ -168,17 +168,7 @@ fn prepare_consumer(
         // The contract's default policy is none(): a retry dead-letters.
         None => RetryPolicy::none(),
     };
-    let context = Arc::new(ConsumerContext {
-        queue: queue.clone(),
-        config: consumer.config.clone(),
-        publish_to: consumer.publish_to.iter().cloned().collect::<BTreeSet<_>>(),
-        limits: Limits {
-            deadline: consumer.deadline,
-            max_memory_bytes: consumer.max_memory_bytes,
-            isolation: consumer.isolation,
-            ..Limits::default()
-        },
-    });
+    let context = consumer_context(consumer);
     // A stream declared in this config; a stream declared elsewhere is one
     // when the consumer names an offset.
     let is_stream = topology
@@ -238,6 +228,22 @@ fn prepare_consumer(
         },
         handler: Arc::new(HandlerSlot::new(version)),
         plugin_path,
+    })
+}
+
+/// What a consumer's handler may see and do: its queue, its config table,
+/// the exchanges it may publish to, its limits.
+pub fn consumer_context(consumer: &ConsumerConfig) -> Arc<ConsumerContext> {
+    Arc::new(ConsumerContext {
+        queue: consumer.queue.get_ref().clone(),
+        config: consumer.config.clone(),
+        publish_to: consumer.publish_to.iter().cloned().collect::<BTreeSet<_>>(),
+        limits: Limits {
+            deadline: consumer.deadline,
+            max_memory_bytes: consumer.max_memory_bytes,
+            isolation: consumer.isolation,
+            ..Limits::default()
+        },
     })
 }
 

@@ -46,6 +46,31 @@ pub enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
+    /// Read a stream consumer's history through a candidate plugin, without
+    /// publishing anything or moving its checkpoint; with --compare, through
+    /// the running version too, and show where they differ.
+    Replay {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The consumer's `consumer_name` (or its queue).
+        #[arg(long)]
+        consumer: String,
+        /// The candidate plugin file.
+        #[arg(long)]
+        plugin: PathBuf,
+        /// Where to start: `first`, an offset, a time, an interval (`1h`).
+        #[arg(long, default_value = "first")]
+        from: String,
+        /// The last offset to read; default: whatever the stream holds.
+        #[arg(long)]
+        to: Option<u64>,
+        /// Run the consumer's current plugin too, and compare.
+        #[arg(long)]
+        compare: bool,
+        /// With --compare: how many differing messages still exit 0.
+        #[arg(long, default_value_t = 0)]
+        max_diff: usize,
+    },
     /// Work with stream consumers' checkpoints.
     Stream {
         #[command(subcommand)]
@@ -98,6 +123,25 @@ pub fn main() -> ExitCode {
                     to,
                 },
         } => stream_reset(config, &consumer, &to),
+        Command::Replay {
+            config,
+            consumer,
+            plugin,
+            from,
+            to,
+            compare,
+            max_diff,
+        } => replay(
+            config,
+            &crate::replay::ReplayRequest {
+                consumer,
+                candidate: plugin,
+                from,
+                to,
+                compare,
+            },
+            max_diff,
+        ),
         Command::Plugin {
             command: PluginCommand::Inspect { file },
         } => match plugin::inspect::inspect_file(&file) {
@@ -132,6 +176,37 @@ fn run(config_path: PathBuf) -> ExitCode {
         app::run(prepared, shutdown, Arc::new(Metrics::new())).await
     });
     report(result)
+}
+
+fn replay(
+    config_path: PathBuf,
+    request: &crate::replay::ReplayRequest,
+    max_diff: usize,
+) -> ExitCode {
+    let config = match LoadedConfig::load(&config_path) {
+        Ok(config) => config,
+        Err(e) => return fail(EXIT_INVALID, &e),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(1, &e),
+    };
+    match runtime.block_on(crate::replay::replay(&config, request)) {
+        Ok(report) => {
+            print!("{}", report.table());
+            // A candidate that faults, or differs more than allowed, is not
+            // ready to go live: scripts can gate a deploy on this.
+            if report.faults() > 0 || (request.compare && report.differing > max_diff) {
+                ExitCode::from(3)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => fail(1, &format!("{e:#}")),
+    }
 }
 
 fn stream_reset(config_path: PathBuf, consumer: &str, to: &str) -> ExitCode {

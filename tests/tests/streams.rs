@@ -456,3 +456,66 @@ async fn stream_reset_moves_a_stopped_consumers_checkpoint() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shadow_replay_compares_a_candidate_with_the_running_version_and_publishes_nothing() {
+    const MESSAGES: usize = 10_000;
+    let broker = shared_broker();
+    let stream = unique_name("streams.replay");
+    declare_stream(&stream).await;
+    append(&stream, &ids("m", MESSAGES)).await;
+    let (out_exchange, output) = (unique_name("streams.x"), unique_name("streams.out"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("host.toml");
+    std::fs::write(&config, checkpointed(&stream, &output, &out_exchange, "")).unwrap();
+    // Declares the output queue (and the stream), then stops at once.
+    let host = host_on(&config);
+    assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
+    let published_before = broker.message_count(&output).await.unwrap();
+
+    let replay = |candidate: &str| {
+        let output = std::process::Command::new(acemq_tests::host::host_binary())
+            .args([
+                "replay",
+                "--consumer",
+                &format!("projection-{stream}"),
+                "--compare",
+                "--config",
+            ])
+            .arg(&config)
+            .arg("--plugin")
+            .arg(plugin_path(candidate))
+            .env_remove("ACEMQ_URL")
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let (code, table) = tokio::task::block_in_place(|| replay("stamp-v2"));
+    assert_eq!(
+        code,
+        Some(3),
+        "a candidate that differs fails the replay: {table}"
+    );
+    assert!(
+        table.contains(&format!("messages read: {MESSAGES}")),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("differing: {MESSAGES} of {MESSAGES}")),
+        "{table}"
+    );
+    let (code, table) = tokio::task::block_in_place(|| replay("stamp-v1"));
+    assert_eq!(code, Some(0), "{table}");
+    assert!(
+        table.contains(&format!("differing: 0 of {MESSAGES}")),
+        "{table}"
+    );
+    // Nothing was published by either replay.
+    assert_eq!(
+        broker.message_count(&output).await.unwrap(),
+        published_before
+    );
+}

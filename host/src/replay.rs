@@ -1,0 +1,309 @@
+//! Shadow replay: read a stream's history through a candidate plugin before
+//! it goes live (`acemq-host replay`), and, with `--compare`, through the
+//! version that runs now as well, to see where the two part ways.
+//!
+//! Nothing is published and no checkpoint moves: the plugins' outputs are
+//! captured and compared, never sent, and the stream is read under a
+//! consumer tag of its own. The stream is read from `--from` (default
+//! `first`) until `--to` (an offset, inclusive) or until nothing new has
+//! arrived for a moment (the end of what the stream holds).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+
+use crate::broker::stream::{OFFSET_ARGUMENT, StreamOffset};
+use crate::broker::{Addresses, Tls};
+use crate::config::LoadedConfig;
+use crate::delivery::{self, PluginRun};
+use crate::envelope::Envelope;
+use crate::plugin::{CodecSet, HandlerSlot, HandlerVersion, Outgoing, PluginEngine, Verdict};
+
+/// How long the stream may stay silent before the replay counts it read.
+const QUIET_END: Duration = Duration::from_secs(2);
+/// Differing messages shown in the report.
+const EXAMPLES: usize = 5;
+
+/// What to replay.
+#[derive(Debug, Clone)]
+pub struct ReplayRequest {
+    /// The stream consumer's `consumer_name`, or its queue.
+    pub consumer: String,
+    pub candidate: PathBuf,
+    pub from: String,
+    pub to: Option<u64>,
+    pub compare: bool,
+}
+
+/// What a replay found.
+#[derive(Debug, Default)]
+pub struct ReplayReport {
+    pub read: usize,
+    /// The candidate's outcomes, by word.
+    pub candidate: BTreeMap<String, usize>,
+    /// The running version's outcomes, with `--compare`.
+    pub current: BTreeMap<String, usize>,
+    /// Messages whose outcome or outputs differ, with `--compare`.
+    pub differing: usize,
+    /// The first few of them: offset, and how they differ.
+    pub examples: Vec<(u64, String)>,
+    /// The candidate's time per message.
+    pub candidate_micros: Vec<u128>,
+}
+
+impl ReplayReport {
+    /// The candidate faulted on at least one message.
+    pub fn faults(&self) -> usize {
+        self.candidate
+            .iter()
+            .filter(|(word, _)| word.starts_with("fault"))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// The report as the command prints it.
+    pub fn table(&self) -> String {
+        let mut out = format!("messages read: {}\n", self.read);
+        let median = {
+            let mut times = self.candidate_micros.clone();
+            times.sort_unstable();
+            times.get(times.len() / 2).copied().unwrap_or(0)
+        };
+        out.push_str(&format!(
+            "candidate, median time per message: {median} µs\n"
+        ));
+        let words: std::collections::BTreeSet<&String> =
+            self.candidate.keys().chain(self.current.keys()).collect();
+        out.push_str(&format!(
+            "{:<24} {:>10} {:>10}\n",
+            "outcome", "candidate", "current"
+        ));
+        for word in words {
+            let current = if self.current.is_empty() {
+                "-".to_string()
+            } else {
+                self.current.get(word).copied().unwrap_or(0).to_string()
+            };
+            out.push_str(&format!(
+                "{:<24} {:>10} {:>10}\n",
+                word,
+                self.candidate.get(word).copied().unwrap_or(0),
+                current
+            ));
+        }
+        if !self.current.is_empty() {
+            out.push_str(&format!("differing: {} of {}\n", self.differing, self.read));
+            for (offset, how) in &self.examples {
+                out.push_str(&format!("  offset {offset}: {how}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// Replays the stream of `request.consumer` as configured in `config`.
+pub async fn replay(
+    config: &LoadedConfig,
+    request: &ReplayRequest,
+) -> anyhow::Result<ReplayReport> {
+    let consumer = config
+        .config
+        .consumers
+        .iter()
+        .find(|c| {
+            c.consumer_name.as_deref() == Some(&request.consumer)
+                || c.queue.get_ref() == &request.consumer
+        })
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: no consumer is named '{}' or reads a queue of that name",
+                config.path.display(),
+                request.consumer
+            )
+        })?;
+    let from = StreamOffset::parse(&request.from)
+        .or_else(|e| {
+            request
+                .from
+                .trim()
+                .parse::<u64>()
+                .map(StreamOffset::At)
+                .map_err(|_| e)
+        })
+        .map_err(|e| anyhow::anyhow!("--from: {e}"))?;
+    let engine = PluginEngine::new(crate::app::engine_settings(config))?;
+    let context = crate::app::consumer_context(consumer);
+    let candidate = HandlerSlot::new(HandlerVersion::load(
+        &engine,
+        &request.candidate,
+        context.clone(),
+    )?);
+    let current = match request.compare {
+        true => Some(HandlerSlot::new(HandlerVersion::load(
+            &engine,
+            &config.resolve(consumer.plugin.get_ref()),
+            context,
+        )?)),
+        false => None,
+    };
+    let codecs = Arc::new(CodecSet::new());
+
+    let tls = config.tls_settings().map(|s| Tls::new(&s)).transpose()?;
+    let name = format!("{}.replay", config.config.broker.connection_name);
+    let addresses = Addresses::new(config.broker_urls()?, name).with_tls(tls);
+    let (connection, _) = addresses
+        .connect_round(0, config.config.broker.connect_timeout)
+        .await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(100, BasicQosOptions { global: false })
+        .await?;
+    let mut arguments = FieldTable::default();
+    arguments.insert(OFFSET_ARGUMENT.into(), from.to_amqp());
+    let queue = consumer.queue.get_ref();
+    let tag = format!("acemq-host.replay.{}", uuid::Uuid::new_v4().simple());
+    let mut deliveries = channel
+        .basic_consume(
+            queue.as_str().into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            arguments,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot read the stream '{queue}': {e}"))?;
+
+    let mut report = ReplayReport::default();
+    let progress_every = 1000;
+    loop {
+        let next = match tokio::time::timeout(QUIET_END, deliveries.next()).await {
+            Ok(Some(Ok(delivery))) => delivery,
+            Ok(Some(Err(e))) => anyhow::bail!("reading the stream '{queue}' failed: {e}"),
+            Ok(None) | Err(_) => break,
+        };
+        let offset = StreamOffset::of_delivery(next.properties.headers().as_ref()).unwrap_or(0);
+        if request.to.is_some_and(|to| offset > to) {
+            break;
+        }
+        let envelope = Arc::new(Envelope::read(
+            &next.properties,
+            next.routing_key.as_str(),
+            now_ms(),
+        ));
+        let body = Bytes::from(next.data.clone());
+        let input = |body: Bytes| {
+            delivery::handler_input(
+                envelope.clone(),
+                &next.properties,
+                next.exchange.as_str(),
+                next.routing_key.as_str(),
+                next.redelivered,
+                body,
+            )
+        };
+        let started = Instant::now();
+        let candidate_run = delivery::run_plugins(&candidate, &codecs, input(body.clone()));
+        report.candidate_micros.push(started.elapsed().as_micros());
+        let candidate_seen = seen(&candidate_run);
+        *report
+            .candidate
+            .entry(candidate_seen.word.clone())
+            .or_default() += 1;
+        if let Some(current) = &current {
+            let current_seen = seen(&delivery::run_plugins(current, &codecs, input(body)));
+            *report.current.entry(current_seen.word.clone()).or_default() += 1;
+            if current_seen != candidate_seen {
+                report.differing += 1;
+                if report.examples.len() < EXAMPLES {
+                    report
+                        .examples
+                        .push((offset, current_seen.difference(&candidate_seen)));
+                }
+            }
+        }
+        next.acker.ack(BasicAckOptions::default()).await?;
+        report.read += 1;
+        if report.read % progress_every == 0 {
+            eprintln!("replay: {} messages read (offset {offset})", report.read);
+        }
+        if request.to == Some(offset) {
+            break;
+        }
+    }
+    let _ = channel.close(200, "replay done".into()).await;
+    let _ = connection.close(200, "replay done".into()).await;
+    Ok(report)
+}
+
+/// What a plugin run came to, for counting and comparing: its outcome word
+/// and the outputs it would have published.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    word: String,
+    outputs: Vec<(String, String, Vec<u8>)>,
+}
+
+impl Seen {
+    fn difference(&self, candidate: &Seen) -> String {
+        if self.word != candidate.word {
+            return format!("current {}, candidate {}", self.word, candidate.word);
+        }
+        let body = |s: &Seen| {
+            s.outputs
+                .first()
+                .map(|(_, _, b)| String::from_utf8_lossy(&b[..b.len().min(80)]).into_owned())
+                .unwrap_or_default()
+        };
+        format!(
+            "both {}; outputs differ: current {} ({}), candidate {} ({})",
+            self.word,
+            self.outputs.len(),
+            body(self),
+            candidate.outputs.len(),
+            body(candidate)
+        )
+    }
+}
+
+fn seen(run: &PluginRun) -> Seen {
+    let outputs = |outputs: &[Outgoing]| {
+        outputs
+            .iter()
+            .map(|o| (o.exchange.clone(), o.routing_key.clone(), o.body.clone()))
+            .collect()
+    };
+    let (word, outputs) = match run {
+        PluginRun::Decided {
+            verdict,
+            outputs: o,
+            ..
+        } => (
+            match verdict {
+                Verdict::Accept => "accept",
+                Verdict::Retry(_) => "retry",
+                Verdict::Reject(_) => "reject",
+                Verdict::Park(_) => "park",
+            }
+            .to_string(),
+            outputs(o),
+        ),
+        PluginRun::Faulted { fault, .. } => (format!("fault: {}", fault.kind.label()), Vec::new()),
+        PluginRun::Undecodable { .. } => ("undecodable".to_string(), Vec::new()),
+        PluginRun::CodecFaulted { .. } => ("fault: codec".to_string(), Vec::new()),
+        PluginRun::OutputsRefused { .. } => ("outputs refused".to_string(), Vec::new()),
+        PluginRun::Misconfigured { .. } => ("published outside publish_to".to_string(), Vec::new()),
+        PluginRun::HostFailed { .. } => ("host failure".to_string(), Vec::new()),
+    };
+    Seen { word, outputs }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
