@@ -262,6 +262,29 @@ fn plan_prints_every_declaration_of_the_example_config() {
 }
 
 #[test]
+fn the_stream_example_validates_with_its_plugin() {
+    let example = workspace_root().join("host/examples/order-log.toml");
+    let output = Command::new(host_binary())
+        .args(["validate", "--config"])
+        .arg(&example)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let plan = Command::new(host_binary())
+        .args(["plan", "--config"])
+        .arg(&example)
+        .output()
+        .unwrap();
+    let plan = String::from_utf8_lossy(&plan.stdout);
+    assert!(
+        plan.contains(
+            "declare queue orders.log (stream, durable, x-max-age='7D', x-queue-type='stream')"
+        ),
+        "{plan}"
+    );
+}
+
+#[test]
 fn plan_reports_every_problem_of_an_invalid_topology() {
     let config = r#"
 [[exchanges]]
