@@ -314,6 +314,11 @@ pub struct ConsumerConfig {
     /// default), an offset number, an RFC 3339 time, or an interval back
     /// from now (`"1h"`).
     pub offset: Option<Spanned<OffsetSetting>>,
+    /// Whether the consumer declares what it sets aside to (`.dlq`,
+    /// `.parked`, `acemq.dlx`, retry rungs). False for a login without
+    /// configure permission: they must exist already.
+    #[serde(default = "defaults::yes")]
+    pub declare: bool,
     /// A stable name for a stream consumer: its consumer tag, and what its
     /// checkpoint is kept under.
     pub consumer_name: Option<String>,

@@ -139,6 +139,10 @@ pub struct Metrics {
     pub connection_recoveries: Family<ConnectionLabel, Counter>,
     /// Age of each queue's oldest delivery not yet acked, set at scrape time.
     pub oldest_unacked_seconds: Family<QueueLabel, Gauge<f64, AtomicU64>>,
+    /// Each stream consumer's position: the offset it resumes from.
+    pub stream_position: Family<QueueLabel, Gauge>,
+    /// Seconds since each stream consumer's checkpoint was last saved.
+    pub stream_checkpoint_age_seconds: Family<QueueLabel, Gauge<f64, AtomicU64>>,
     /// When each blocked connection was blocked.
     blocked_since: Mutex<HashMap<String, Instant>>,
     /// `publish_total`'s series by exchange, routing key and outcome, found
@@ -173,6 +177,8 @@ impl Metrics {
             connection_blocked_seconds: Family::default(),
             connection_recoveries: Family::default(),
             oldest_unacked_seconds: Family::default(),
+            stream_position: Family::default(),
+            stream_checkpoint_age_seconds: Family::default(),
             blocked_since: Mutex::new(HashMap::new()),
             publish_series: Mutex::new(HashMap::new()),
         };
@@ -257,6 +263,16 @@ impl Metrics {
                 "acemq_connection_recoveries",
                 "Connections lost and recovered",
                 metrics.connection_recoveries.clone(),
+            );
+            r.register(
+                "acemq_stream_position",
+                "The offset each stream consumer resumes from",
+                metrics.stream_position.clone(),
+            );
+            r.register(
+                "acemq_stream_checkpoint_age_seconds",
+                "Seconds since a stream consumer's checkpoint was last saved",
+                metrics.stream_checkpoint_age_seconds.clone(),
             );
             r.register(
                 "acemq_consume_oldest_unacked_seconds",

@@ -340,6 +340,22 @@ impl Admin {
                         .get_or_create(&crate::telemetry::QueueLabel { queue })
                         .set(age.map_or(0.0, |a| a.as_secs_f64()));
                 }
+                for (queue, position, saved) in self.board.stream_progress() {
+                    let label = crate::telemetry::QueueLabel { queue };
+                    if let Some(position) = position {
+                        let position = i64::try_from(position).unwrap_or(i64::MAX);
+                        self.metrics
+                            .stream_position
+                            .get_or_create(&label)
+                            .set(position);
+                    }
+                    if let Some(saved) = saved {
+                        self.metrics
+                            .stream_checkpoint_age_seconds
+                            .get_or_create(&label)
+                            .set(saved.as_secs_f64());
+                    }
+                }
                 text(
                     StatusCode::OK,
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",

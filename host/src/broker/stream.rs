@@ -177,6 +177,19 @@ impl StreamPosition {
         resume
     }
 
+    /// For the metrics: the offset the consumer would resume from now, and
+    /// how long ago its checkpoint was last saved (`None`: never, or no
+    /// checkpoint).
+    pub fn progress(&self) -> (Option<u64>, Option<Duration>) {
+        let state = self.state.lock().expect("stream position poisoned");
+        let saved = self
+            .checkpoint
+            .as_ref()
+            .and(state.saved_at)
+            .map(|at| at.elapsed());
+        (state.resume(), saved)
+    }
+
     /// Saves the position now and waits until it is stored (a
     /// subscription stops; whatever acks it could send went out).
     pub async fn finish(&self) {
@@ -313,6 +326,11 @@ mod tests {
         assert_eq!(saved(), Some(StreamOffset::At(11)));
         position.acked(3, false);
         assert_eq!(saved(), Some(StreamOffset::At(13)));
+        let (resume, age) = position.progress();
+        assert_eq!(resume, Some(13));
+        assert!(age.is_some_and(|a| a < Duration::from_secs(60)), "{age:?}");
+        let without = StreamPosition::new(StreamOffset::First);
+        assert_eq!(without.progress(), (None, None));
     }
 
     #[test]

@@ -68,6 +68,8 @@ pub struct Board {
     queues: Mutex<BTreeMap<String, Reading>>,
     /// Each subscribed queue's oldest unsettled delivery.
     oldest: Mutex<BTreeMap<String, Arc<OldestUnsettled>>>,
+    /// Each stream consumer's position.
+    streams: Mutex<BTreeMap<String, Arc<StreamPosition>>>,
 }
 
 /// One subscription's state on the [`Board`].
@@ -103,6 +105,26 @@ impl Board {
     pub fn oldest_unsettled(&self) -> Vec<(String, Option<Duration>)> {
         let oldest = self.oldest.lock().expect("board poisoned");
         oldest.iter().map(|(q, o)| (q.clone(), o.age())).collect()
+    }
+
+    /// Each stream consumer's position: where it would resume, and how
+    /// long ago its checkpoint was saved.
+    pub fn stream_progress(&self) -> Vec<(String, Option<u64>, Option<Duration>)> {
+        let streams = self.streams.lock().expect("board poisoned");
+        streams
+            .iter()
+            .map(|(q, p)| {
+                let (position, saved) = p.progress();
+                (q.clone(), position, saved)
+            })
+            .collect()
+    }
+
+    fn track_stream(&self, queue: &str, position: &Arc<StreamPosition>) {
+        self.streams
+            .lock()
+            .expect("board poisoned")
+            .insert(queue.to_string(), position.clone());
     }
 
     fn track_oldest(&self, queue: &str, oldest: Option<Arc<OldestUnsettled>>) {
@@ -258,6 +280,7 @@ where
         .unwrap_or_else(|| format!("acemq-host.{}.{}", queue, uuid::Uuid::new_v4().simple()));
     let mut arguments = FieldTable::default();
     if let Some(position) = &spec.stream {
+        env.board.track_stream(queue, position);
         let start = position.start(connection).await;
         tracing::info!(queue, offset = ?start, "reading the stream");
         arguments.insert(OFFSET_ARGUMENT.into(), start.to_amqp());

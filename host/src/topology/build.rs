@@ -417,7 +417,12 @@ impl<'a> Builder<'a> {
             self.problems.push(validate::consumer_without_queue());
             return;
         }
-        self.dead_letter_half(queue, DeclaredBy::Consumer);
+        // `declare = false`: a login without configure permission; what the
+        // consumer sets aside to must already exist. Its policy is still
+        // checked.
+        if c.declare {
+            self.dead_letter_half(queue, DeclaredBy::Consumer);
+        }
         let Some(name) = c.retry.as_ref().map(|p| p.get_ref().as_str()) else {
             return;
         };
@@ -435,7 +440,9 @@ impl<'a> Builder<'a> {
             self.problems.push(validate::stream_retry(queue, name));
             return;
         }
-        self.retry_half(queue, name, &policy, DeclaredBy::Consumer);
+        if c.declare {
+            self.retry_half(queue, name, &policy, DeclaredBy::Consumer);
+        }
     }
 
     // ---- the managed pieces, shared by both halves ----
@@ -1028,6 +1035,49 @@ pub(crate) mod tests {
             problems.contains(
                 "acemq: stream 's' is given retry policy 'r'; a stream never removes a message"
             ),
+            "{problems}"
+        );
+    }
+
+    #[test]
+    fn a_consumer_that_may_not_declare_adds_nothing_but_is_still_checked() {
+        let topology = build(
+            r#"
+            [retry.r]
+            kind = "exponential"
+            attempts = 5
+            initial = "1m"
+            max = "10m"
+            [[consumers]]
+            queue = "q"
+            plugin = "p.wasm"
+            retry = "r"
+            declare = false
+            "#,
+        )
+        .unwrap();
+        assert!(
+            topology.queues.is_empty() && topology.exchanges.is_empty(),
+            "{topology:?}"
+        );
+        let problems = build(
+            r#"
+            [retry.r]
+            kind = "fixed"
+            attempts = 3
+            initial = "1s"
+            [[consumers]]
+            queue = "s"
+            plugin = "p.wasm"
+            offset = "first"
+            retry = "r"
+            declare = false
+            "#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            problems.contains("stream 's' is given retry policy 'r'"),
             "{problems}"
         );
     }
