@@ -509,6 +509,14 @@ pub async fn run(
             consumer.handler,
             &shared,
         ));
+        if let Some(position) = &consumer.subscription.stream {
+            tokio::spawn(crate::broker::stream::probe_newest(
+                consume_link.clone(),
+                queue.to_string(),
+                position.clone(),
+                shutdown.clone(),
+            ));
+        }
         consumers.spawn(resubscribe::keep_subscribed(
             consume_link.clone(),
             consumer.subscription,

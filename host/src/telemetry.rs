@@ -141,6 +141,9 @@ pub struct Metrics {
     pub oldest_unacked_seconds: Family<QueueLabel, Gauge<f64, AtomicU64>>,
     /// Each stream consumer's position: the offset it resumes from.
     pub stream_position: Family<QueueLabel, Gauge>,
+    /// Messages between each stream consumer's position and the newest
+    /// offset of its stream (probed every 30 s).
+    pub stream_lag: Family<QueueLabel, Gauge>,
     /// Seconds since each stream consumer's checkpoint was last saved.
     pub stream_checkpoint_age_seconds: Family<QueueLabel, Gauge<f64, AtomicU64>>,
     /// When each blocked connection was blocked.
@@ -178,6 +181,7 @@ impl Metrics {
             connection_recoveries: Family::default(),
             oldest_unacked_seconds: Family::default(),
             stream_position: Family::default(),
+            stream_lag: Family::default(),
             stream_checkpoint_age_seconds: Family::default(),
             blocked_since: Mutex::new(HashMap::new()),
             publish_series: Mutex::new(HashMap::new()),
@@ -268,6 +272,11 @@ impl Metrics {
                 "acemq_stream_position",
                 "The offset each stream consumer resumes from",
                 metrics.stream_position.clone(),
+            );
+            r.register(
+                "acemq_stream_lag",
+                "Messages a stream consumer is behind the newest (probed every 30 s)",
+                metrics.stream_lag.clone(),
             );
             r.register(
                 "acemq_stream_checkpoint_age_seconds",

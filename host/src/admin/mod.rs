@@ -340,20 +340,28 @@ impl Admin {
                         .get_or_create(&crate::telemetry::QueueLabel { queue })
                         .set(age.map_or(0.0, |a| a.as_secs_f64()));
                 }
-                for (queue, position, saved) in self.board.stream_progress() {
-                    let label = crate::telemetry::QueueLabel { queue };
-                    if let Some(position) = position {
-                        let position = i64::try_from(position).unwrap_or(i64::MAX);
+                for progress in self.board.stream_progress() {
+                    let label = crate::telemetry::QueueLabel {
+                        queue: progress.queue,
+                    };
+                    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                    if let Some(position) = progress.position {
                         self.metrics
                             .stream_position
                             .get_or_create(&label)
-                            .set(position);
+                            .set(count(position));
                     }
-                    if let Some(saved) = saved {
+                    if let Some(lag) = progress.lag {
+                        self.metrics
+                            .stream_lag
+                            .get_or_create(&label)
+                            .set(count(lag));
+                    }
+                    if let Some(age) = progress.checkpoint_age {
                         self.metrics
                             .stream_checkpoint_age_seconds
                             .get_or_create(&label)
-                            .set(saved.as_secs_f64());
+                            .set(age.as_secs_f64());
                     }
                 }
                 text(

@@ -103,6 +103,72 @@ impl StreamOffset {
     }
 }
 
+/// The newest offset `stream` holds: a short-lived consumer reads from
+/// `last` (the newest chunk) until nothing more comes for a moment, and the
+/// highest offset it saw is the answer. `None` for an empty stream. It acks
+/// nothing it must not: a stream keeps every message whatever its readers do.
+pub async fn newest_offset(connection: &Connection, stream: &str) -> lapin::Result<Option<u64>> {
+    use futures::StreamExt as _;
+    use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(1000, BasicQosOptions { global: false })
+        .await?;
+    let mut arguments = lapin::types::FieldTable::default();
+    arguments.insert(OFFSET_ARGUMENT.into(), StreamOffset::Last.to_amqp());
+    let tag = format!("acemq-host.probe.{}", uuid::Uuid::new_v4().simple());
+    let mut deliveries = channel
+        .basic_consume(
+            stream.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            arguments,
+        )
+        .await?;
+    let mut newest = None;
+    while let Ok(Some(Ok(delivery))) =
+        tokio::time::timeout(Duration::from_millis(200), deliveries.next()).await
+    {
+        if let Some(offset) = StreamOffset::of_delivery(delivery.properties.headers().as_ref()) {
+            newest = Some(newest.map_or(offset, |n: u64| n.max(offset)));
+        }
+    }
+    let _ = channel
+        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        .await;
+    let _ = channel.close(200, "probe done".into()).await;
+    Ok(newest)
+}
+
+/// How often a stream's newest offset is probed for the lag metric.
+pub const PROBE_EVERY: Duration = Duration::from_secs(30);
+
+/// Probes `stream`'s newest offset on `link`'s connection every
+/// [`PROBE_EVERY`], for `position`'s lag, until `stop` is cancelled.
+pub async fn probe_newest(
+    link: std::sync::Arc<super::link::Link>,
+    stream: String,
+    position: std::sync::Arc<StreamPosition>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let Some((connection, _)) = link.up(&stop).await else {
+            return;
+        };
+        match newest_offset(&connection, &stream).await {
+            Ok(Some(newest)) => position.set_newest(newest),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(stream = %stream, error = %e, "cannot probe the stream's newest offset now")
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(PROBE_EVERY) => {}
+        }
+    }
+}
+
 /// A stream consumer's reading position, shared by its successive
 /// subscriptions.
 #[derive(Debug)]
@@ -110,6 +176,9 @@ pub struct StreamPosition {
     configured: StreamOffset,
     state: Mutex<PositionState>,
     checkpoint: Option<Checkpoint>,
+    /// The newest offset the stream held when last probed (see
+    /// [`newest_offset`]).
+    newest: Mutex<Option<u64>>,
 }
 
 #[derive(Debug, Default)]
@@ -136,7 +205,21 @@ impl StreamPosition {
             configured,
             state: Mutex::new(PositionState::default()),
             checkpoint: None,
+            newest: Mutex::new(None),
         }
+    }
+
+    /// Records the stream's newest offset, as probed.
+    pub fn set_newest(&self, offset: u64) {
+        *self.newest.lock().expect("stream position poisoned") = Some(offset);
+    }
+
+    /// How many messages the consumer is behind: from where it resumes to
+    /// the newest offset probed; `None` before a probe.
+    pub fn lag(&self) -> Option<u64> {
+        let newest = (*self.newest.lock().expect("stream position poisoned"))?;
+        let resume = self.progress().0.unwrap_or(0);
+        Some((newest + 1).saturating_sub(resume))
     }
 
     /// Keeps the position in `checkpoint` too.
@@ -331,6 +414,10 @@ mod tests {
         assert!(age.is_some_and(|a| a < Duration::from_secs(60)), "{age:?}");
         let without = StreamPosition::new(StreamOffset::First);
         assert_eq!(without.progress(), (None, None));
+        // Lag: from where it resumes (13) to the newest probed (19).
+        assert_eq!(position.lag(), None, "before a probe");
+        position.set_newest(19);
+        assert_eq!(position.lag(), Some(7));
     }
 
     #[test]

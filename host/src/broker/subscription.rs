@@ -72,6 +72,18 @@ pub struct Board {
     streams: Mutex<BTreeMap<String, Arc<StreamPosition>>>,
 }
 
+/// A stream consumer's progress, for the metrics.
+#[derive(Debug, Clone)]
+pub struct StreamProgress {
+    pub queue: String,
+    /// The offset it resumes from.
+    pub position: Option<u64>,
+    /// Since its checkpoint was last saved.
+    pub checkpoint_age: Option<Duration>,
+    /// Messages between its position and the newest probed.
+    pub lag: Option<u64>,
+}
+
 /// One subscription's state on the [`Board`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reading {
@@ -109,13 +121,18 @@ impl Board {
 
     /// Each stream consumer's position: where it would resume, and how
     /// long ago its checkpoint was saved.
-    pub fn stream_progress(&self) -> Vec<(String, Option<u64>, Option<Duration>)> {
+    pub fn stream_progress(&self) -> Vec<StreamProgress> {
         let streams = self.streams.lock().expect("board poisoned");
         streams
             .iter()
-            .map(|(q, p)| {
-                let (position, saved) = p.progress();
-                (q.clone(), position, saved)
+            .map(|(queue, p)| {
+                let (position, checkpoint_age) = p.progress();
+                StreamProgress {
+                    queue: queue.clone(),
+                    position,
+                    checkpoint_age,
+                    lag: p.lag(),
+                }
             })
             .collect()
     }
