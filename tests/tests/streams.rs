@@ -519,3 +519,20 @@ async fn shadow_replay_compares_a_candidate_with_the_running_version_and_publish
         published_before
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_newest_offset_probe_finds_the_last_message_of_a_stream() {
+    use acemq_host::broker::stream::newest_offset;
+    let stream = unique_name("streams.newest");
+    declare_stream(&stream).await;
+    let connection = shared_broker().connect().await.unwrap();
+    assert_eq!(
+        newest_offset(&connection, &stream).await.unwrap(),
+        None,
+        "empty"
+    );
+    append(&stream, &ids("m", 25)).await;
+    // Offsets count from 0: 25 messages end at 24.
+    assert_eq!(newest_offset(&connection, &stream).await.unwrap(), Some(24));
+    let _ = connection.close(200, "done".into()).await;
+}
