@@ -179,7 +179,7 @@ pub async fn replay(
         .map_err(|e| anyhow::anyhow!("cannot read the stream '{queue}': {e}"))?;
 
     let mut report = ReplayReport::default();
-    let progress_every = 1000;
+    let progress = Progress::new();
     loop {
         let next = match tokio::time::timeout(QUIET_END, deliveries.next()).await {
             Ok(Some(Ok(delivery))) => delivery,
@@ -228,16 +228,55 @@ pub async fn replay(
         }
         next.acker.ack(BasicAckOptions::default()).await?;
         report.read += 1;
-        if report.read % progress_every == 0 {
-            eprintln!("replay: {} messages read (offset {offset})", report.read);
-        }
+        progress.read(report.read, offset);
         if request.to == Some(offset) {
             break;
         }
     }
+    progress.done(report.read);
     let _ = channel.close(200, "replay done".into()).await;
     let _ = connection.close(200, "replay done".into()).await;
     Ok(report)
+}
+
+/// Progress on stderr: a spinner with the count on a terminal, a plain line
+/// every thousand messages otherwise (a log keeps every line of it).
+struct Progress(Option<indicatif::ProgressBar>);
+
+impl Progress {
+    fn new() -> Self {
+        use std::io::IsTerminal as _;
+        Self(std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} {pos} messages read, {per_sec} {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            bar
+        }))
+    }
+
+    fn read(&self, count: usize, offset: u64) {
+        match &self.0 {
+            Some(bar) => {
+                bar.set_position(count as u64);
+                bar.set_message(format!("(offset {offset})"));
+            }
+            None if count.is_multiple_of(1000) => {
+                eprintln!("replay: {count} messages read (offset {offset})")
+            }
+            None => {}
+        }
+    }
+
+    fn done(&self, count: usize) {
+        match &self.0 {
+            Some(bar) => bar.finish_with_message("done"),
+            None => eprintln!("replay: {count} messages read in all"),
+        }
+    }
 }
 
 /// What a plugin run came to, for counting and comparing: its outcome word
