@@ -503,12 +503,10 @@ pub async fn run(
                 sha256: consumer.handler.current().sha256.to_string(),
             })
             .set(1);
-        let pipeline = Arc::new(Pipeline::new(
-            queue,
-            consumer.rules,
-            consumer.handler,
-            &shared,
-        ));
+        let pipeline = Arc::new(
+            Pipeline::new(queue, consumer.rules, consumer.handler, &shared)
+                .with_stream(consumer.subscription.stream.clone()),
+        );
         if let Some(position) = &consumer.subscription.stream {
             tokio::spawn(crate::broker::stream::probe_newest(
                 consume_link.clone(),

@@ -179,6 +179,9 @@ pub struct StreamPosition {
     /// The newest offset the stream held when last probed (see
     /// [`newest_offset`]).
     newest: Mutex<Option<u64>>,
+    /// The label of the code that handled the last delivery (a plugin
+    /// version); a change saves the checkpoint first.
+    handled_by: Mutex<Option<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -206,7 +209,26 @@ impl StreamPosition {
             state: Mutex::new(PositionState::default()),
             checkpoint: None,
             newest: Mutex::new(None),
+            handled_by: Mutex::new(None),
         }
+    }
+
+    /// A delivery was handled by `version` (a plugin version). When that
+    /// differs from the last one (a hot swap), the checkpoint is saved
+    /// first: the position where the new version took over, which
+    /// `stream reset` can return to should it have to be rolled back.
+    pub fn handled_by(&self, version: &str) {
+        let mut last = self.handled_by.lock().expect("stream position poisoned");
+        match last.as_deref() {
+            Some(previous) if previous != version => {
+                let mut state = self.state.lock().expect("stream position poisoned");
+                tracing::info!(offset = ?state.resume(), from = %previous, to = %version, "a new plugin version reads the stream; checkpoint saved where it took over");
+                self.save_locked(&mut state);
+            }
+            Some(_) => return,
+            None => {}
+        }
+        *last = Some(version.to_string());
     }
 
     /// Records the stream's newest offset, as probed.
@@ -418,6 +440,16 @@ mod tests {
         assert_eq!(position.lag(), None, "before a probe");
         position.set_newest(19);
         assert_eq!(position.lag(), Some(7));
+        // A new version takes over: the checkpoint is saved at once.
+        position.received(4, 13);
+        position.handled_by("v1");
+        position.acked(4, false);
+        std::fs::remove_file(&path).unwrap();
+        position.handled_by("v1");
+        assert_eq!(saved(), None, "same version: nothing saved");
+        position.received(5, 14);
+        position.handled_by("v2");
+        assert_eq!(saved(), Some(StreamOffset::At(14)));
     }
 
     #[test]

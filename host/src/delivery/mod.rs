@@ -36,6 +36,7 @@ use settle::{BrokerPort, Subject, Waited};
 
 use self::metrics::ConsumerMetrics;
 use crate::broker::publisher::{Publication, PublishError, PublishLink, Publisher};
+use crate::broker::stream::StreamPosition;
 use crate::broker::subscription::{Receipt, Received};
 use crate::envelope::{self, Envelope};
 use crate::plugin::{CodecSet, HandlerSlot, Input};
@@ -54,6 +55,9 @@ pub struct Pipeline {
     metrics: ConsumerMetrics,
     /// Cancelled when the host shuts down: ends a retry's consumer wait.
     shutdown: CancellationToken,
+    /// A stream consumer's position, told which version handled each
+    /// delivery (a swap saves its checkpoint).
+    stream: Option<Arc<StreamPosition>>,
 }
 
 /// How one consumer treats its deliveries, from its config.
@@ -90,7 +94,14 @@ impl Pipeline {
             publisher: Publisher::new(shared.publish_link.clone()),
             metrics: ConsumerMetrics::new(shared.metrics.clone(), queue),
             shutdown: shared.shutdown.clone(),
+            stream: None,
         }
+    }
+
+    /// For a stream consumer: its position, told of version changes.
+    pub fn with_stream(mut self, position: Option<Arc<StreamPosition>>) -> Self {
+        self.stream = position;
+        self
     }
 
     /// One delivery, from its handler call to its settlement.
@@ -149,6 +160,9 @@ impl Pipeline {
         }
         if let Some(fuel) = run.fuel() {
             self.metrics.fuel(fuel);
+        }
+        if let (Some(stream), Some(version)) = (&self.stream, run.version()) {
+            stream.handled_by(version);
         }
 
         let facts = DeliveryFacts {
