@@ -55,6 +55,8 @@ pub struct ReplayReport {
     pub examples: Vec<(u64, String)>,
     /// The candidate's time per message.
     pub candidate_micros: Vec<u128>,
+    /// The candidate's fuel per message, when `[host] fuel_metering` is on.
+    pub candidate_fuel: Vec<u64>,
 }
 
 impl ReplayReport {
@@ -78,6 +80,12 @@ impl ReplayReport {
         out.push_str(&format!(
             "candidate, median time per message: {median} µs\n"
         ));
+        if !self.candidate_fuel.is_empty() {
+            let mut fuel = self.candidate_fuel.clone();
+            fuel.sort_unstable();
+            let median = fuel[fuel.len() / 2];
+            out.push_str(&format!("candidate, median fuel per message: {median}\n"));
+        }
         let words: std::collections::BTreeSet<&String> =
             self.candidate.keys().chain(self.current.keys()).collect();
         out.push_str(&format!(
@@ -209,6 +217,7 @@ pub async fn replay(
         let started = Instant::now();
         let candidate_run = delivery::run_plugins(&candidate, &codecs, input(body.clone()));
         report.candidate_micros.push(started.elapsed().as_micros());
+        report.candidate_fuel.extend(candidate_run.fuel());
         let candidate_seen = seen(&candidate_run);
         *report
             .candidate
