@@ -183,33 +183,37 @@ fn replay(
     request: &crate::replay::ReplayRequest,
     max_diff: usize,
 ) -> ExitCode {
-    let config = match LoadedConfig::load(&config_path) {
-        Ok(config) => config,
-        Err(e) => return fail(EXIT_INVALID, &e),
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => return fail(1, &e),
-    };
-    match runtime.block_on(crate::replay::replay(&config, request)) {
-        Ok(report) => {
-            print!("{}", report.table());
-            // A candidate that faults, or differs more than allowed, is not
-            // ready to go live: scripts can gate a deploy on this.
-            if report.faults() > 0 || (request.compare && report.differing > max_diff) {
-                ExitCode::from(3)
-            } else {
-                ExitCode::SUCCESS
-            }
-        }
-        Err(e) => fail(1, &format!("{e:#}")),
-    }
+    with_broker_task(config_path, |config| async move {
+        let report = crate::replay::replay(&config, request).await?;
+        print!("{}", report.table());
+        // A candidate that faults, or differs more than allowed, is not
+        // ready to go live: scripts can gate a deploy on this.
+        let ready = report.faults() == 0 && (!request.compare || report.differing <= max_diff);
+        Ok(if ready {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(3)
+        })
+    })
 }
 
 fn stream_reset(config_path: PathBuf, consumer: &str, to: &str) -> ExitCode {
+    with_broker_task(config_path, |config| async move {
+        println!(
+            "{}",
+            app::reset_stream_checkpoint(&config, consumer, to).await?
+        );
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Runs a one-off broker task of a command on the config at `config_path`:
+/// exit 2 for a config that cannot be used, 1 when the task fails.
+fn with_broker_task<F, T>(config_path: PathBuf, task: T) -> ExitCode
+where
+    T: FnOnce(LoadedConfig) -> F,
+    F: std::future::Future<Output = anyhow::Result<ExitCode>>,
+{
     let config = match LoadedConfig::load(&config_path) {
         Ok(config) => config,
         Err(e) => return fail(EXIT_INVALID, &e),
@@ -221,11 +225,8 @@ fn stream_reset(config_path: PathBuf, consumer: &str, to: &str) -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return fail(1, &e),
     };
-    match runtime.block_on(app::reset_stream_checkpoint(&config, consumer, to)) {
-        Ok(done) => {
-            println!("{done}");
-            ExitCode::SUCCESS
-        }
+    match runtime.block_on(task(config)) {
+        Ok(code) => code,
         Err(e) => fail(1, &format!("{e:#}")),
     }
 }

@@ -49,12 +49,17 @@ fn ids(prefix: &str, count: usize) -> Vec<String> {
     (0..count).map(|i| format!("{prefix}{i}")).collect()
 }
 
-/// A host reading `stream` from `offset` (a TOML value) through `stamp-v1`
-/// into an output queue of its own; `url` is the broker's or a proxy's.
-async fn reader(stream: &str, offset: &str, url: &str) -> (InProcessHost, String) {
-    let out_exchange = unique_name("streams.x");
-    let output = unique_name("streams.out");
-    let config = format!(
+/// The config of a host on `url` reading `stream` through `stamp-v1` into
+/// `output` (by way of `out_exchange`); `consumer` holds the consumer's own
+/// lines (offset, name, checkpoint).
+fn stream_config(
+    url: &str,
+    stream: &str,
+    output: &str,
+    out_exchange: &str,
+    consumer: &str,
+) -> String {
+    format!(
         r#"
 [broker]
 url = "{url}"
@@ -80,12 +85,26 @@ routing_key = "stamped"
 queue = "{stream}"
 plugin = "{plugin}"
 publish_to = ["{out_exchange}"]
-offset = {offset}
+{consumer}
 
 [consumers.config]
 out_exchange = "{out_exchange}"
 "#,
         plugin = plugin_path("stamp-v1").display(),
+    )
+}
+
+/// A host reading `stream` from `offset` (a TOML value) into an output
+/// queue of its own; `url` is the broker's or a proxy's.
+async fn reader(stream: &str, offset: &str, url: &str) -> (InProcessHost, String) {
+    let out_exchange = unique_name("streams.x");
+    let output = unique_name("streams.out");
+    let config = stream_config(
+        url,
+        stream,
+        &output,
+        &out_exchange,
+        &format!("offset = {offset}"),
     );
     (InProcessHost::start(&config).await.unwrap(), output)
 }
@@ -270,45 +289,57 @@ retry = "three"
     reader.stop().await.unwrap();
 }
 
-/// The config of a host reading `stream` from the first offset through
-/// `stamp-v1`, with `checkpoint` lines and a consumer name unique to the
-/// stream (a checkpoint kept in the broker is named by it).
+/// The config of a host reading `stream` from the first offset, with
+/// `checkpoint` lines and a consumer name unique to the stream (a
+/// checkpoint kept in the broker is named by it).
 fn checkpointed(stream: &str, output: &str, out_exchange: &str, checkpoint: &str) -> String {
-    format!(
-        r#"
-[broker]
-url = "{url}"
-
-[[exchanges]]
-name = "{out_exchange}"
-kind = "direct"
-
-[[queues]]
-name = "{stream}"
-type = "stream"
-
-[[queues]]
-name = "{output}"
-
-[[bindings]]
-queue = "{output}"
-exchange = "{out_exchange}"
-routing_key = "stamped"
-
-[[consumers]]
-queue = "{stream}"
-plugin = "{plugin}"
-publish_to = ["{out_exchange}"]
-offset = "first"
-consumer_name = "projection-{stream}"
-{checkpoint}
-
-[consumers.config]
-out_exchange = "{out_exchange}"
-"#,
-        url = shared_broker().amqp_url(),
-        plugin = plugin_path("stamp-v1").display(),
+    let consumer =
+        format!("offset = \"first\"\nconsumer_name = \"projection-{stream}\"\n{checkpoint}");
+    stream_config(
+        shared_broker().amqp_url(),
+        stream,
+        output,
+        out_exchange,
+        &consumer,
     )
+}
+
+/// A stream holding `messages` messages (`m0`, `m1`, ...) and the config of
+/// a named, checkpointing host reading it (see [`checkpointed`]), written
+/// in a folder of its own.
+struct Scene {
+    stream: String,
+    output: String,
+    dir: tempfile::TempDir,
+}
+
+impl Scene {
+    async fn new(prefix: &str, messages: usize, checkpoint: &str) -> Self {
+        let stream = unique_name(prefix);
+        declare_stream(&stream).await;
+        append(&stream, &ids("m", messages)).await;
+        let (out_exchange, output) = (unique_name("streams.x"), unique_name("streams.out"));
+        let dir = tempfile::tempdir().unwrap();
+        let config = checkpointed(&stream, &output, &out_exchange, checkpoint);
+        std::fs::write(dir.path().join("host.toml"), config).unwrap();
+        Self {
+            stream,
+            output,
+            dir,
+        }
+    }
+
+    fn config(&self) -> std::path::PathBuf {
+        self.dir.path().join("host.toml")
+    }
+
+    /// The checkpoint queue a named consumer of this stream keeps.
+    async fn drop_checkpoint_queue(&self) {
+        shared_broker()
+            .delete_queue(&format!("acemq.checkpoint.projection-{}", self.stream))
+            .await
+            .unwrap();
+    }
 }
 
 /// Starts the host on `config` as a child process.
@@ -408,29 +439,23 @@ async fn a_checkpoint_kept_in_the_broker_moves_to_another_host_with_the_same_con
 #[tokio::test(flavor = "multi_thread")]
 async fn stream_reset_moves_a_stopped_consumers_checkpoint() {
     const MESSAGES: usize = 100;
-    let broker = shared_broker();
-    let stream = unique_name("streams.reset");
-    declare_stream(&stream).await;
-    append(&stream, &ids("m", MESSAGES)).await;
-    let (out_exchange, output) = (unique_name("streams.x"), unique_name("streams.out"));
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("host.toml");
-    std::fs::write(&config, checkpointed(&stream, &output, &out_exchange, "")).unwrap();
-    let host = host_on(&config);
-    assert_eq!(stamped_until(&output, MESSAGES).await.len(), MESSAGES);
+    let scene = Scene::new("streams.reset", MESSAGES, "").await;
+    let host = host_on(&scene.config());
+    assert_eq!(stamped_until(&scene.output, MESSAGES).await.len(), MESSAGES);
     assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
 
+    let consumer = format!("projection-{}", scene.stream);
     let reset = std::process::Command::new(acemq_tests::host::host_binary())
         .args([
             "stream",
             "reset",
             "--consumer",
-            &format!("projection-{stream}"),
+            &consumer,
             "--to",
             "50",
             "--config",
         ])
-        .arg(&config)
+        .arg(scene.config())
         .env_remove("ACEMQ_URL")
         .output()
         .unwrap();
@@ -443,46 +468,32 @@ async fn stream_reset_moves_a_stopped_consumers_checkpoint() {
     assert!(said.contains("now says: 50"), "{said}");
 
     // Restarted, it reads from offset 50 again: m50 to m99.
-    let host = host_on(&config);
-    let again = stamped_until(&output, MESSAGES / 2).await;
+    let host = host_on(&scene.config());
+    let again = stamped_until(&scene.output, MESSAGES / 2).await;
     let expected: Vec<String> = (50..MESSAGES).map(|i| format!("m{i}")).collect();
     assert_eq!(
         names(&again),
         expected.iter().map(String::as_str).collect::<Vec<_>>()
     );
     assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
-    broker
-        .delete_queue(&format!("acemq.checkpoint.projection-{stream}"))
-        .await
-        .unwrap();
+    scene.drop_checkpoint_queue().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn shadow_replay_compares_a_candidate_with_the_running_version_and_publishes_nothing() {
     const MESSAGES: usize = 10_000;
     let broker = shared_broker();
-    let stream = unique_name("streams.replay");
-    declare_stream(&stream).await;
-    append(&stream, &ids("m", MESSAGES)).await;
-    let (out_exchange, output) = (unique_name("streams.x"), unique_name("streams.out"));
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("host.toml");
-    std::fs::write(&config, checkpointed(&stream, &output, &out_exchange, "")).unwrap();
+    let scene = Scene::new("streams.replay", MESSAGES, "").await;
     // Declares the output queue (and the stream), then stops at once.
-    let host = host_on(&config);
+    let host = host_on(&scene.config());
     assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
-    let published_before = broker.message_count(&output).await.unwrap();
+    let published_before = broker.message_count(&scene.output).await.unwrap();
 
+    let consumer = format!("projection-{}", scene.stream);
     let replay = |candidate: &str| {
         let output = std::process::Command::new(acemq_tests::host::host_binary())
-            .args([
-                "replay",
-                "--consumer",
-                &format!("projection-{stream}"),
-                "--compare",
-                "--config",
-            ])
-            .arg(&config)
+            .args(["replay", "--consumer", &consumer, "--compare", "--config"])
+            .arg(scene.config())
             .arg("--plugin")
             .arg(plugin_path(candidate))
             .env_remove("ACEMQ_URL")
@@ -515,9 +526,10 @@ async fn shadow_replay_compares_a_candidate_with_the_running_version_and_publish
     );
     // Nothing was published by either replay.
     assert_eq!(
-        broker.message_count(&output).await.unwrap(),
+        broker.message_count(&scene.output).await.unwrap(),
         published_before
     );
+    scene.drop_checkpoint_queue().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
