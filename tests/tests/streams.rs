@@ -548,3 +548,49 @@ async fn the_newest_offset_probe_finds_the_last_message_of_a_stream() {
     assert_eq!(newest_offset(&connection, &stream).await.unwrap(), Some(24));
     let _ = connection.close(200, "done".into()).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn when_the_broker_closes_its_connection_a_reader_resumes_and_skips_nothing() {
+    const MESSAGES: usize = 5000;
+    const PREFETCH: usize = 10;
+    let broker = shared_broker();
+    let name = unique_name("stream-reader");
+    let scene = Scene::new("streams.closed", MESSAGES, "").await;
+    // The reader's connections carry its own name, so only they are closed
+    // (other tests share this broker).
+    let config = std::fs::read_to_string(scene.config()).unwrap().replacen(
+        "[broker]\n",
+        &format!("[broker]\nconnection_name = \"{name}\"\n"),
+        1,
+    );
+    std::fs::write(scene.config(), config).unwrap();
+    let host = host_on(&scene.config());
+    broker
+        .wait_for_message_count(
+            &scene.output,
+            (MESSAGES / 3) as u32,
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let listed = broker
+        .rabbitmqctl(&["list_connections", "pid", "client_properties"])
+        .unwrap();
+    let ours: Vec<&str> = listed
+        .lines()
+        .filter(|l| l.contains(&format!("{name}.consume")))
+        .filter_map(|l| l.split('\t').next())
+        .collect();
+    assert_eq!(ours.len(), 1, "{listed}");
+    broker
+        .rabbitmqctl(&["close_connection", ours[0], "closed by the stream test"])
+        .unwrap();
+    let seen = stamped_until(&scene.output, MESSAGES).await;
+    assert_eq!(seen.len(), MESSAGES, "no offset was skipped");
+    let again: usize = seen.values().map(|n| n - 1).sum();
+    // What was read but not acked when the connection closed; not the
+    // whole stream again from "first".
+    assert!(again <= PREFETCH, "{again} read twice");
+    assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
+    scene.drop_checkpoint_queue().await;
+}
