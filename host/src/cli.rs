@@ -61,9 +61,10 @@ pub enum Command {
         /// Where to start: `first`, an offset, a time, an interval (`1h`).
         #[arg(long, default_value = "first")]
         from: String,
-        /// The last offset to read; default: whatever the stream holds.
-        #[arg(long)]
-        to: Option<u64>,
+        /// The last offset to read, or `last` (the default): whatever the
+        /// stream holds.
+        #[arg(long, default_value = "last", value_parser = parse_up_to)]
+        to: UpTo,
         /// Run the consumer's current plugin too, and compare.
         #[arg(long)]
         compare: bool,
@@ -102,6 +103,20 @@ pub enum PluginCommand {
     Inspect { file: PathBuf },
 }
 
+/// `replay --to`: an offset, or `None` for the end of what the stream holds.
+#[derive(Debug, Clone, Copy)]
+pub struct UpTo(Option<u64>);
+
+fn parse_up_to(text: &str) -> Result<UpTo, String> {
+    match text.trim() {
+        "last" => Ok(UpTo(None)),
+        offset => offset
+            .parse()
+            .map(|n| UpTo(Some(n)))
+            .map_err(|_| format!("{text:?} is neither an offset nor \"last\"")),
+    }
+}
+
 /// Exit code for a config, topology or plugin that cannot be used.
 const EXIT_INVALID: u8 = 2;
 
@@ -137,7 +152,7 @@ pub fn main() -> ExitCode {
                 consumer,
                 candidate: plugin,
                 from,
-                to,
+                to: to.0,
                 compare,
             },
             max_diff,
@@ -382,6 +397,17 @@ mod tests {
         });
         let bytes = captured.0.lock().unwrap().clone();
         String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn replay_reads_up_to_an_offset_or_the_last_message() {
+        assert_eq!(parse_up_to("last").unwrap().0, None);
+        assert_eq!(parse_up_to("9999").unwrap().0, Some(9999));
+        assert!(
+            parse_up_to("soon")
+                .unwrap_err()
+                .contains("neither an offset nor \"last\"")
+        );
     }
 
     #[test]
