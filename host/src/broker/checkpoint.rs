@@ -25,7 +25,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tokio::sync::watch;
 
-use super::stream::StreamOffset;
+use super::offset::StreamOffset;
 
 /// How often a checkpoint is saved.
 #[derive(Debug, Clone, Copy)]

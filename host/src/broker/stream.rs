@@ -1,14 +1,8 @@
 //! Where a stream consumer starts reading, and where it resumes after its
 //! subscription ends (a lost connection, a restart of the consumer).
 //!
-//! A stream never removes a message: a consumer names a position with the
-//! `x-stream-offset` consumer argument, whose AMQP type matters to the
-//! broker: `first`, `last` and `next` as strings, an absolute offset as an
-//! integer, a point in time as an AMQP timestamp (seconds), and an interval
-//! back from now as a string like `3600s`. `next` is the broker's default
-//! and is still sent explicitly, as every AceMQ library does.
-//!
-//! After a subscription ends, the next one resumes from the lowest offset
+//! Where it starts is a [`StreamOffset`] (`offset.rs`). After a
+//! subscription ends, the next one resumes from the lowest offset
 //! whose ack was not sent (or just past the highest one read, when every
 //! ack went out), not from the configured offset: `first` would read the
 //! whole stream again after each lost connection, and `next` would skip
@@ -19,89 +13,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use lapin::Connection;
-use lapin::types::{AMQPValue, LongString};
 
 use super::checkpoint::Checkpoint;
-
-/// The consumer argument naming where a stream subscription starts.
-pub const OFFSET_ARGUMENT: &str = "x-stream-offset";
-
-/// Where a stream consumer starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamOffset {
-    /// The oldest message the stream still holds.
-    First,
-    /// The last chunk written (a few of the newest messages).
-    Last,
-    /// Only what is appended from now on.
-    Next,
-    /// The message at this offset.
-    At(u64),
-    /// The first chunk written at or after this many seconds since the epoch.
-    Since(u64),
-    /// Messages written within this interval before the subscription.
-    Ago(Duration),
-}
-
-impl StreamOffset {
-    /// Reads a config value: `first`, `last`, `next`, an RFC 3339 time
-    /// (`2026-11-30T12:00:00Z`) or an interval back from now (`1h`, `90m`).
-    /// An integer offset comes as a number, see [`StreamOffset::At`].
-    pub fn parse(text: &str) -> Result<Self, String> {
-        match text.trim() {
-            "first" => return Ok(StreamOffset::First),
-            "last" => return Ok(StreamOffset::Last),
-            "next" => return Ok(StreamOffset::Next),
-            _ => {}
-        }
-        if let Ok(time) = humantime::parse_rfc3339_weak(text.trim()) {
-            let seconds = time
-                .duration_since(UNIX_EPOCH)
-                .map_err(|_| format!("the time {text:?} is before 1970"))?
-                .as_secs();
-            return Ok(StreamOffset::Since(seconds));
-        }
-        match humantime::parse_duration(text.trim()) {
-            Ok(interval) if interval >= Duration::from_secs(1) => Ok(StreamOffset::Ago(interval)),
-            Ok(_) => Err(format!(
-                "the interval {text:?} is under a second; the broker counts whole seconds"
-            )),
-            Err(_) => Err(format!(
-                "{text:?} is not an offset: use \"first\", \"last\", \"next\", an offset number, an RFC 3339 time such as \"2026-11-30T12:00:00Z\", or an interval back from now such as \"1h\""
-            )),
-        }
-    }
-
-    /// The `x-stream-offset` value, typed as the broker expects it.
-    pub fn to_amqp(self) -> AMQPValue {
-        let text = |s: String| AMQPValue::LongString(LongString::from(s));
-        match self {
-            StreamOffset::First => text("first".into()),
-            StreamOffset::Last => text("last".into()),
-            StreamOffset::Next => text("next".into()),
-            StreamOffset::At(offset) => {
-                AMQPValue::LongLongInt(i64::try_from(offset).unwrap_or(i64::MAX))
-            }
-            StreamOffset::Since(seconds) => AMQPValue::Timestamp(seconds),
-            StreamOffset::Ago(interval) => text(format!("{}s", interval.as_secs())),
-        }
-    }
-
-    /// The offset read from a delivery's `x-stream-offset` header.
-    pub fn of_delivery(headers: Option<&lapin::types::FieldTable>) -> Option<u64> {
-        let value = headers?.inner().get(OFFSET_ARGUMENT)?;
-        let number = match value {
-            AMQPValue::LongLongInt(n) => *n,
-            AMQPValue::LongInt(n) => i64::from(*n),
-            AMQPValue::Timestamp(n) => i64::try_from(*n).ok()?,
-            _ => return None,
-        };
-        u64::try_from(number).ok()
-    }
-}
+pub use super::offset::{OFFSET_ARGUMENT, StreamOffset};
 
 /// The newest offset `stream` holds: a short-lived consumer reads from
 /// `last` (the newest chunk) until nothing more comes for a moment, and the
@@ -360,34 +277,6 @@ mod tests {
     use crate::broker::checkpoint::{Cadence, FileCheckpoint};
 
     #[test]
-    fn each_kind_of_offset_is_read_and_typed_as_the_broker_expects() {
-        let text = |s: &str| AMQPValue::LongString(LongString::from(s));
-        assert_eq!(
-            StreamOffset::parse("first").unwrap().to_amqp(),
-            text("first")
-        );
-        assert_eq!(StreamOffset::parse("last").unwrap().to_amqp(), text("last"));
-        assert_eq!(StreamOffset::parse("next").unwrap().to_amqp(), text("next"));
-        assert_eq!(StreamOffset::At(42).to_amqp(), AMQPValue::LongLongInt(42));
-        assert_eq!(
-            StreamOffset::parse("2026-11-30T12:00:00Z").unwrap(),
-            StreamOffset::Since(1_796_040_000)
-        );
-        assert_eq!(
-            StreamOffset::Since(1_796_040_000).to_amqp(),
-            AMQPValue::Timestamp(1_796_040_000)
-        );
-        assert_eq!(StreamOffset::parse("1h").unwrap().to_amqp(), text("3600s"));
-        let err = StreamOffset::parse("yesterday").unwrap_err();
-        assert!(err.contains("is not an offset"), "{err}");
-        assert!(
-            StreamOffset::parse("500ms")
-                .unwrap_err()
-                .contains("under a second")
-        );
-    }
-
-    #[test]
     fn a_new_subscription_resumes_at_the_lowest_offset_not_acked() {
         let position = StreamPosition::new(StreamOffset::First);
         assert_eq!(
@@ -450,13 +339,5 @@ mod tests {
         position.received(5, 14);
         position.handled_by("v2");
         assert_eq!(saved(), Some(StreamOffset::At(14)));
-    }
-
-    #[test]
-    fn the_offset_of_a_delivery_is_read_from_its_header() {
-        let mut headers = lapin::types::FieldTable::default();
-        headers.insert(OFFSET_ARGUMENT.into(), AMQPValue::LongLongInt(7));
-        assert_eq!(StreamOffset::of_delivery(Some(&headers)), Some(7));
-        assert_eq!(StreamOffset::of_delivery(None), None);
     }
 }
