@@ -541,14 +541,25 @@ pub async fn run(
         let _ = admin.await;
     }
     links_stop.cancel();
+    // Every step below is bounded: a broker that stops answering must not
+    // keep the host from exiting.
+    let limit = std::time::Duration::from_secs(5);
     for supervisor in supervisors {
-        let _ = supervisor.await;
+        let _ = tokio::time::timeout(limit, supervisor).await;
     }
     for link in [&consume_link, &publish_link] {
-        if let Some(connection) = link.state().connection
-            && let Err(e) = connection.close(200, "acemq-host stopped".into()).await
-        {
-            tracing::debug!(connection = link.role(), error = %e, "closing the connection");
+        if let Some(connection) = link.state().connection {
+            let close = connection.close(200, "acemq-host stopped".into());
+            match tokio::time::timeout(limit, close).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(connection = link.role(), error = %e, "closing the connection")
+                }
+                Err(_) => tracing::warn!(
+                    connection = link.role(),
+                    "the broker did not confirm the close in time"
+                ),
+            }
         }
     }
     tracing::info!("stopped cleanly");

@@ -373,9 +373,14 @@ impl InProcessHost {
     }
 
     /// Shuts the host down as SIGTERM would and waits for it.
+    /// Stops the host as a signal would, and returns what its run
+    /// returned; a host that has not stopped after 60 s is an error.
     pub async fn stop(self) -> Result<()> {
         self.shutdown.cancel();
-        self.task.await?
+        match tokio::time::timeout(Duration::from_secs(60), self.task).await {
+            Ok(joined) => joined?,
+            Err(_) => bail!("the host did not stop within 60 s of its shutdown"),
+        }
     }
 }
 

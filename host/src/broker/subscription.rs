@@ -403,6 +403,10 @@ where
     }
 }
 
+/// The longest a step of stopping a subscription may wait on the broker or
+/// on its own tasks: a stop must end, whatever state the channel is in.
+const STEP_LIMIT: Duration = Duration::from_secs(5);
+
 /// A subscription holding its consumer, with the acks it sends.
 struct Subscribed<'a> {
     queue: &'a str,
@@ -442,7 +446,7 @@ impl<'a> Subscribed<'a> {
     /// Stops in the order that keeps every settlement. Nothing new starts
     /// (the receive loop is left); deliveries that arrive meanwhile wait
     /// unread.
-    async fn stop(self, mut running: JoinSet<()>, drain_timeout: Duration) {
+    async fn stop(mut self, mut running: JoinSet<()>, drain_timeout: Duration) {
         let queue = self.queue;
         // 1. The running deliveries finish, up to the drain timeout; their
         //    acks and republishes go out on this channel.
@@ -461,7 +465,16 @@ impl<'a> Subscribed<'a> {
         }
         // The acks of everything that finished go out now, not after the linger.
         self.linger_stop.cancel();
-        let _ = self.linger.await;
+        if tokio::time::timeout(STEP_LIMIT, &mut self.linger)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                queue,
+                "the ack linger did not stop in time; stopping anyway"
+            );
+            self.linger.abort();
+        }
         if !self.channel.status().connected() {
             // Nothing can be settled on a channel that is gone: the broker
             // has already given back everything unacked.
@@ -471,7 +484,15 @@ impl<'a> Subscribed<'a> {
             );
             return;
         }
-        self.acks.flush(true).await;
+        if tokio::time::timeout(STEP_LIMIT, self.acks.flush(true))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                queue,
+                "the last acks were not written in time; the broker redelivers those deliveries"
+            );
+        }
         // 2. Only then is the consumer cancelled. An ack written to the
         //    socket is not yet an ack applied by the queue: RabbitMQ's
         //    quorum-queue client holds settlements back while 32 or more of
@@ -481,26 +502,27 @@ impl<'a> Subscribed<'a> {
         //    back before cancelling, and on 3.10 the round trip gives the
         //    queue time to apply it (the SIGTERM test in tests/skeleton.rs
         //    checks exactly-once).
-        if let Err(e) = self
-            .channel
-            .basic_cancel(
-                self.consumer_tag.as_str().into(),
-                BasicCancelOptions::default(),
-            )
-            .await
-        {
-            tracing::warn!(queue, error = %e, "cancelling the consumer failed");
+        let cancel = self.channel.basic_cancel(
+            self.consumer_tag.as_str().into(),
+            BasicCancelOptions::default(),
+        );
+        match tokio::time::timeout(STEP_LIMIT, cancel).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(queue, error = %e, "cancelling the consumer failed"),
+            Err(_) => tracing::warn!(queue, "the broker did not confirm the cancel in time"),
         }
         // 3. Closing the channel gives back, in one step, every delivery
         //    that arrived and never started. (One nack each would be the
         //    same requeue, as a burst of commands that could hold back the
         //    acks.)
-        if let Err(e) = self
-            .channel
-            .close(200, "acemq-host shutting down".into())
-            .await
-        {
-            tracing::warn!(queue, error = %e, "closing the consumer's channel");
+        let close = self.channel.close(200, "acemq-host shutting down".into());
+        match tokio::time::timeout(STEP_LIMIT, close).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(queue, error = %e, "closing the consumer's channel"),
+            Err(_) => tracing::warn!(
+                queue,
+                "the broker did not confirm the channel's close in time"
+            ),
         }
         tracing::info!(queue, "consumer stopped");
     }
