@@ -336,18 +336,7 @@ pub async fn reset_stream_checkpoint(
     };
     let connection = match &checkpoint {
         Checkpoint::File(_) => None,
-        Checkpoint::Broker(_) => {
-            let tls = config.tls_settings().map(|s| Tls::new(&s)).transpose()?;
-            let addresses = Addresses::new(
-                config.broker_urls()?,
-                format!("{}.reset", config.config.broker.connection_name),
-            )
-            .with_tls(tls);
-            let (connection, _) = addresses
-                .connect_round(0, config.config.broker.connect_timeout)
-                .await?;
-            Some(connection)
-        }
+        Checkpoint::Broker(_) => Some(connect_once(config, "reset").await?),
     };
     let result = checkpoint.reset(connection.as_ref(), to).await;
     if let Some(connection) = connection {
@@ -358,6 +347,28 @@ pub async fn reset_stream_checkpoint(
         "the checkpoint of '{consumer_name}' (queue '{}') now says: {to}",
         consumer.queue.get_ref()
     ))
+}
+
+/// The configured broker addresses, with their TLS, for connections named
+/// `{connection_name}.{role}`.
+pub fn broker_addresses(config: &LoadedConfig, role: &str) -> anyhow::Result<Addresses> {
+    let tls = config
+        .tls_settings()
+        .map(|settings| Tls::new(&settings))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{}: broker.tls: {e}", config.path.display()))?;
+    let name = format!("{}.{role}", config.config.broker.connection_name);
+    Ok(Addresses::new(config.broker_urls()?, name).with_tls(tls))
+}
+
+/// One connection for a one-off command (`stream reset`, `replay`): one
+/// round over the addresses, each attempt bounded by `connect_timeout`.
+pub async fn connect_once(config: &LoadedConfig, role: &str) -> anyhow::Result<lapin::Connection> {
+    let addresses = broker_addresses(config, role)?;
+    let (connection, _) = addresses
+        .connect_round(0, config.config.broker.connect_timeout)
+        .await?;
+    Ok(connection)
 }
 
 /// Runs the host until `shutdown` is cancelled.
@@ -390,23 +401,16 @@ pub async fn run(
             slot: c.handler.clone(),
         }),
     ));
-    let urls = config.broker_urls()?;
-    let tls = config
-        .tls_settings()
-        .map(|settings| Tls::new(&settings))
-        .transpose()
-        .map_err(|e| anyhow::anyhow!("{}: broker.tls: {e}", config.path.display()))?;
-    let name = &broker_config.connection_name;
     // Two connections: a broker alarm blocks publishing connections only,
     // so acks keep flowing on the consume connection while it lasts.
     let consume_link = Link::new(
         "consume",
-        Addresses::new(urls.clone(), format!("{name}.consume")).with_tls(tls.clone()),
+        broker_addresses(config, "consume")?,
         metrics.clone(),
     );
     let publish_link = Link::new(
         "publish",
-        Addresses::new(urls, format!("{name}.publish")).with_tls(tls),
+        broker_addresses(config, "publish")?,
         metrics.clone(),
     );
     let board = prepared.board.clone();

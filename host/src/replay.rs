@@ -19,7 +19,6 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 
 use crate::broker::stream::{OFFSET_ARGUMENT, StreamOffset};
-use crate::broker::{Addresses, Tls};
 use crate::config::LoadedConfig;
 use crate::delivery::{self, PluginRun};
 use crate::envelope::Envelope;
@@ -162,12 +161,7 @@ pub async fn replay(
     };
     let codecs = Arc::new(CodecSet::new());
 
-    let tls = config.tls_settings().map(|s| Tls::new(&s)).transpose()?;
-    let name = format!("{}.replay", config.config.broker.connection_name);
-    let addresses = Addresses::new(config.broker_urls()?, name).with_tls(tls);
-    let (connection, _) = addresses
-        .connect_round(0, config.config.broker.connect_timeout)
-        .await?;
+    let connection = crate::app::connect_once(config, "replay").await?;
     let channel = connection.create_channel().await?;
     channel
         .basic_qos(100, BasicQosOptions { global: false })
