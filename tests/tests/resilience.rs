@@ -114,6 +114,12 @@ out_exchange = "{out}"
         host
     }
 
+    /// No input was dead-lettered: no fault here is a message's fault.
+    async fn assert_nothing_dead_lettered(&self, broker: &Broker) {
+        let dlq = format!("{}.dlq", self.input);
+        assert_eq!(broker.message_count(&dlq).await.unwrap(), 0, "{dlq}");
+    }
+
     async fn publish_inputs(&self, broker: &Broker, range: std::ops::Range<usize>) {
         let inputs = range.map(|i| {
             let properties = BasicProperties::default()
@@ -240,13 +246,7 @@ async fn connections_cut_three_times_under_load_lose_nothing_and_the_host_recove
     let duplicates = assert_every_input_once_or_more(&seen, INPUTS);
     // At most what was in flight per loss: the prefetch and the confirms.
     assert!(duplicates <= 3 * (100 + 1000), "{duplicates} duplicates");
-    assert_eq!(
-        broker
-            .message_count(&format!("{}.dlq", run.input))
-            .await
-            .unwrap(),
-        0
-    );
+    run.assert_nothing_dead_lettered(broker).await;
     assert_eq!(broker.message_count(&run.input).await.unwrap(), 0);
     let health = run
         .health_until(Duration::from_secs(10), |h| h["status"] == "UP")
@@ -401,13 +401,7 @@ async fn a_memory_alarm_pauses_publishing_and_dead_letters_nothing_retries_nothi
 
     let seen = run.outputs(&broker, INPUTS, Duration::from_secs(180)).await;
     assert_every_input_once_or_more(&seen, INPUTS);
-    assert_eq!(
-        broker
-            .message_count(&format!("{}.dlq", run.input))
-            .await
-            .unwrap(),
-        0
-    );
+    run.assert_nothing_dead_lettered(&broker).await;
     let metrics =
         tokio::task::block_in_place(|| http_get(&format!("http://{}/metrics", run.admin)))
             .unwrap()
@@ -552,13 +546,7 @@ async fn a_blackholed_network_is_noticed_by_heartbeats_and_recovered_from() {
         .unwrap_or_else(|e| panic!("{e}\n{}", host.log_text()));
     let seen = run.outputs(broker, INPUTS, Duration::from_secs(60)).await;
     assert_every_input_once_or_more(&seen, INPUTS);
-    assert_eq!(
-        broker
-            .message_count(&format!("{}.dlq", run.input))
-            .await
-            .unwrap(),
-        0
-    );
+    run.assert_nothing_dead_lettered(broker).await;
     host.terminate(Duration::from_secs(30)).unwrap();
 }
 
@@ -611,13 +599,7 @@ async fn the_broker_closing_every_connection_and_restarting_loses_nothing() {
     );
     let seen = run.outputs(&broker, INPUTS, Duration::from_secs(120)).await;
     assert_every_input_once_or_more(&seen, INPUTS);
-    assert_eq!(
-        broker
-            .message_count(&format!("{}.dlq", run.input))
-            .await
-            .unwrap(),
-        0
-    );
+    run.assert_nothing_dead_lettered(&broker).await;
     assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
     broker.stop().unwrap();
 }
