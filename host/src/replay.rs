@@ -209,7 +209,7 @@ pub async fn replay(
             )
         };
         let started = Instant::now();
-        let candidate_run = delivery::run_plugins(&candidate, &codecs, input(body.clone()));
+        let candidate_run = delivery::run_plugins(&candidate, &codecs, input(body.clone())).await;
         report.candidate_micros.push(started.elapsed().as_micros());
         report.candidate_fuel.extend(candidate_run.fuel());
         let candidate_seen = seen(&candidate_run);
@@ -218,7 +218,7 @@ pub async fn replay(
             .entry(candidate_seen.word.clone())
             .or_default() += 1;
         if let Some(current) = &current {
-            let current_seen = seen(&delivery::run_plugins(current, &codecs, input(body)));
+            let current_seen = seen(&delivery::run_plugins(current, &codecs, input(body)).await);
             *report.current.entry(current_seen.word.clone()).or_default() += 1;
             if current_seen != candidate_seen {
                 report.differing += 1;

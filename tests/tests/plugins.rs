@@ -3,6 +3,7 @@
 //! messages on the same consumer keep flowing; and codec plugins decode
 //! before the handler and park what they cannot read.
 
+use futures::executor::block_on;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,9 @@ use acemq_host::plugin::{
     CodecSet, CodecVersion, CompiledPlugin, ConsumerContext, Conversion, EngineSettings, FaultKind,
     HandlerVersion, Input, Limits, PluginEngine, Verdict,
 };
-use acemq_tests::host::{InProcessHost, cache_entry, plugin_path};
+use acemq_tests::host::{
+    HostProcess, InProcessHost, cache_entry, free_port, http_get, metric_sum, plugin_path,
+};
 use acemq_tests::{ReceivedMessage, shared_broker, unique_name};
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
@@ -207,12 +210,12 @@ fn a_message_read_after_its_call_returned_traps_with_a_reason() {
     };
 
     // Pooled, one call at a time: both calls meet the same instance.
-    let kept = faults.invoke(input("stale"));
+    let kept = block_on(faults.invoke(input("stale")));
     assert!(
         matches!(&kept.result, Ok(Verdict::Retry(why)) if why.starts_with("kept this message")),
         "{kept:?}"
     );
-    let stale = faults.invoke(input("stale"));
+    let stale = block_on(faults.invoke(input("stale")));
     let fault = stale.result.unwrap_err();
     assert_eq!(fault.kind, FaultKind::Trap, "{fault}");
     assert_eq!(
@@ -225,7 +228,7 @@ fn a_message_read_after_its_call_returned_traps_with_a_reason() {
         "the trapped instance was reused"
     );
 
-    let healthy = faults.invoke(input("hello"));
+    let healthy = block_on(faults.invoke(input("hello")));
     assert_eq!(healthy.result, Ok(Verdict::Accept));
     let [output] = &healthy.outputs[..] else {
         panic!("one output expected: {:?}", healthy.outputs)
@@ -251,7 +254,7 @@ fn stamped_version(engine: &PluginEngine, compiled: CompiledPlugin) -> String {
         ..ConsumerContext::default()
     };
     let version = HandlerVersion::from_compiled(engine, compiled, Arc::new(context)).unwrap();
-    let done = version.invoke(Input {
+    let done = block_on(version.invoke(Input {
         envelope: Arc::new(Envelope::new("test", envelope::default_origin(), 0)),
         exchange: String::new(),
         routing_key: "stamp".into(),
@@ -260,7 +263,7 @@ fn stamped_version(engine: &PluginEngine, compiled: CompiledPlugin) -> String {
         content_type: Some("text/plain".into()),
         headers: Vec::new(),
         body: b"hello".to_vec().into(),
-    });
+    }));
     assert_eq!(done.result, Ok(Verdict::Accept));
     let stamped: serde_json::Value = serde_json::from_slice(&done.outputs[0].body).unwrap();
     stamped["version"].as_str().unwrap().to_string()
@@ -354,14 +357,14 @@ fn the_msgpack_codec_round_trips_and_refuses_garbage_by_name() {
     let Conversion::Converted {
         content_type,
         body: packed,
-    } = codecs.encode(Some("application/msgpack"), json)
+    } = block_on(codecs.encode(Some("application/msgpack"), json))
     else {
         panic!("encode refused");
     };
     assert_eq!(content_type, "application/msgpack");
     assert_ne!(packed.as_slice(), json.as_slice());
     let Conversion::Converted { content_type, body } =
-        codecs.decode(Some("application/msgpack"), &packed)
+        block_on(codecs.decode(Some("application/msgpack"), &packed))
     else {
         panic!("decode refused");
     };
@@ -371,10 +374,11 @@ fn the_msgpack_codec_round_trips_and_refuses_garbage_by_name() {
         serde_json::from_slice::<serde_json::Value>(json).unwrap()
     );
     assert_eq!(
-        codecs.decode(Some("text/plain"), b"hi"),
+        block_on(codecs.decode(Some("text/plain"), b"hi")),
         Conversion::Unclaimed
     );
-    let Conversion::Refused(why) = codecs.decode(Some("application/msgpack"), &[0xc1]) else {
+    let Conversion::Refused(why) = block_on(codecs.decode(Some("application/msgpack"), &[0xc1]))
+    else {
         panic!("garbage was decoded");
     };
     assert!(
@@ -427,10 +431,13 @@ events_exchange = "{events}"
         router = plugin_path("order-router").display(),
     );
     let host = InProcessHost::start(&config).await.unwrap();
-    let Conversion::Converted { body: packed, .. } = msgpack_codec().encode(
-        Some("application/msgpack"),
-        br#"{"id":"m-1","customer":"ada","total":3}"#,
-    ) else {
+    let Conversion::Converted { body: packed, .. } = msgpack_codec()
+        .encode(
+            Some("application/msgpack"),
+            br#"{"id":"m-1","customer":"ada","total":3}"#,
+        )
+        .await
+    else {
         panic!("encode refused");
     };
     let msgpack = BasicProperties::default().with_content_type("application/msgpack".into());
@@ -463,4 +470,104 @@ events_exchange = "{events}"
         "{reason}"
     );
     host.stop().await.unwrap();
+}
+
+/// A handler that spins until its deadline holds no runtime worker: plugin
+/// calls yield between epoch ticks, so while a consumer's every call spins
+/// (as many at once as the host has cores), another consumer keeps
+/// consuming, the admin endpoint answers and the connection stays up.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_spinning_to_its_deadline_holds_back_no_other_consumer() {
+    let broker = shared_broker();
+    let spin = unique_name("spin.in");
+    let flow = unique_name("spin.flow");
+    let admin = format!("127.0.0.1:{}", free_port());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let config = format!(
+        r#"
+[broker]
+url = "{url}"
+
+[host]
+admin_listen = "{admin}"
+
+[[queues]]
+name = "{spin}"
+
+[[queues]]
+name = "{flow}"
+
+[[consumers]]
+queue = "{spin}"
+plugin = "{faults}"
+deadline = "2s"
+concurrency = {cores}
+
+[[consumers]]
+queue = "{flow}"
+plugin = "{echo}"
+"#,
+        url = broker.amqp_url(),
+        faults = plugin_path("faults").display(),
+        echo = plugin_path("echo").display(),
+    );
+    let host = HostProcess::start(&config, 2).unwrap();
+    // Four rounds of spinners on every core: at least 8 s of spinning.
+    let spinners = 4 * cores;
+    broker
+        .publish_many("", &spin, (0..spinners).map(|_| ("loop", text())))
+        .await
+        .unwrap();
+    let metrics = format!("http://{admin}/metrics");
+    let count = |outcome: &str, queue: &str| {
+        let (_, text) = http_get(&metrics).expect("/metrics answers");
+        metric_sum(
+            &text,
+            "acemq_consume_total",
+            &[("queue", queue), ("outcome", outcome)],
+        )
+    };
+    // Spinning on every core before the other consumer's messages arrive.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let flowing = 1000;
+    broker
+        .publish_many("", &flow, (0..flowing).map(|i| (format!("m{i}"), text())))
+        .await
+        .unwrap();
+    let settled_spinners = tokio::task::block_in_place(|| {
+        loop {
+            let (status, health) =
+                http_get(&format!("http://{admin}/health")).expect("/health answers");
+            assert_eq!(status, 200, "{health}");
+            if count("acked", &flow) as usize == flowing {
+                break count("dead_lettered", &spin) as usize;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    assert!(
+        settled_spinners < spinners,
+        "the other consumer finished only after every spinner: {settled_spinners} of {spinners} were settled"
+    );
+    // Each spinner ends at its deadline, and nothing was lost meanwhile.
+    let dead = broker
+        .drain(&format!("{spin}.dlq"), spinners, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), spinners);
+    for message in &dead {
+        let reason = error_of(message);
+        assert!(reason.contains("deadline of 2s exceeded"), "{reason}");
+    }
+    let (_, text) = tokio::task::block_in_place(|| http_get(&metrics)).unwrap();
+    assert_eq!(
+        metric_sum(&text, "acemq_connection_recoveries_total", &[]),
+        0.0,
+        "a connection was lost while plugins spun:\n{text}"
+    );
+    host.terminate(Duration::from_secs(30)).unwrap();
+}
+
+fn text() -> BasicProperties {
+    BasicProperties::default().with_content_type("text/plain".into())
 }

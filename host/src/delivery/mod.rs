@@ -4,8 +4,9 @@
 //! decisions, and one file that talks to the broker through a small trait.
 //!
 //! - [`Pipeline`] (this file): one consumer's path for each delivery. It
-//!   reads the envelope, builds the handler's message, runs the plugins off
-//!   the async workers, decides, settles and counts.
+//!   reads the envelope, builds the handler's message, runs the plugins
+//!   (a future that yields while the plugin runs), decides, settles and
+//!   counts.
 //! - [`plugins`]: decode, handle, encode; what that produced is a
 //!   [`PluginRun`].
 //! - [`decide`]: pure. The settlement for a plugin run, and what happens
@@ -23,10 +24,13 @@ pub mod metrics;
 pub mod plugins;
 pub mod settle;
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures::FutureExt as _;
 use lapin::BasicProperties;
 use tokio_util::sync::CancellationToken;
 
@@ -138,19 +142,21 @@ impl Pipeline {
             body.clone(),
         );
 
-        // Handler calls are synchronous wasm: run them where they cannot
-        // stall the runtime's workers (a call may run up to its deadline).
-        let handler = self.handler.clone();
-        let codecs = self.codecs.clone();
-        let called =
-            tokio::task::spawn_blocking(move || run_plugins(&handler, &codecs, input)).await;
+        // On this task: the calls yield between epoch ticks (plugin/pool.rs),
+        // so no thread hop is needed to keep the runtime's workers free.
+        // Boxed: the call's future is kilobytes (wasmtime's fiber call
+        // inside), and every delivery's task would otherwise copy it on
+        // each move from creation to spawn.
+        let called = AssertUnwindSafe(Box::pin(run_plugins(&self.handler, &self.codecs, input)))
+            .catch_unwind()
+            .await;
         // The concurrency bound is on plugin calls; settling waits on the broker.
         drop(slot);
-        let run = called.unwrap_or_else(|join_error| {
+        let run = called.unwrap_or_else(|panic| {
             // The host's own code panicked around the call. The delivery is
             // still ours: it fails like any other, and the policy decides.
-            let error = join_error.to_string();
-            tracing::error!(queue, message_id = %envelope.id, error = %envelope::bound_reason(&error), "handler task failed");
+            let error = panic_text(panic.as_ref());
+            tracing::error!(queue, message_id = %envelope.id, error = %envelope::bound_reason(&error), "handler call failed inside the host");
             PluginRun::HostFailed { reason: error }
         });
         if let PluginRun::Faulted { fault, version, .. } = &run {
@@ -200,7 +206,14 @@ impl Pipeline {
             mandatory_outputs: self.rules.mandatory_outputs,
             from_stream,
         };
-        let report = settle::settle(&port, subject, &self.rules.policy, settlement).await;
+        // Boxed for the same reason as the plugin call: its future is large.
+        let report = Box::pin(settle::settle(
+            &port,
+            subject,
+            &self.rules.policy,
+            settlement,
+        ))
+        .await;
         self.metrics.count(&report);
     }
 }
@@ -367,4 +380,14 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
+}
+
+/// What a panic said, for the delivery's reason.
+fn panic_text(panic: &(dyn Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message");
+    format!("the host panicked while running the plugins: {text}")
 }

@@ -1,9 +1,10 @@
 //! The plugins' part of one delivery: decode the body, call the handler,
 //! encode its outputs.
 //!
-//! Blocking (wasm calls run to their deadline): the pipeline runs
-//! [`run_plugins`] off the async runtime's workers. What it returns is a
-//! [`PluginRun`], plain data that `decide.rs` turns into a settlement.
+//! A future on the async runtime: plugin calls yield between epoch ticks
+//! (`plugin/pool.rs`), so a long call never holds a worker for more than a
+//! tick. What it returns is a [`PluginRun`], plain data that `decide.rs`
+//! turns into a settlement.
 
 use std::sync::Arc;
 
@@ -78,9 +79,12 @@ impl PluginRun {
 }
 
 /// Runs codecs and the handler for one delivery: decode, handle, encode the
-/// outputs. Blocking: run it off the async runtime's workers.
-pub fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: Input) -> PluginRun {
-    match codecs.decode(input.content_type.as_deref(), &input.body) {
+/// outputs.
+pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: Input) -> PluginRun {
+    match codecs
+        .decode(input.content_type.as_deref(), &input.body)
+        .await
+    {
         Conversion::Unclaimed => {}
         Conversion::Converted { content_type, body } => {
             input.content_type = Some(content_type);
@@ -89,7 +93,7 @@ pub fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: Input) -
         Conversion::Refused(reason) => return PluginRun::Undecodable { reason },
         Conversion::Faulted(reason) => return PluginRun::CodecFaulted { reason },
     }
-    let invocation = handler.invoke(input);
+    let invocation = handler.invoke(input).await;
     let (version, fuel) = (invocation.version, invocation.fuel);
     if let Some(reason) = invocation.refused_publish {
         return PluginRun::Misconfigured {
@@ -99,7 +103,7 @@ pub fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: Input) -
         };
     }
     match invocation.result {
-        Ok(Verdict::Accept) => match encode_outputs(codecs, invocation.outputs) {
+        Ok(Verdict::Accept) => match encode_outputs(codecs, invocation.outputs).await {
             Ok(outputs) => PluginRun::Decided {
                 verdict: Verdict::Accept,
                 outputs,
@@ -127,25 +131,32 @@ pub fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: Input) -
     }
 }
 
-fn encode_outputs(codecs: &CodecSet, outputs: Vec<Outgoing>) -> Result<Vec<Outgoing>, String> {
+async fn encode_outputs(
+    codecs: &CodecSet,
+    outputs: Vec<Outgoing>,
+) -> Result<Vec<Outgoing>, String> {
     if codecs.is_empty() {
         return Ok(outputs);
     }
-    outputs
-        .into_iter()
-        .map(
-            |mut output| match codecs.encode(output.content_type.as_deref(), &output.body) {
-                Conversion::Unclaimed => Ok(output),
-                Conversion::Converted { content_type, body } => {
-                    output.content_type = Some(content_type);
-                    output.body = body;
-                    Ok(output)
-                }
-                Conversion::Refused(why) | Conversion::Faulted(why) => Err(format!(
+    let mut encoded = Vec::with_capacity(outputs.len());
+    for mut output in outputs {
+        match codecs
+            .encode(output.content_type.as_deref(), &output.body)
+            .await
+        {
+            Conversion::Unclaimed => {}
+            Conversion::Converted { content_type, body } => {
+                output.content_type = Some(content_type);
+                output.body = body;
+            }
+            Conversion::Refused(why) | Conversion::Faulted(why) => {
+                return Err(format!(
                     "an output to '{}' could not be encoded: {why}",
                     output.exchange
-                )),
-            },
-        )
-        .collect()
+                ));
+            }
+        }
+        encoded.push(output);
+    }
+    Ok(encoded)
 }

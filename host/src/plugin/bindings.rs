@@ -11,6 +11,9 @@ pub mod handler_world {
         // Every import may trap: the message methods do when a plugin uses a
         // message after its `handle` call returned (see `host_state`).
         imports: { default: trappable },
+        // Calls are futures on the async runtime (see `pool.rs`); the
+        // imports stay synchronous: they only read and buffer.
+        exports: { default: async },
         with: {
             // The message lent to a call is kept in the store's state, not in
             // a resource table: the handle only names the call it belongs to.
@@ -24,5 +27,6 @@ pub mod codec_world {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "codec-plugin",
+        exports: { default: async },
     });
 }

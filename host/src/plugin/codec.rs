@@ -10,20 +10,22 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
-use wasmtime::Store;
 use wasmtime::component::Linker;
 
 use super::bindings::codec_world::{CodecPlugin, CodecPluginPre};
 use super::engine::PluginEngine;
 use super::fault::CallEvidence;
 use super::limiter::MemoryLimiter;
-use super::pool::{Instantiate, Observed, Pool, Warm};
+use super::pool::{Instantiate, Observed, Pool, Warm, new_store};
 use super::{Limits, PluginError};
 
 /// The store data of a codec instance: codecs import nothing, so only limits.
 struct CodecState {
     limiter: MemoryLimiter,
+    /// When the running call must end (see `pool.rs`).
+    deadline: Instant,
 }
 
 /// A codec logs nothing: a refused memory growth is all there is to report.
@@ -33,6 +35,18 @@ impl Observed for CodecState {
             refused_memory: self.limiter.refused,
             last_error_log: None,
         }
+    }
+
+    fn limiter(&mut self) -> &mut MemoryLimiter {
+        &mut self.limiter
+    }
+
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    fn set_deadline(&mut self, at: Instant) {
+        self.deadline = at;
     }
 }
 
@@ -46,17 +60,14 @@ struct Instances {
 impl Instantiate for Instances {
     type Instance = Warm<CodecState, CodecPlugin>;
 
-    fn instantiate(&self) -> wasmtime::Result<Self::Instance> {
+    async fn instantiate(&self, deadline: Instant) -> wasmtime::Result<Self::Instance> {
         let limit = usize::try_from(self.limits.max_memory_bytes).unwrap_or(usize::MAX);
-        let mut store = Store::new(
-            &self.engine,
-            CodecState {
-                limiter: MemoryLimiter::new(limit),
-            },
-        );
-        store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(PluginEngine::deadline_ticks(self.limits.deadline));
-        let bindings = self.pre.instantiate(&mut store)?;
+        let state = CodecState {
+            limiter: MemoryLimiter::new(limit),
+            deadline,
+        };
+        let mut store = new_store(&self.engine, state, deadline);
+        let bindings = self.pre.instantiate_async(&mut store).await?;
         Ok(Warm { store, bindings })
     }
 }
@@ -111,8 +122,9 @@ impl CodecVersion {
             deadline,
             memory_limit,
         );
-        instances
-            .warm()
+        // Loading is blocking work (compiling), done off the async workers:
+        // the one warm instantiation is driven to its end right here.
+        futures::executor::block_on(instances.warm())
             .map_err(|e| PluginError::new(path, format!("cannot be instantiated: {e:#}")))?;
         Ok(Arc::new(Self {
             name,
@@ -123,21 +135,25 @@ impl CodecVersion {
 
     /// Converts one body, or says why not: the codec's refusal of these
     /// bytes, or its fault (a trap, the deadline, memory).
-    fn convert(
+    async fn convert(
         &self,
         direction: Direction,
         content_type: &str,
         body: &[u8],
     ) -> Result<(String, Vec<u8>), NotConverted> {
-        let converted = self.instances.with_instance(true, |warm| {
+        let converted = async {
+            let mut lease = self.instances.lease(true).await?;
+            let warm = lease.instance();
             // The limiter's memory of a refusal is per call.
             warm.store.data_mut().limiter.refused = None;
             let codec = warm.bindings.acemq_plugin_codec();
-            match direction {
-                Direction::Decode => codec.call_decode(&mut warm.store, content_type, body),
-                Direction::Encode => codec.call_encode(&mut warm.store, content_type, body),
-            }
-        });
+            let result = match direction {
+                Direction::Decode => codec.call_decode(&mut warm.store, content_type, body).await,
+                Direction::Encode => codec.call_encode(&mut warm.store, content_type, body).await,
+            };
+            lease.finish(result)
+        }
+        .await;
         // Ok(Err(why)) is the codec refusing, and its instance stays pooled.
         match converted {
             Ok(result) => result.map_err(NotConverted::Refused),
@@ -191,16 +207,21 @@ impl CodecSet {
     }
 
     /// Decodes a delivery's body for the handler.
-    pub fn decode(&self, content_type: Option<&str>, body: &[u8]) -> Conversion {
-        self.convert(Direction::Decode, content_type, body)
+    pub async fn decode(&self, content_type: Option<&str>, body: &[u8]) -> Conversion {
+        self.convert(Direction::Decode, content_type, body).await
     }
 
     /// Encodes a handler's output for the wire.
-    pub fn encode(&self, content_type: Option<&str>, body: &[u8]) -> Conversion {
-        self.convert(Direction::Encode, content_type, body)
+    pub async fn encode(&self, content_type: Option<&str>, body: &[u8]) -> Conversion {
+        self.convert(Direction::Encode, content_type, body).await
     }
 
-    fn convert(&self, direction: Direction, content_type: Option<&str>, body: &[u8]) -> Conversion {
+    async fn convert(
+        &self,
+        direction: Direction,
+        content_type: Option<&str>,
+        body: &[u8],
+    ) -> Conversion {
         // Every delivery and output passes here: a host without codecs (the
         // common case) answers before the content type is even normalised.
         let (false, Some(content_type)) = (self.entries.is_empty(), content_type) else {
@@ -219,7 +240,7 @@ impl CodecSet {
         let mut reasons = Vec::new();
         let mut faulted = false;
         for codec in claimants {
-            match codec.convert(direction, content_type, body) {
+            match codec.convert(direction, content_type, body).await {
                 Ok((content_type, body)) => return Conversion::Converted { content_type, body },
                 Err(NotConverted::Refused(why)) => reasons.push(format!("{}: {why}", codec.name)),
                 Err(NotConverted::Faulted(why)) => {
@@ -248,6 +269,8 @@ fn media_type(content_type: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use futures::executor::block_on;
+
     use super::*;
 
     #[test]
@@ -263,9 +286,9 @@ mod tests {
     fn nothing_is_claimed_without_codecs_or_content_type() {
         let set = CodecSet::new();
         assert_eq!(
-            set.decode(Some("application/msgpack"), b"x"),
+            block_on(set.decode(Some("application/msgpack"), b"x")),
             Conversion::Unclaimed
         );
-        assert_eq!(set.decode(None, b"x"), Conversion::Unclaimed);
+        assert_eq!(block_on(set.decode(None, b"x")), Conversion::Unclaimed);
     }
 }

@@ -1,6 +1,7 @@
 //! The wasmtime engine shared by every plugin of a host process: how code is
 //! compiled, cached on disk (see [`cache`]: only entries the host can prove
-//! it wrote are used), and interrupted when it runs past its deadline.
+//! it wrote are used), and the epoch clock that lets a running call yield
+//! and ends it at its deadline (see `pool.rs`).
 
 mod cache;
 
@@ -17,8 +18,10 @@ use self::cache::PluginCache;
 use super::PluginError;
 use super::limiter::{MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_TABLES};
 
-/// How often the engine's epoch advances. A call's deadline is counted in
-/// these ticks, so a deadline is honoured to within one tick.
+/// How often the engine's epoch advances. At every tick a running call
+/// either yields to the async runtime or, past its deadline, traps: a
+/// deadline is honoured to within one tick, and a long call holds a runtime
+/// worker for at most one tick at a time.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Sizing of the engine, decided from the whole config before any plugin loads.
@@ -156,12 +159,6 @@ impl PluginEngine {
         self.settings.fuel_metering
     }
 
-    /// Epoch ticks that make up `deadline` (rounded up, at least one).
-    pub fn deadline_ticks(deadline: Duration) -> u64 {
-        let ticks = deadline.as_nanos().div_ceil(EPOCH_TICK.as_nanos());
-        u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
-    }
-
     /// Reads a plugin file and compiles it, through the disk cache when one is
     /// configured. Errors name the file and say what is wrong with it.
     pub fn compile_file(&self, path: &Path) -> Result<CompiledPlugin, PluginError> {
@@ -227,7 +224,8 @@ const KEEP_RESIDENT_BYTES: usize = 2 << 20;
 fn engine_config(settings: &EngineSettings, pooling: bool) -> Config {
     let mut config = Config::new();
     config.wasm_component_model(true);
-    // Deadlines: every store gets a deadline in epoch ticks before each call.
+    // Deadlines and yielding: every store's epoch callback decides at each
+    // tick whether its running call yields or ends (pool.rs).
     config.epoch_interruption(true);
     config.consume_fuel(settings.fuel_metering);
     if pooling {
@@ -252,6 +250,9 @@ fn engine_config(settings: &EngineSettings, pooling: bool) -> Config {
             .max_tables_per_component(tables)
             .max_tables_per_module(tables)
             .total_tables(slots.saturating_mul(tables))
+            // Calls run on fibers (async calls); each store keeps the stack
+            // of its last call, so one stack per live instance.
+            .total_stacks(slots)
             // The limiter's budget covers all of an instance's memories
             // together, so one memory can reach the whole budget and never
             // more: the largest budget is each memory slot's size.
@@ -324,14 +325,6 @@ mod tests {
         assert_eq!(other_contract_version(contract!("handler")), None);
         assert_eq!(other_contract_version("wasi:cli/environment@0.2.0"), None);
         assert_eq!(other_contract_version("acemq:plugin/host"), None);
-    }
-
-    #[test]
-    fn deadline_ticks_round_up() {
-        assert_eq!(PluginEngine::deadline_ticks(Duration::from_millis(1)), 1);
-        assert_eq!(PluginEngine::deadline_ticks(Duration::from_millis(10)), 1);
-        assert_eq!(PluginEngine::deadline_ticks(Duration::from_millis(11)), 2);
-        assert_eq!(PluginEngine::deadline_ticks(Duration::from_secs(2)), 200);
     }
 
     #[test]

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use arc_swap::ArcSwap;
-use wasmtime::Store;
 use wasmtime::component::{HasSelf, Linker};
 
 use super::bindings::handler_world::acemq::plugin::types;
@@ -15,7 +14,7 @@ use super::bindings::handler_world::{HandlerPlugin, HandlerPluginPre};
 use super::engine::{CompiledPlugin, PluginEngine};
 use super::fault::Fault;
 use super::host_state::HostState;
-use super::pool::{Instantiate, Pool, Warm};
+use super::pool::{Instantiate, Pool, Warm, new_store};
 use super::{ConsumerContext, Input, Outgoing, PluginError, Verdict};
 use crate::config::Isolation;
 
@@ -30,15 +29,13 @@ struct Instances {
 impl Instantiate for Instances {
     type Instance = Warm<HostState, HandlerPlugin>;
 
-    fn instantiate(&self) -> wasmtime::Result<Self::Instance> {
-        let mut store = Store::new(&self.engine, HostState::new(self.context.clone()));
-        store.limiter(|state| &mut state.limiter);
+    async fn instantiate(&self, deadline: Instant) -> wasmtime::Result<Self::Instance> {
+        // Instantiation runs guest code (start functions): bound it too.
+        let mut store = new_store(&self.engine, HostState::new(self.context.clone()), deadline);
         if self.fuel_metering {
             store.set_fuel(u64::MAX)?;
         }
-        // Instantiation runs guest code (start functions): bound it too.
-        store.set_epoch_deadline(PluginEngine::deadline_ticks(self.context.limits.deadline));
-        let bindings = self.pre.instantiate(&mut store)?;
+        let bindings = self.pre.instantiate_async(&mut store).await?;
         Ok(Warm { store, bindings })
     }
 }
@@ -125,7 +122,9 @@ impl HandlerVersion {
         );
         // Warm even when every call takes a fresh instance: the one real
         // instantiation is what proves the start-up code runs.
-        instances.warm().map_err(|e| {
+        // Loading is blocking work (compiling), done off the async workers:
+        // the one warm instantiation is driven to its end right here.
+        futures::executor::block_on(instances.warm()).map_err(|e| {
             PluginError::new(&path, format!("cannot be instantiated: {}", chain(&e)))
         })?;
         Ok(Arc::new(Self {
@@ -143,9 +142,9 @@ impl HandlerVersion {
         &self.instances.source().context
     }
 
-    /// Calls the handler for one message. Blocking: run it off the async
-    /// runtime's worker threads.
-    pub fn invoke(&self, input: Input) -> Invocation {
+    /// Calls the handler for one message: a future on the async runtime
+    /// that yields between epoch ticks while the plugin runs (see `pool.rs`).
+    pub async fn invoke(&self, input: Input) -> Invocation {
         let source = self.instances.source();
         let reuse = source.context.limits.isolation == Isolation::Pooled;
         // Counted whether the call succeeds or fails; `None` when metering is
@@ -154,7 +153,9 @@ impl HandlerVersion {
         // Kept whether the call then succeeds or traps (a plugin may
         // `unwrap` the refusal).
         let mut refused_publish = None;
-        let result = self.instances.with_instance(reuse, |warm| {
+        let result = async {
+            let mut lease = self.instances.lease(reuse).await?;
+            let warm = lease.instance();
             let message = warm.store.data_mut().begin_call(input);
             let fuel_before = source
                 .fuel_metering
@@ -162,13 +163,15 @@ impl HandlerVersion {
             let result = warm
                 .bindings
                 .acemq_plugin_handler()
-                .call_handle(&mut warm.store, message);
+                .call_handle(&mut warm.store, message)
+                .await;
             fuel =
                 fuel_before.map(|before| before.saturating_sub(warm.store.get_fuel().unwrap_or(0)));
             let ended = warm.store.data_mut().end_call();
             refused_publish = ended.refused_publish;
-            result.map(|outcome| (outcome, ended.outputs))
-        });
+            lease.finish(result.map(|outcome| (outcome, ended.outputs)))
+        }
+        .await;
         let (result, outputs) = match result {
             Ok((outcome, outputs)) => (Ok(verdict(outcome)), outputs),
             Err(fault) => (Err(fault), Vec::new()),
@@ -213,8 +216,8 @@ impl HandlerSlot {
         self.current.swap(version)
     }
 
-    pub fn invoke(&self, input: Input) -> Invocation {
-        self.current().invoke(input)
+    pub async fn invoke(&self, input: Input) -> Invocation {
+        self.current().invoke(input).await
     }
 }
 

@@ -2,7 +2,7 @@
 //! plugin calls: its only authority.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use wasmtime::component::Resource;
 
@@ -18,6 +18,8 @@ pub struct HostState {
     pub context: Arc<ConsumerContext>,
     pub limiter: MemoryLimiter,
     pub call: CallState,
+    /// When the running call must end (see `pool.rs`).
+    deadline: Instant,
 }
 
 /// The handle a plugin holds on the message of its current call
@@ -87,6 +89,7 @@ impl HostState {
             context,
             limiter: MemoryLimiter::new(limit),
             call: CallState::default(),
+            deadline: Instant::now(),
         }
     }
 
@@ -206,6 +209,18 @@ impl Observed for HostState {
             refused_memory: self.limiter.refused,
             last_error_log: self.call.last_error_log.clone(),
         }
+    }
+
+    fn limiter(&mut self) -> &mut MemoryLimiter {
+        &mut self.limiter
+    }
+
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    fn set_deadline(&mut self, at: Instant) {
+        self.deadline = at;
     }
 }
 

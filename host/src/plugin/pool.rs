@@ -5,51 +5,103 @@
 //!
 //! The rules:
 //!
-//! - A call takes an idle instance when it may reuse one, and instantiates a
+//! - A call leases an idle instance when it may reuse one, and instantiates a
 //!   fresh one when it may not or when none is idle. The idle list's lock is
 //!   held only to pop and to push, never during a call, so concurrent calls
 //!   each get their own instance and the pool grows to the concurrency seen.
-//! - An instance goes back to the pool only after a call that succeeded. After
-//!   a trap, or any error from the call, it is dropped: its linear memory may
-//!   be half-updated, and the component model forbids re-entering an instance
-//!   that trapped. The next call gets a fresh instance.
-//! - The epoch deadline is set before every call, not once per instance: it is
-//!   an epoch count relative to the engine's epoch when it is set, so one set
-//!   when the instance was made (or before its previous call) would have run
-//!   down while the instance sat idle.
+//! - An instance goes back to the pool only after a call that succeeded
+//!   ([`Lease::finish`]). After a trap, or any error from the call, it is
+//!   dropped: its linear memory may be half-updated, and the component model
+//!   forbids re-entering an instance that trapped. A lease dropped without
+//!   `finish` (its call's future was dropped half-way, at shutdown or by a
+//!   panic around it) drops its instance too: the guest stopped mid-call.
+//! - Calls are futures on the async runtime (wasmtime's `call_async`), never
+//!   a task on tokio's blocking pool: handing every delivery to another
+//!   thread and back cost more than the call itself (futex waits and
+//!   wake-ups dominated a profile of the host). A call that runs long does
+//!   not hold its worker: every [`EPOCH_TICK`] the epoch callback either ends
+//!   it (its deadline has passed: a trap, [`Trap::Interrupt`]) or yields to
+//!   the runtime, so acks, heartbeats, the admin endpoint and other consumers
+//!   run between its slices.
+//! - The deadline is armed before every call, not once per instance: it is a
+//!   wall-clock instant the epoch callback compares against, so one set when
+//!   the instance was made would have run out while the instance sat idle.
 //! - A failure is classified ([`fault::classify`]) while the failed instance
 //!   is still at hand, so what the host saw during the call (a refused memory
 //!   growth, the panic message the guest logged) names the fault.
 //! - A version warms one instance when it loads: one real instantiation proves
 //!   the plugin's start-up code runs, and leaves an instance ready for the
 //!   first message.
+//!
+//! [`EPOCH_TICK`]: super::engine::EPOCH_TICK
+//! [`Trap::Interrupt`]: wasmtime::Trap::Interrupt
 
+use std::future::Future;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use wasmtime::Store;
+use wasmtime::{Engine, Store, UpdateDeadline};
 
-use super::engine::PluginEngine;
 use super::fault::{self, CallEvidence, Fault};
+use super::limiter::MemoryLimiter;
 
 /// What the pool holds: something that can be armed with a deadline before a
 /// call and questioned after one failed.
-pub(super) trait Instance {
-    /// Sets the call's deadline, `ticks` epoch ticks from now.
-    fn set_deadline(&mut self, ticks: u64);
+pub(super) trait Instance: Send {
+    /// Sets the call's deadline: the call traps once `at` has passed.
+    fn arm(&mut self, at: Instant);
     /// What the host observed during the call that just failed.
     fn evidence(&self) -> CallEvidence;
 }
 
 /// Makes the instances of one version (its engine, pre-linked code, limits).
-pub(super) trait Instantiate {
+pub(super) trait Instantiate: Send + Sync {
     type Instance: Instance;
-    fn instantiate(&self) -> wasmtime::Result<Self::Instance>;
+    /// Instantiates; start-up code in the plugin runs under `deadline`.
+    fn instantiate(
+        &self,
+        deadline: Instant,
+    ) -> impl Future<Output = wasmtime::Result<Self::Instance>> + Send;
 }
 
-/// The data of a plugin store that can report what it observed during a call.
-pub(super) trait Observed: 'static {
+/// The data of a plugin store: what the pool needs of it (its memory
+/// limiter, the running call's deadline) and what it observed during a call.
+pub(super) trait Observed: Send + 'static {
     fn evidence(&self) -> CallEvidence;
+    fn limiter(&mut self) -> &mut MemoryLimiter;
+    /// When the running call must end.
+    fn deadline(&self) -> Instant;
+    fn set_deadline(&mut self, at: Instant);
+}
+
+/// A store for one plugin instance, with `data`: memory bounded by its
+/// limiter, and calls bounded by the deadline in its data (see the module
+/// doc: they yield between epoch ticks and trap once it has passed).
+pub(super) fn new_store<D: Observed>(engine: &Engine, data: D, deadline: Instant) -> Store<D> {
+    let mut store = Store::new(engine, data);
+    store.limiter(|data| data.limiter());
+    store.epoch_deadline_callback(|context| {
+        Ok(if Instant::now() >= context.data().deadline() {
+            UpdateDeadline::Interrupt
+        } else {
+            // One more tick, after letting the runtime run everything else.
+            // tokio's own yield, not wasmtime's plain one: a task that wakes
+            // itself is merely queued behind the others, and the I/O driver
+            // is polled only every few dozen polls, which with every worker
+            // running a long call is once every few hundred milliseconds;
+            // `yield_now` is deferred until the worker has polled I/O, so
+            // deliveries, acks and heartbeats move between two slices.
+            UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
+        })
+    });
+    arm_store(&mut store, deadline);
+    store
+}
+
+fn arm_store<D: Observed>(store: &mut Store<D>, at: Instant) {
+    store.data_mut().set_deadline(at);
+    // The callback runs at the next tick, and decides then.
+    store.set_epoch_deadline(1);
 }
 
 /// A wasmtime instance ready to take a call: its bindings, with the store
@@ -59,9 +111,9 @@ pub(super) struct Warm<D: 'static, B> {
     pub bindings: B,
 }
 
-impl<D: Observed, B> Instance for Warm<D, B> {
-    fn set_deadline(&mut self, ticks: u64) {
-        self.store.set_epoch_deadline(ticks);
+impl<D: Observed, B: Send> Instance for Warm<D, B> {
+    fn arm(&mut self, at: Instant) {
+        arm_store(&mut self.store, at);
     }
 
     fn evidence(&self) -> CallEvidence {
@@ -74,10 +126,48 @@ pub(super) struct Pool<S: Instantiate> {
     source: S,
     idle: Mutex<Vec<S::Instance>>,
     deadline: Duration,
-    /// `deadline` in epoch ticks, worked out once rather than on every call.
-    deadline_ticks: u64,
     /// The linear-memory limit, named in an out-of-memory fault's reason.
     memory_limit: u64,
+}
+
+/// One call's instance, taken from its pool or made for it. Give it back
+/// with [`Lease::finish`]; dropped otherwise, it is never reused.
+pub(super) struct Lease<'p, S: Instantiate> {
+    pool: &'p Pool<S>,
+    instance: S::Instance,
+    /// Whether a successful call returns the instance to the pool.
+    reuse: bool,
+}
+
+impl<S: Instantiate> Lease<'_, S> {
+    pub fn instance(&mut self) -> &mut S::Instance {
+        &mut self.instance
+    }
+
+    /// Ends the call with what it returned: a success gives a reusable
+    /// instance back to the pool; a failure is classified and the instance
+    /// dropped (see the module doc).
+    pub fn finish<R>(self, result: wasmtime::Result<R>) -> Result<R, Fault> {
+        let Lease {
+            pool,
+            instance,
+            reuse,
+        } = self;
+        match result {
+            Ok(answer) => {
+                if reuse {
+                    pool.idle.lock().expect("idle pool poisoned").push(instance);
+                }
+                Ok(answer)
+            }
+            Err(e) => Err(fault::classify(
+                &e,
+                &instance.evidence(),
+                pool.deadline,
+                pool.memory_limit,
+            )),
+        }
+    }
 }
 
 impl<S: Instantiate> Pool<S> {
@@ -87,7 +177,6 @@ impl<S: Instantiate> Pool<S> {
             source,
             idle: Mutex::new(Vec::new()),
             deadline,
-            deadline_ticks: PluginEngine::deadline_ticks(deadline),
             memory_limit,
         }
     }
@@ -98,8 +187,11 @@ impl<S: Instantiate> Pool<S> {
     }
 
     /// Instantiates one instance and leaves it idle.
-    pub fn warm(&self) -> wasmtime::Result<()> {
-        let instance = self.source.instantiate()?;
+    pub async fn warm(&self) -> wasmtime::Result<()> {
+        let instance = self
+            .source
+            .instantiate(Instant::now() + self.deadline)
+            .await?;
         self.idle.lock().expect("idle pool poisoned").push(instance);
         Ok(())
     }
@@ -109,46 +201,31 @@ impl<S: Instantiate> Pool<S> {
         self.idle.lock().expect("idle pool poisoned").len()
     }
 
-    /// Runs `call` on an instance, under the deadline. With `reuse`, the
-    /// instance comes from the pool when one is idle and goes back to it if
-    /// `call` succeeds; without, it is made for this call alone and the pool
-    /// is not touched. An instance whose call failed is dropped either way.
-    //
-    // `#[inline]` places each use in its caller's codegen unit, with the
-    // wasmtime call its closure makes. Compiled apart, in this module's unit,
-    // the handler's pooled call ran ~90 instructions (~4%) slower: wasmtime's
-    // trap-catching wrapper was no longer inlined into its call path.
-    #[inline]
-    pub fn with_instance<R>(
-        &self,
-        reuse: bool,
-        call: impl FnOnce(&mut S::Instance) -> wasmtime::Result<R>,
-    ) -> Result<R, Fault> {
+    /// An instance for one call, armed with the call's deadline. With
+    /// `reuse`, it comes from the pool when one is idle and goes back to it
+    /// after a successful call; without, it is made for this call alone and
+    /// the pool is not touched.
+    pub async fn lease(&self, reuse: bool) -> Result<Lease<'_, S>, Fault> {
         let idle = if reuse {
             self.idle.lock().expect("idle pool poisoned").pop()
         } else {
             None
         };
-        let mut instance = match idle.map(Ok).unwrap_or_else(|| self.source.instantiate()) {
-            Ok(instance) => instance,
-            Err(e) => return Err(fault::instantiation_failed(&e)),
+        let mut instance = match idle {
+            Some(instance) => instance,
+            None => self
+                .source
+                .instantiate(Instant::now() + self.deadline)
+                .await
+                .map_err(|e| fault::instantiation_failed(&e))?,
         };
-        instance.set_deadline(self.deadline_ticks);
-        match call(&mut instance) {
-            Ok(answer) => {
-                if reuse {
-                    self.idle.lock().expect("idle pool poisoned").push(instance);
-                }
-                Ok(answer)
-            }
-            // `instance` is dropped on return, never reused (see the module doc).
-            Err(e) => Err(fault::classify(
-                &e,
-                &instance.evidence(),
-                self.deadline,
-                self.memory_limit,
-            )),
-        }
+        // The call's own deadline starts now, whatever instantiating took.
+        instance.arm(Instant::now() + self.deadline);
+        Ok(Lease {
+            pool: self,
+            instance,
+            reuse,
+        })
     }
 }
 
@@ -156,6 +233,7 @@ impl<S: Instantiate> Pool<S> {
 mod tests {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+    use futures::executor::block_on;
     use wasmtime::Trap;
 
     use super::*;
@@ -167,13 +245,13 @@ mod tests {
     struct Counter {
         id: usize,
         calls: u32,
-        deadline: Option<u64>,
+        deadline: Option<Instant>,
         refused: Option<usize>,
     }
 
     impl Instance for Counter {
-        fn set_deadline(&mut self, ticks: u64) {
-            self.deadline = Some(ticks);
+        fn arm(&mut self, at: Instant) {
+            self.deadline = Some(at);
         }
 
         fn evidence(&self) -> CallEvidence {
@@ -194,7 +272,7 @@ mod tests {
     impl Instantiate for Counters {
         type Instance = Counter;
 
-        fn instantiate(&self) -> wasmtime::Result<Counter> {
+        async fn instantiate(&self, _deadline: Instant) -> wasmtime::Result<Counter> {
             if self.failing.load(Ordering::Relaxed) {
                 return Err(wasmtime::Error::msg("no slot left"));
             }
@@ -208,7 +286,6 @@ mod tests {
     }
 
     const DEADLINE: Duration = Duration::from_millis(25);
-    const TICKS: u64 = 3; // 25 ms in 10 ms ticks, rounded up
 
     fn pool() -> Pool<Counters> {
         Pool::new(Counters::default(), DEADLINE, 1 << 20)
@@ -216,6 +293,19 @@ mod tests {
 
     fn made(pool: &Pool<Counters>) -> usize {
         pool.source().made.load(Ordering::Relaxed)
+    }
+
+    /// One call through a lease, as handler and codec calls are made.
+    fn call<R>(
+        pool: &Pool<Counters>,
+        reuse: bool,
+        body: impl FnOnce(&mut Counter) -> wasmtime::Result<R>,
+    ) -> Result<R, Fault> {
+        block_on(async {
+            let mut lease = pool.lease(reuse).await?;
+            let result = body(lease.instance());
+            lease.finish(result)
+        })
     }
 
     /// A successful call: which instance served it, and how many calls that
@@ -233,7 +323,7 @@ mod tests {
     fn warming_leaves_one_instance_idle() {
         let pool = pool();
         assert_eq!((pool.idle(), made(&pool)), (0, 0));
-        pool.warm().unwrap();
+        block_on(pool.warm()).unwrap();
         assert_eq!((pool.idle(), made(&pool)), (1, 1));
     }
 
@@ -241,94 +331,99 @@ mod tests {
     fn a_warming_that_cannot_instantiate_fails_and_pools_nothing() {
         let pool = pool();
         pool.source().failing.store(true, Ordering::Relaxed);
-        assert!(pool.warm().is_err());
+        assert!(block_on(pool.warm()).is_err());
         assert_eq!(pool.idle(), 0);
     }
 
     #[test]
     fn after_a_success_the_instance_is_returned_and_reused() {
         let pool = pool();
-        pool.warm().unwrap();
-        assert_eq!(pool.with_instance(true, serve).unwrap(), (0, 0));
+        block_on(pool.warm()).unwrap();
+        assert_eq!(call(&pool, true, serve).unwrap(), (0, 0));
         assert_eq!(pool.idle(), 1);
-        assert_eq!(pool.with_instance(true, serve).unwrap(), (0, 1));
+        assert_eq!(call(&pool, true, serve).unwrap(), (0, 1));
         assert_eq!(made(&pool), 1, "a call instantiated beside the warm one");
     }
 
     #[test]
     fn an_empty_pool_instantiates_and_keeps_the_instance() {
         let pool = pool();
-        assert_eq!(pool.with_instance(true, serve).unwrap(), (0, 0));
+        assert_eq!(call(&pool, true, serve).unwrap(), (0, 0));
         assert_eq!(pool.idle(), 1);
-        assert_eq!(pool.with_instance(true, serve).unwrap(), (0, 1));
+        assert_eq!(call(&pool, true, serve).unwrap(), (0, 1));
     }
 
     #[test]
     fn after_a_failure_the_instance_is_dropped_and_the_next_call_gets_a_fresh_one() {
         let pool = pool();
-        pool.warm().unwrap();
-        let fault = pool.with_instance(true, trap).unwrap_err();
+        block_on(pool.warm()).unwrap();
+        let fault = call(&pool, true, trap).unwrap_err();
         assert_eq!(fault.kind, FaultKind::Trap, "{fault}");
         assert_eq!(pool.idle(), 0, "the instance that trapped was pooled");
-        assert_eq!(pool.with_instance(true, serve).unwrap(), (1, 0));
+        assert_eq!(call(&pool, true, serve).unwrap(), (1, 0));
         assert_eq!(pool.idle(), 1);
+    }
+
+    /// A call abandoned half-way (its future dropped) leaves its instance
+    /// in an unknown state: it must not be reused.
+    #[test]
+    fn a_lease_dropped_without_finishing_never_returns_its_instance() {
+        let pool = pool();
+        block_on(pool.warm()).unwrap();
+        {
+            let _abandoned = block_on(pool.lease(true)).unwrap();
+        }
+        assert_eq!(pool.idle(), 0);
+        assert_eq!(call(&pool, true, serve).unwrap(), (1, 0));
     }
 
     #[test]
     fn without_reuse_every_call_gets_a_fresh_instance_and_the_pool_is_left_alone() {
         let pool = pool();
-        pool.warm().unwrap();
-        assert_eq!(pool.with_instance(false, serve).unwrap(), (1, 0));
-        assert_eq!(pool.with_instance(false, serve).unwrap(), (2, 0));
-        assert_eq!(
-            pool.with_instance(false, trap).unwrap_err().kind,
-            FaultKind::Trap
-        );
+        block_on(pool.warm()).unwrap();
+        assert_eq!(call(&pool, false, serve).unwrap(), (1, 0));
+        assert_eq!(call(&pool, false, serve).unwrap(), (2, 0));
+        assert_eq!(call(&pool, false, trap).unwrap_err().kind, FaultKind::Trap);
         assert_eq!(pool.idle(), 1, "only the warm instance is idle");
         assert_eq!(made(&pool), 4);
         // The warm instance is still the one a reusing call gets.
-        assert_eq!(pool.with_instance(true, serve).unwrap(), (0, 0));
+        assert_eq!(call(&pool, true, serve).unwrap(), (0, 0));
     }
 
     #[test]
-    fn the_deadline_is_set_before_every_call() {
+    fn the_deadline_is_armed_before_every_call() {
         let pool = pool();
-        pool.warm().unwrap();
-        for _ in 0..2 {
-            pool.with_instance(true, |counter| {
-                assert_eq!(counter.deadline, Some(TICKS));
+        block_on(pool.warm()).unwrap();
+        for reuse in [true, true, false] {
+            let before = Instant::now();
+            call(&pool, reuse, |counter| {
+                let at = counter.deadline.expect("armed");
+                assert!(at >= before + DEADLINE && at <= Instant::now() + DEADLINE);
                 // Spent: the next call must arm it again.
                 counter.deadline = None;
                 Ok(())
             })
             .unwrap();
         }
-        pool.with_instance(false, |counter| {
-            assert_eq!(counter.deadline, Some(TICKS));
-            Ok(())
-        })
-        .unwrap();
     }
 
     #[test]
     fn a_failure_is_named_from_the_failed_instances_evidence_and_the_pools_limits() {
         let pool = pool();
-        let fault = pool
-            .with_instance(true, |counter| -> wasmtime::Result<()> {
-                counter.refused = Some(2 << 20);
-                Err(Trap::UnreachableCodeReached.into())
-            })
-            .unwrap_err();
+        let fault = call(&pool, true, |counter| -> wasmtime::Result<()> {
+            counter.refused = Some(2 << 20);
+            Err(Trap::UnreachableCodeReached.into())
+        })
+        .unwrap_err();
         assert_eq!(fault.kind, FaultKind::OutOfMemory, "{fault}");
         assert!(
             fault.reason.contains("2097152 bytes") && fault.reason.contains("1048576 bytes"),
             "{fault}"
         );
-        let fault = pool
-            .with_instance(true, |_| -> wasmtime::Result<()> {
-                Err(Trap::Interrupt.into())
-            })
-            .unwrap_err();
+        let fault = call(&pool, true, |_| -> wasmtime::Result<()> {
+            Err(Trap::Interrupt.into())
+        })
+        .unwrap_err();
         assert_eq!(fault.kind, FaultKind::Deadline);
         assert_eq!(fault.reason, "deadline of 25ms exceeded");
         assert_eq!(pool.idle(), 0);
@@ -339,12 +434,11 @@ mod tests {
         let pool = pool();
         pool.source().failing.store(true, Ordering::Relaxed);
         let mut ran = false;
-        let fault = pool
-            .with_instance(true, |_| {
-                ran = true;
-                Ok(())
-            })
-            .unwrap_err();
+        let fault = call(&pool, true, |_| {
+            ran = true;
+            Ok(())
+        })
+        .unwrap_err();
         assert_eq!(fault.kind, FaultKind::Instantiation);
         assert_eq!(
             fault.reason,
@@ -358,15 +452,15 @@ mod tests {
     #[test]
     fn overlapping_calls_each_get_an_instance_and_both_are_pooled() {
         let pool = pool();
-        pool.warm().unwrap();
-        let (outer, inner) = pool
-            .with_instance(true, |outer| {
-                let inner = pool.with_instance(true, serve).unwrap();
-                Ok((serve(outer)?, inner))
-            })
-            .unwrap();
-        assert_eq!(outer, (0, 0));
-        assert_eq!(inner, (1, 0));
+        block_on(pool.warm()).unwrap();
+        block_on(async {
+            let mut outer = pool.lease(true).await.unwrap();
+            let mut inner = pool.lease(true).await.unwrap();
+            let inner_served = serve(inner.instance());
+            assert_eq!(inner.finish(inner_served).unwrap(), (1, 0));
+            let outer_served = serve(outer.instance());
+            assert_eq!(outer.finish(outer_served).unwrap(), (0, 0));
+        });
         assert_eq!(pool.idle(), 2);
     }
 }
