@@ -285,6 +285,12 @@ pub struct Publisher {
     idle: Arc<Mutex<Vec<Pooled>>>,
     /// The round a new batch joins, while it takes members.
     open: Mutex<Option<Arc<Round>>>,
+    /// Held while a round is being opened. Opening one may take two broker
+    /// round trips (a new channel, confirm mode); batches arriving meanwhile
+    /// wait for it and join it, instead of each opening a channel of its
+    /// own: a burst of deliveries once left hundreds of channels on the
+    /// connection, and lapin walks every channel for every frame it writes.
+    opening: tokio::sync::Mutex<()>,
 }
 
 /// A channel waiting for its next round, and the connection it belongs to.
@@ -413,6 +419,7 @@ impl Publisher {
             shared,
             idle: Arc::new(Mutex::new(Vec::new())),
             open: Mutex::new(None),
+            opening: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -669,11 +676,14 @@ impl Publisher {
         if let Some(membership) = self.join_open(generation) {
             return Ok(membership);
         }
+        let _opening = self.opening.lock().await;
+        // Opened by another batch while this one waited.
+        if let Some(membership) = self.join_open(generation) {
+            return Ok(membership);
+        }
         let channel = self.channel(connection, generation).await?;
         let round = Arc::new(Round::new(channel, generation, self.idle.clone()));
         let mut open = self.open.lock().expect("publisher rounds poisoned");
-        // Another batch may have opened one meanwhile: this one opens its own
-        // anyway (its channel is already here), and becomes the open one.
         round.busy.send_modify(|busy| *busy += 1);
         *open = Some(round.clone());
         Ok(Membership { round, left: false })
