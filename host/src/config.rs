@@ -439,8 +439,13 @@ mod defaults {
         // The contract's default prefetch (Python and Go).
         20
     }
+    /// One handler call per core: calls are futures on the runtime, which
+    /// has one worker per core, so more calls at once than cores only
+    /// queue, and fewer leave cores idle when a handler is CPU-heavy. (The
+    /// AceMQ libraries default to 1; concurrency is the host's own, invisible
+    /// on the wire.)
     pub fn concurrency() -> usize {
-        1
+        std::thread::available_parallelism().map_or(1, |n| n.get())
     }
     pub fn deadline() -> Duration {
         Duration::from_secs(2)
@@ -784,7 +789,10 @@ mod tests {
         let consumer = &loaded.config.consumers[0];
         assert_eq!(consumer.prefetch_for(false), 20);
         assert_eq!(consumer.prefetch_for(true), 10);
-        assert_eq!(consumer.concurrency, 1);
+        assert_eq!(
+            consumer.concurrency,
+            std::thread::available_parallelism().unwrap().get()
+        );
         assert_eq!(loaded.config.host.drain_timeout, Duration::from_secs(20));
     }
 
