@@ -590,16 +590,27 @@ impl Publisher {
     /// confirm timeout; the error is the contract's sentence.
     async fn place(&self) -> Result<Unconfirmed, String> {
         let settings = &self.shared.settings;
-        let acquire = self.shared.permits.clone().acquire_owned();
-        match tokio::time::timeout(settings.confirm_timeout, acquire).await {
-            Ok(Ok(permit)) => {
+        // A place is nearly always free: take it without arming a timer
+        // (this runs for every message published).
+        let permit = match self.shared.permits.clone().try_acquire_owned() {
+            Ok(permit) => Ok(permit),
+            Err(_) => {
+                let acquire = self.shared.permits.clone().acquire_owned();
+                match tokio::time::timeout(settings.confirm_timeout, acquire).await {
+                    Ok(Ok(permit)) => Ok(permit),
+                    _ => Err(()),
+                }
+            }
+        };
+        match permit {
+            Ok(permit) => {
                 self.shared.observer.unconfirmed(1);
                 Ok(Unconfirmed {
                     _permit: permit,
                     observer: self.shared.observer.clone(),
                 })
             }
-            _ => Err(format!(
+            Err(()) => Err(format!(
                 "{} publishes are already waiting for a confirm and none completed within {}. \
                  The broker is not keeping up; publish more slowly rather than buffering more.",
                 settings.max_unconfirmed,
