@@ -40,6 +40,11 @@
 //! figures cover the span from 10 % to 90 % of the messages acked, which
 //! leaves out connecting, the first deliveries and the tail.
 
+/// The allocator the acemq-host binary ships with (host/src/main.rs), for
+/// the host and the bare consumers alike: the comparison stays like for like.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
