@@ -17,36 +17,25 @@ use wasmtime::component::Linker;
 use super::bindings::codec_world::{CodecPlugin, CodecPluginPre};
 use super::engine::PluginEngine;
 use super::fault::CallEvidence;
-use super::limiter::MemoryLimiter;
-use super::pool::{Instantiate, Observed, Pool, Warm, new_store};
+use super::pool::{CallBounds, Instantiate, Observed, Pool, Warm, new_store};
 use super::{Limits, PluginError};
 
 /// The store data of a codec instance: codecs import nothing, so only limits.
 struct CodecState {
-    limiter: MemoryLimiter,
-    /// When the running call must end (see `pool.rs`).
-    deadline: Instant,
+    bounds: CallBounds,
 }
 
 /// A codec logs nothing: a refused memory growth is all there is to report.
 impl Observed for CodecState {
     fn evidence(&self) -> CallEvidence {
         CallEvidence {
-            refused_memory: self.limiter.refused,
+            refused_memory: self.bounds.limiter.refused,
             last_error_log: None,
         }
     }
 
-    fn limiter(&mut self) -> &mut MemoryLimiter {
-        &mut self.limiter
-    }
-
-    fn deadline(&self) -> Instant {
-        self.deadline
-    }
-
-    fn set_deadline(&mut self, at: Instant) {
-        self.deadline = at;
+    fn bounds(&mut self) -> &mut CallBounds {
+        &mut self.bounds
     }
 }
 
@@ -61,10 +50,8 @@ impl Instantiate for Instances {
     type Instance = Warm<CodecState, CodecPlugin>;
 
     async fn instantiate(&self, deadline: Instant) -> wasmtime::Result<Self::Instance> {
-        let limit = usize::try_from(self.limits.max_memory_bytes).unwrap_or(usize::MAX);
         let state = CodecState {
-            limiter: MemoryLimiter::new(limit),
-            deadline,
+            bounds: CallBounds::new(self.limits.max_memory_bytes),
         };
         let mut store = new_store(&self.engine, state, deadline);
         let bindings = self.pre.instantiate_async(&mut store).await?;
@@ -145,7 +132,7 @@ impl CodecVersion {
             let mut lease = self.instances.lease(true).await?;
             let warm = lease.instance();
             // The limiter's memory of a refusal is per call.
-            warm.store.data_mut().limiter.refused = None;
+            warm.store.data_mut().bounds.limiter.refused = None;
             let codec = warm.bindings.acemq_plugin_codec();
             let result = match direction {
                 Direction::Decode => codec.call_decode(&mut warm.store, content_type, body).await,

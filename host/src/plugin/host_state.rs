@@ -2,24 +2,21 @@
 //! plugin calls: its only authority.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use wasmtime::component::Resource;
 
 use super::bindings::handler_world::acemq::plugin::{host, types};
 use super::fault::CallEvidence;
-use super::limiter::MemoryLimiter;
-use super::pool::Observed;
+use super::pool::{CallBounds, Observed};
 use super::{ConsumerContext, Input, Outgoing};
 use crate::envelope::{self, HeaderValue};
 
 /// Per-store state: fixed consumer context, plus what the current call did.
 pub struct HostState {
     pub context: Arc<ConsumerContext>,
-    pub limiter: MemoryLimiter,
+    pub bounds: CallBounds,
     pub call: CallState,
-    /// When the running call must end (see `pool.rs`).
-    deadline: Instant,
 }
 
 /// The handle a plugin holds on the message of its current call
@@ -84,12 +81,10 @@ fn check_length(what: &str, value: &str, max: usize) -> Result<(), String> {
 
 impl HostState {
     pub fn new(context: Arc<ConsumerContext>) -> Self {
-        let limit = usize::try_from(context.limits.max_memory_bytes).unwrap_or(usize::MAX);
         Self {
+            bounds: CallBounds::new(context.limits.max_memory_bytes),
             context,
-            limiter: MemoryLimiter::new(limit),
             call: CallState::default(),
-            deadline: Instant::now(),
         }
     }
 
@@ -102,7 +97,7 @@ impl HostState {
             number,
             ..CallState::default()
         };
-        self.limiter.refused = None;
+        self.bounds.limiter.refused = None;
         Resource::new_own(number)
     }
 
@@ -206,21 +201,13 @@ impl HostState {
 impl Observed for HostState {
     fn evidence(&self) -> CallEvidence {
         CallEvidence {
-            refused_memory: self.limiter.refused,
+            refused_memory: self.bounds.limiter.refused,
             last_error_log: self.call.last_error_log.clone(),
         }
     }
 
-    fn limiter(&mut self) -> &mut MemoryLimiter {
-        &mut self.limiter
-    }
-
-    fn deadline(&self) -> Instant {
-        self.deadline
-    }
-
-    fn set_deadline(&mut self, at: Instant) {
-        self.deadline = at;
+    fn bounds(&mut self) -> &mut CallBounds {
+        &mut self.bounds
     }
 }
 

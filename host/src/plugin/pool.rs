@@ -64,14 +64,28 @@ pub(super) trait Instantiate: Send + Sync {
     ) -> impl Future<Output = wasmtime::Result<Self::Instance>> + Send;
 }
 
-/// The data of a plugin store: what the pool needs of it (its memory
-/// limiter, the running call's deadline) and what it observed during a call.
+/// What every plugin store's data holds for the pool: the instance's memory
+/// limiter and the running call's deadline.
+pub(super) struct CallBounds {
+    pub limiter: MemoryLimiter,
+    /// When the running call must end.
+    pub deadline: Instant,
+}
+
+impl CallBounds {
+    pub fn new(max_memory_bytes: u64) -> Self {
+        Self {
+            limiter: MemoryLimiter::new(usize::try_from(max_memory_bytes).unwrap_or(usize::MAX)),
+            deadline: Instant::now(),
+        }
+    }
+}
+
+/// The data of a plugin store: its [`CallBounds`], and what it observed
+/// during a call.
 pub(super) trait Observed: Send + 'static {
     fn evidence(&self) -> CallEvidence;
-    fn limiter(&mut self) -> &mut MemoryLimiter;
-    /// When the running call must end.
-    fn deadline(&self) -> Instant;
-    fn set_deadline(&mut self, at: Instant);
+    fn bounds(&mut self) -> &mut CallBounds;
 }
 
 /// A store for one plugin instance, with `data`: memory bounded by its
@@ -79,9 +93,9 @@ pub(super) trait Observed: Send + 'static {
 /// doc: they yield between epoch ticks and trap once it has passed).
 pub(super) fn new_store<D: Observed>(engine: &Engine, data: D, deadline: Instant) -> Store<D> {
     let mut store = Store::new(engine, data);
-    store.limiter(|data| data.limiter());
-    store.epoch_deadline_callback(|context| {
-        Ok(if Instant::now() >= context.data().deadline() {
+    store.limiter(|data| &mut data.bounds().limiter);
+    store.epoch_deadline_callback(|mut context| {
+        Ok(if Instant::now() >= context.data_mut().bounds().deadline {
             UpdateDeadline::Interrupt
         } else {
             // One more tick, after letting the runtime run everything else.
@@ -99,7 +113,7 @@ pub(super) fn new_store<D: Observed>(engine: &Engine, data: D, deadline: Instant
 }
 
 fn arm_store<D: Observed>(store: &mut Store<D>, at: Instant) {
-    store.data_mut().set_deadline(at);
+    store.data_mut().bounds().deadline = at;
     // The callback runs at the next tick, and decides then.
     store.set_epoch_deadline(1);
 }
