@@ -26,7 +26,7 @@ use lapin::Channel;
 
 use super::stream::StreamPosition;
 use lapin::options::BasicAckOptions;
-use tokio::sync::Mutex;
+use std::sync::Mutex;
 
 /// How long a ready delivery may wait for its ack to be sent.
 const ACK_LINGER: Duration = Duration::from_millis(5);
@@ -153,10 +153,14 @@ impl OldestUnsettled {
 /// The ledger of one channel, and the sending of its acks.
 pub struct AckBatcher {
     channel: Channel,
-    /// Held while acks are decided *and* written: two flushes racing could
-    /// otherwise write `multiple` acks out of order, and the broker closes
-    /// a channel that acks a tag twice.
+    /// Locked only to update it or take acks from it, never across an
+    /// await: receiving a delivery or marking one ready never waits for an
+    /// ack to be written.
     ledger: Mutex<AckLedger>,
+    /// Held while acks are taken from the ledger *and* written: two flushes
+    /// racing could otherwise write `multiple` acks out of order, and the
+    /// broker closes a channel that acks a tag twice.
+    sending: tokio::sync::Mutex<()>,
     /// Ready deliveries that trigger a flush without waiting for the linger.
     batch: usize,
     oldest: Arc<OldestUnsettled>,
@@ -171,10 +175,15 @@ impl AckBatcher {
         Self {
             channel,
             ledger: Mutex::new(AckLedger::default()),
+            sending: tokio::sync::Mutex::new(()),
             batch: usize::from(prefetch / 4).clamp(1, 64),
             oldest: Arc::new(OldestUnsettled::default()),
             stream,
         }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, AckLedger> {
+        self.ledger.lock().expect("ack ledger poisoned")
     }
 
     /// The age of the oldest delivery not yet settled, kept current.
@@ -182,8 +191,8 @@ impl AckBatcher {
         self.oldest.clone()
     }
 
-    pub async fn received(&self, tag: u64) {
-        let mut ledger = self.ledger.lock().await;
+    pub fn received(&self, tag: u64) {
+        let mut ledger = self.ledger();
         ledger.received(tag);
         self.oldest.set(ledger.oldest());
     }
@@ -191,7 +200,7 @@ impl AckBatcher {
     /// Marks the delivery done; its ack is sent with the next flush.
     pub async fn ready(&self, tag: u64) {
         let full = {
-            let mut ledger = self.ledger.lock().await;
+            let mut ledger = self.ledger();
             ledger.ready(tag);
             self.oldest.set(ledger.oldest());
             ledger.ready_count() >= self.batch
@@ -204,16 +213,17 @@ impl AckBatcher {
     /// Call once a nack for `tag` has been written (or when it is left to
     /// the channel's close), never before: until then no `multiple` ack may
     /// cover it.
-    pub async fn forget(&self, tag: u64) {
-        let mut ledger = self.ledger.lock().await;
+    pub fn forget(&self, tag: u64) {
+        let mut ledger = self.ledger();
         ledger.forget(tag);
         self.oldest.set(ledger.oldest());
     }
 
     /// Sends what can be sent; with `everything`, every ready ack.
     pub async fn flush(&self, everything: bool) {
-        let mut ledger = self.ledger.lock().await;
-        for frame in ledger.take(everything) {
+        let _sending = self.sending.lock().await;
+        let frames = self.ledger().take(everything);
+        for frame in frames {
             let options = BasicAckOptions {
                 multiple: frame.multiple,
             };
@@ -245,7 +255,7 @@ impl AckBatcher {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if self.ledger.lock().await.ready_count() > 0 {
+            if self.ledger().ready_count() > 0 {
                 self.flush(true).await;
             }
         }

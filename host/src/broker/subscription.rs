@@ -270,7 +270,7 @@ async fn requeue(acker: &Acker, acks: &AckBatcher, tag: u64) {
     if let Err(e) = acker.nack(options).await {
         tracing::warn!(delivery_tag = tag, error = %e, "requeue failed; the broker will redeliver");
     }
-    acks.forget(tag).await;
+    acks.forget(tag);
 }
 
 /// Subscribes and hands every delivery to `handle` until shutdown or until
@@ -338,7 +338,7 @@ where
         };
         match next {
             Some(Ok(delivery)) => {
-                acks.received(delivery.delivery_tag).await;
+                acks.received(delivery.delivery_tag);
                 if let Some(position) = &spec.stream
                     && let Some(offset) =
                         StreamOffset::of_delivery(delivery.properties.headers().as_ref())
