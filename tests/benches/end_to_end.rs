@@ -9,7 +9,7 @@
 //! ```
 //!
 //! A throwaway RabbitMQ node is started (or `ACEMQ_TEST_URL` is used). Each
-//! round runs five consumers, each as a `loadgen` child process draining a
+//! round runs six consumers, each as a `loadgen` child process draining a
 //! fresh quorum queue that `loadgen publish` filled with persistent 1 KiB
 //! messages, every consumer at the same prefetch (200):
 //!
@@ -21,10 +21,17 @@
 //!    awaited one by one). Shown for comparison, scored against (1).
 //! 3. `consume-host` with the `echo` (no-op) plugin, at the host's default
 //!    concurrency (`ACEMQ_BENCH_CONCURRENCY` overrides it).
-//! 4. `consume-bare --transform-to X -A 20`: consume -> stamp (JSON) ->
-//!    publish on one confirm channel -> pipelined confirms -> a `multiple`
-//!    ack per 20 confirmed inputs. The baseline of the transform target.
-//! 5. `consume-host --transform-to X`: the same through the host and the
+//! 4. `consume-bare --transform-to X -A 20 --envelope`: consume -> stamp
+//!    (JSON) -> publish on one confirm channel -> pipelined confirms -> a
+//!    `multiple` ack per 20 confirmed inputs. The baseline of the transform
+//!    target. Each output carries the AceMQ envelope the host writes on its
+//!    outputs (six `x-acemq-*` headers and a message id, built by the host
+//!    library's envelope code): the contract requires them, so a bare loop
+//!    doing the host's work puts the same messages on the wire.
+//! 5. The same without the envelope, for reference: the envelope's headers
+//!    cost the broker and lapin about a quarter of this path's rate on a
+//!    2-core machine, and this row shows it beside the others.
+//! 6. `consume-host --transform-to X`: the same through the host and the
 //!    `stamp-v1` plugin.
 //!
 //! The order is reversed every other round, so that drift (broker WAL, page
@@ -141,18 +148,23 @@ enum Mode {
     BareSingleAck,
     /// `consume-host` with the echo plugin.
     Host,
-    /// `consume-bare --transform-to X -A N`: the transform baseline.
+    /// `consume-bare --transform-to X -A N --envelope`: the transform
+    /// baseline, writing the same messages as the host.
     BareTransform,
+    /// `consume-bare --transform-to X -A N`: the same without the AceMQ
+    /// envelope, for reference: what the envelope itself costs.
+    BareTransformPlain,
     /// `consume-host --transform-to X` (stamp-v1).
     HostTransform,
 }
 
 impl Mode {
-    const ALL: [Mode; 5] = [
+    const ALL: [Mode; 6] = [
         Mode::BareMultiAck,
         Mode::BareSingleAck,
         Mode::Host,
         Mode::BareTransform,
+        Mode::BareTransformPlain,
         Mode::HostTransform,
     ];
 
@@ -163,6 +175,7 @@ impl Mode {
             Mode::BareSingleAck => "bare-single-ack",
             Mode::Host => "host",
             Mode::BareTransform => "bare-transform",
+            Mode::BareTransformPlain => "bare-transform-plain",
             Mode::HostTransform => "host-transform",
         }
     }
@@ -174,6 +187,7 @@ impl Mode {
             Mode::BareSingleAck => "bare single acks, pipelined".to_string(),
             Mode::Host => "host + echo".to_string(),
             Mode::BareTransform => format!("bare transform (-A {})", settings.multi_ack),
+            Mode::BareTransformPlain => "  same, no envelope (reference)".to_string(),
             Mode::HostTransform => "host transform (stamp-v1)".to_string(),
         }
     }
@@ -188,7 +202,10 @@ impl Mode {
     }
 
     fn transforms(self) -> bool {
-        matches!(self, Mode::BareTransform | Mode::HostTransform)
+        matches!(
+            self,
+            Mode::BareTransform | Mode::BareTransformPlain | Mode::HostTransform
+        )
     }
 
     fn is_host(self) -> bool {
@@ -498,7 +515,8 @@ impl Bench {
             args.extend(["--transform-to", &sink]);
         }
         match mode {
-            Mode::BareMultiAck | Mode::BareTransform => args.extend(["-A", &multi_ack]),
+            Mode::BareMultiAck | Mode::BareTransformPlain => args.extend(["-A", &multi_ack]),
+            Mode::BareTransform => args.extend(["-A", &multi_ack, "--envelope"]),
             Mode::BareSingleAck => args.extend(["-A", "1"]),
             Mode::Host | Mode::HostTransform => {}
         }

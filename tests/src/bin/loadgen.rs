@@ -70,6 +70,7 @@ use tokio_util::sync::CancellationToken;
 use acemq_host::app;
 use acemq_host::broker::BrokerUrl;
 use acemq_host::config::LoadedConfig;
+use acemq_host::envelope::{self, Envelope};
 use acemq_host::telemetry::Metrics;
 
 #[derive(Debug, Parser)]
@@ -150,6 +151,12 @@ struct BareArgs {
     /// before acking it (see the module docs).
     #[arg(long)]
     transform_to: Option<String>,
+    /// With `--transform-to`: stamp each output with the AceMQ envelope the
+    /// host writes on its outputs (its six `x-acemq-*` headers and a message
+    /// id, built by the host library's own envelope code), so that both put
+    /// the same messages on the wire.
+    #[arg(long, requires = "transform_to")]
+    envelope: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -314,7 +321,7 @@ fn confirmed(confirmation: lapin::Result<Confirmation>) -> Result<()> {
 async fn consume_bare(bare: BareArgs) -> Result<()> {
     let every = bare.multi_ack_every;
     if let Some(exchange) = &bare.transform_to {
-        return consume_bare_transform(bare.consume, every, exchange).await;
+        return consume_bare_transform(bare.consume, every, exchange, bare.envelope).await;
     }
     let args = bare.consume;
     let mut clock = Clock::start(args.count);
@@ -349,7 +356,12 @@ async fn consume_bare(bare: BareArgs) -> Result<()> {
 /// settled: each of their outputs is confirmed. RabbitMQ confirms a
 /// channel's publishes in order in practice, so the oldest is the next to
 /// resolve; one confirmed early just waits its turn.
-async fn consume_bare_transform(args: ConsumeArgs, every: u64, exchange: &str) -> Result<()> {
+async fn consume_bare_transform(
+    args: ConsumeArgs,
+    every: u64,
+    exchange: &str,
+    envelope: bool,
+) -> Result<()> {
     let mut clock = Clock::start(args.count);
     let connection = connect(&args.url, "loadgen-consume-bare-transform").await?;
     declare_sink(&connection, exchange).await?;
@@ -388,13 +400,18 @@ async fn consume_bare_transform(args: ConsumeArgs, every: u64, exchange: &str) -
             {
                 let delivery = delivery?;
                 consumed += 1;
+                let properties = if envelope {
+                    stamped_properties()?
+                } else {
+                    properties.clone()
+                };
                 let confirm = publisher
                     .basic_publish(
                         exchange.into(),
                         "stamped".into(),
                         options,
                         &stamp(&delivery)?,
-                        properties.clone(),
+                        properties,
                     )
                     .await?;
                 unconfirmed.push_back((confirm, delivery.delivery_tag));
@@ -416,6 +433,23 @@ async fn oldest(
         Some((confirm, _)) => confirm.await,
         None => std::future::pending().await,
     }
+}
+
+/// The properties the host gives a `stamp-v1` output: JSON, persistent, and
+/// a fresh AceMQ envelope (the host's own code writes it).
+fn stamped_properties() -> Result<BasicProperties> {
+    let now_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+    let envelope = Envelope::new("stamped", envelope::default_origin(), now_ms);
+    Ok(envelope::outgoing_properties(
+        &envelope,
+        Some("application/json"),
+        true,
+        &[],
+    )?)
 }
 
 /// What the `stamp-v1` plugin makes of a message, done natively.
