@@ -121,8 +121,12 @@ pub fn engine_settings(config: &LoadedConfig) -> EngineSettings {
     let consumers = &config.config.consumers;
     let host = &config.config.host;
     // Each consumer holds at most `concurrency` instances at once, plus one
-    // warm instance per version while a swap is being prepared.
-    let instances: usize = consumers.iter().map(|c| c.concurrency * 2 + 2).sum();
+    // warm instance per version while a swap is being prepared. (A stream
+    // consumer's default is lower; the larger one bounds it.)
+    let instances: usize = consumers
+        .iter()
+        .map(|c| c.concurrency_for(false) * 2 + 2)
+        .sum();
     // Codecs run under the default limits (load_codecs), so their budget
     // bounds the pool's memory slots as much as any consumer's does.
     let codec_budget =
@@ -216,7 +220,7 @@ fn prepare_consumer(
         subscription: SubscriptionSpec {
             queue,
             prefetch: consumer.prefetch_for(is_stream),
-            concurrency: consumer.concurrency,
+            concurrency: consumer.concurrency_for(is_stream),
             ends_after: None,
             stream,
             consumer_tag: consumer.consumer_name.clone(),

@@ -308,8 +308,9 @@ pub struct ConsumerConfig {
     /// Unacknowledged deliveries the broker sends ahead; see
     /// [`ConsumerConfig::prefetch_for`] for the default.
     pub prefetch: Option<u16>,
-    #[serde(default = "defaults::concurrency")]
-    pub concurrency: usize,
+    /// Handler calls in progress at once; see
+    /// [`ConsumerConfig::concurrency_for`] for the default.
+    pub concurrency: Option<usize>,
     /// Where a stream consumer starts: `"first"`, `"last"`, `"next"` (the
     /// default), an offset number, an RFC 3339 time, or an interval back
     /// from now (`"1h"`).
@@ -386,6 +387,17 @@ impl ConsumerConfig {
     pub fn prefetch_for(&self, stream: bool) -> u16 {
         self.prefetch
             .unwrap_or(if stream { 10 } else { defaults::prefetch() })
+    }
+
+    /// The concurrency: as configured, else one call per core for a queue
+    /// and one call at a time for a stream. A stream is an ordered log read
+    /// by projections that expect its order, and its position is the lowest
+    /// offset not acked: deliveries finishing out of order would leave
+    /// acked ones above it, read again after a crash beyond the
+    /// `checkpoint_every` + `prefetch` the README promises.
+    pub fn concurrency_for(&self, stream: bool) -> usize {
+        self.concurrency
+            .unwrap_or(if stream { 1 } else { defaults::concurrency() })
     }
 }
 
@@ -666,7 +678,7 @@ impl LoadedConfig {
                     format!("consumers[{i}].offset: {e}"),
                 ));
             }
-            if consumer.concurrency == 0 {
+            if consumer.concurrency == Some(0) {
                 return Err(self.error_at(
                     Some(consumer.queue.span().start),
                     format!("consumers[{i}].concurrency: must be at least 1"),
@@ -790,9 +802,10 @@ mod tests {
         assert_eq!(consumer.prefetch_for(false), 20);
         assert_eq!(consumer.prefetch_for(true), 10);
         assert_eq!(
-            consumer.concurrency,
+            consumer.concurrency_for(false),
             std::thread::available_parallelism().unwrap().get()
         );
+        assert_eq!(consumer.concurrency_for(true), 1);
         assert_eq!(loaded.config.host.drain_timeout, Duration::from_secs(20));
     }
 
