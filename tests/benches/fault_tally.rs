@@ -72,9 +72,8 @@ use plotters::prelude::*;
 use serde_json::Value;
 use tokio::runtime::Runtime;
 
-use acemq_tests::host::{
-    HostProcess, SUBSCRIBED, free_port, http_get, metric_sum, plugin_path, workspace_root,
-};
+use acemq_tests::host::{HostProcess, SUBSCRIBED, free_port, http_get, metric_sum, workspace_root};
+use acemq_tests::stamp::StampConfig;
 use acemq_tests::{Broker, ReceivedMessage, env_or, median, unique_name};
 
 const PREFETCH: u16 = 100;
@@ -441,52 +440,21 @@ impl Names {
     /// The host's config: consume → stamp → confirmed publish. The output
     /// queue is a quorum queue too, so that the restart keeps its outputs.
     fn host_config(&self, broker: &Broker) -> String {
-        format!(
-            r#"
-[broker]
-url = "{url}"
-network_recovery_interval = "1s"
-recovery_backoff_max = "5s"
-max_unconfirmed = {MAX_UNCONFIRMED}
-
-[host]
-admin_listen = "{admin}"
-
-[[exchanges]]
-name = "{exchange}"
-kind = "direct"
-
-[[queues]]
-name = "{input}"
-type = "quorum"
-dead_letter = true
-
-[[queues]]
-name = "{output}"
-type = "quorum"
-
-[[bindings]]
-queue = "{output}"
-exchange = "{exchange}"
-routing_key = "stamped"
-
-[[consumers]]
-queue = "{input}"
-plugin = "{plugin}"
-publish_to = ["{exchange}"]
-prefetch = {PREFETCH}
-concurrency = {CONCURRENCY}
-
-[consumers.config]
-out_exchange = "{exchange}"
-"#,
-            url = broker.amqp_url(),
-            admin = self.admin,
-            exchange = self.exchange,
-            input = self.input,
-            output = self.output,
-            plugin = plugin_path("stamp-v1").display(),
-        )
+        let broker = format!(
+            "url = \"{}\"\nnetwork_recovery_interval = \"1s\"\nrecovery_backoff_max = \"5s\"\nmax_unconfirmed = {MAX_UNCONFIRMED}",
+            broker.amqp_url()
+        );
+        let host = format!("admin_listen = \"{}\"", self.admin);
+        let consumer = format!("prefetch = {PREFETCH}\nconcurrency = {CONCURRENCY}");
+        StampConfig {
+            broker: &broker,
+            host: &host,
+            input_queue: "type = \"quorum\"\ndead_letter = true",
+            output_queue: "type = \"quorum\"",
+            consumer: &consumer,
+            ..StampConfig::new(&self.input, &self.output, &self.exchange)
+        }
+        .toml()
     }
 
     fn admin_get(&self, path: &str) -> Result<String> {

@@ -52,6 +52,7 @@ use acemq_host::plugin::HandlerSlot;
 use acemq_host::telemetry::Metrics;
 use acemq_tests::broker::passive_declare;
 use acemq_tests::host::plugin_path;
+use acemq_tests::stamp::StampConfig;
 use acemq_tests::{Broker, unique_name};
 
 const TARGET_SERVING: Duration = Duration::from_millis(500);
@@ -192,44 +193,21 @@ async fn bench(settings: &Settings, broker: &Broker) -> Result<()> {
     let input = unique_name("bench.swap.in");
     let output = unique_name("bench.swap.out");
     let exchange = unique_name("bench.swap.stamped");
-    let config = format!(
-        r#"
-[broker]
-url = "{url}"
-
-[[exchanges]]
-name = "{exchange}"
-kind = "direct"
-
-[[queues]]
-name = "{input}"
-type = "{queue_type}"
-
-[[queues]]
-name = "{output}"
-type = "{queue_type}"
-
-[[bindings]]
-queue = "{output}"
-exchange = "{exchange}"
-routing_key = "stamped"
-
-[[consumers]]
-queue = "{input}"
-plugin = "{plugin}"
-publish_to = ["{exchange}"]
-prefetch = {prefetch}
-concurrency = {concurrency}
-
-[consumers.config]
-out_exchange = "{exchange}"
-"#,
-        url = broker.amqp_url(),
-        queue_type = settings.queue_type,
-        plugin = handler.display(),
-        prefetch = settings.prefetch,
-        concurrency = settings.concurrency,
+    let broker_lines = format!("url = \"{}\"", broker.amqp_url());
+    let queue_type = format!("type = \"{}\"", settings.queue_type);
+    let consumer = format!(
+        "prefetch = {}\nconcurrency = {}",
+        settings.prefetch, settings.concurrency
     );
+    let config = StampConfig {
+        broker: &broker_lines,
+        input_queue: &queue_type,
+        output_queue: &queue_type,
+        plugin: handler.clone(),
+        consumer: &consumer,
+        ..StampConfig::new(&input, &output, &exchange)
+    }
+    .toml();
     println!(
         "hot_swap: {} queues, prefetch {}, concurrency {}, {} swaps, {} s before and {} s after each, no plugin cache; {} CPUs shared by broker, host and load",
         settings.queue_type,

@@ -19,6 +19,7 @@ pub mod broker;
 pub mod fault_proxy;
 pub mod host;
 pub mod raw_amqp;
+pub mod stamp;
 
 pub use broker::{Broker, ReceivedMessage, shared_broker, unique_name};
 pub use fault_proxy::FaultProxy;

@@ -16,16 +16,8 @@ use acemq_host::plugin::{
 use acemq_tests::host::{
     HostProcess, InProcessHost, cache_entry, free_port, http_get, metric_sum, plugin_path,
 };
-use acemq_tests::{ReceivedMessage, shared_broker, unique_name};
+use acemq_tests::{shared_broker, unique_name};
 use lapin::BasicProperties;
-use lapin::types::AMQPValue;
-
-fn error_of(message: &ReceivedMessage) -> String {
-    match message.header("x-acemq-error") {
-        Some(AMQPValue::LongString(s)) => s.to_string(),
-        other => panic!("x-acemq-error missing or not a string: {other:?}"),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn each_fault_is_named_and_healthy_messages_keep_flowing() {
@@ -112,7 +104,7 @@ out_exchange = "{out}"
     assert_eq!(dead.len(), retried_faults);
     let reasons: BTreeMap<String, String> = dead
         .iter()
-        .map(|m| (m.body_str().into_owned(), error_of(m)))
+        .map(|m| (m.body_str().into_owned(), m.acemq_error()))
         .collect();
     let expected = [
         (
@@ -142,7 +134,7 @@ out_exchange = "{out}"
         panic!("one parked message expected, got {}", parked.len())
     };
     assert_eq!(forbidden.body_str(), "forbidden");
-    let reason = error_of(forbidden);
+    let reason = forbidden.acemq_error();
     assert!(
         reason.starts_with("its plugin published outside the consumer's publish_to: ")
             && reason.contains("publishing to exchange 'forbidden.exchange' is not allowed"),
@@ -464,7 +456,7 @@ events_exchange = "{events}"
         .unwrap();
     assert_eq!(parked.len(), 1);
     assert_eq!(parked[0].body.as_slice(), b"\xc1 not msgpack".as_slice());
-    let reason = error_of(&parked[0]);
+    let reason = parked[0].acemq_error();
     assert!(
         reason.starts_with("could not be decoded: msgpack-codec: not valid MessagePack"),
         "{reason}"
@@ -556,7 +548,7 @@ plugin = "{echo}"
         .unwrap();
     assert_eq!(dead.len(), spinners);
     for message in &dead {
-        let reason = error_of(message);
+        let reason = message.acemq_error();
         assert!(reason.contains("deadline of 2s exceeded"), "{reason}");
     }
     let (_, text) = tokio::task::block_in_place(|| http_get(&metrics)).unwrap();

@@ -16,20 +16,12 @@ use acemq_host::envelope::{Envelope, MAX_REASON_BYTES};
 use acemq_tests::host::{InProcessHost, plugin_path};
 use acemq_tests::{ReceivedMessage, shared_broker, unique_name};
 use lapin::BasicProperties;
-use lapin::types::AMQPValue;
 
 /// Traffic messages sent before and after the poison, on each consumer.
 const TRAFFIC: usize = 10;
 const WAIT: Duration = Duration::from_secs(60);
 /// The poison consumer's `max_body_bytes` (the default is far bigger).
 const MAX_BODY: usize = 1 << 20;
-
-fn error_of(message: &ReceivedMessage) -> String {
-    match message.header("x-acemq-error") {
-        Some(AMQPValue::LongString(s)) => s.to_string(),
-        other => panic!("x-acemq-error missing or not a string: {other:?}"),
-    }
-}
 
 /// Sends `poison` to a consumer running the `outcomes` plugin, between
 /// traffic that it parks, while a second consumer parks traffic of its own.
@@ -175,7 +167,7 @@ fn assert_bounded(error: &str) {
 async fn a_200_000_character_reject_reason_is_cut_and_traffic_flows() {
     let poison = format!("reject:order {} is bad", "7".repeat(200_000));
     let copy = poison_among_traffic(poison.as_bytes(), "dlq").await;
-    let error = error_of(&copy);
+    let error = copy.acemq_error();
     assert_bounded(&error);
     assert!(
         error.starts_with("the handler rejected it: order 777")
@@ -189,7 +181,7 @@ async fn a_200_000_character_reject_reason_is_cut_and_traffic_flows() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_10_mb_reject_reason_is_cut_and_traffic_flows() {
     let copy = poison_among_traffic(b"reject-long:10000000", "dlq").await;
-    let error = error_of(&copy);
+    let error = copy.acemq_error();
     assert_bounded(&error);
     assert!(
         error.starts_with("the handler rejected it: long reason rrr")
@@ -202,7 +194,7 @@ async fn a_10_mb_reject_reason_is_cut_and_traffic_flows() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_output_with_200_kb_of_headers_fails_its_delivery_only() {
     let copy = poison_among_traffic(b"publish-headers:200000", "dlq").await;
-    let error = error_of(&copy);
+    let error = copy.acemq_error();
     assert_bounded(&error);
     assert!(
         error.starts_with(
@@ -215,7 +207,7 @@ async fn an_output_with_200_kb_of_headers_fails_its_delivery_only() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_output_with_a_300_byte_routing_key_is_refused_to_the_plugin() {
     let copy = poison_among_traffic(b"publish-key:300", "dlq").await;
-    let error = error_of(&copy);
+    let error = copy.acemq_error();
     assert!(
         error.starts_with("exhausted 1 attempt: ")
             && error.contains("the routing key 'kkk")
@@ -230,7 +222,7 @@ async fn an_input_over_max_body_bytes_is_parked_before_any_plugin_runs() {
     let poison = format!("reject:{}", "b".repeat(MAX_BODY));
     let copy = poison_among_traffic(poison.as_bytes(), "parked").await;
     assert_eq!(
-        error_of(&copy),
+        copy.acemq_error(),
         format!(
             "its body is {} bytes, more than the {MAX_BODY} bytes this consumer accepts (max_body_bytes)",
             poison.len()
@@ -432,7 +424,7 @@ async fn an_output_to_a_missing_exchange_fails_its_delivery_only() {
         1,
         "the delivery that published to nowhere is set aside"
     );
-    let error = error_of(&dead[0]);
+    let error = dead[0].acemq_error();
     assert!(error.contains("publishing its outputs failed"), "{error}");
     assert!(error.contains("NOT_FOUND - no exchange"), "{error}");
     assert_eq!(broker.message_count(&queue).await.unwrap(), 0);
@@ -485,7 +477,7 @@ routing_key = "full"
         1,
         "the delivery whose outputs were not taken is set aside"
     );
-    let error = error_of(&dead[0]);
+    let error = dead[0].acemq_error();
     // Both failures are seen: the nack, and the return, whatever confirm it
     // came with.
     assert!(

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use acemq_tests::host::{InProcessHost, plugin_path};
+use acemq_tests::stamp::StampConfig;
 use acemq_tests::{FaultProxy, shared_broker, unique_name};
 use lapin::BasicProperties;
 use lapin::options::QueueDeclareOptions;
@@ -59,39 +60,14 @@ fn stream_config(
     out_exchange: &str,
     consumer: &str,
 ) -> String {
-    format!(
-        r#"
-[broker]
-url = "{url}"
-network_recovery_interval = "200ms"
-
-[[exchanges]]
-name = "{out_exchange}"
-kind = "direct"
-
-[[queues]]
-name = "{stream}"
-type = "stream"
-
-[[queues]]
-name = "{output}"
-
-[[bindings]]
-queue = "{output}"
-exchange = "{out_exchange}"
-routing_key = "stamped"
-
-[[consumers]]
-queue = "{stream}"
-plugin = "{plugin}"
-publish_to = ["{out_exchange}"]
-{consumer}
-
-[consumers.config]
-out_exchange = "{out_exchange}"
-"#,
-        plugin = plugin_path("stamp-v1").display(),
-    )
+    let broker = format!("url = \"{url}\"\nnetwork_recovery_interval = \"200ms\"");
+    StampConfig {
+        broker: &broker,
+        input_queue: "type = \"stream\"",
+        consumer,
+        ..StampConfig::new(stream, output, out_exchange)
+    }
+    .toml()
 }
 
 /// A host reading `stream` from `offset` (a TOML value) into an output
@@ -274,10 +250,7 @@ retry = "three"
         .await
         .unwrap();
     assert_eq!(dead.len(), 1, "the retry went to the .dlq");
-    let error = match dead[0].header("x-acemq-error") {
-        Some(AMQPValue::LongString(s)) => s.to_string(),
-        other => panic!("no reason: {other:?}"),
-    };
+    let error = dead[0].acemq_error();
     let expected = format!("a handler reading the stream '{stream}' asked to retry message");
     assert!(error.starts_with(&expected), "{error}");
     assert!(error.ends_with("The handler's reason: db down"), "{error}");

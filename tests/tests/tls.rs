@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use acemq_tests::host::{HostOptions, HostProcess, free_port, plugin_path};
+use acemq_tests::host::{HostOptions, HostProcess, free_port};
+use acemq_tests::stamp::StampConfig;
 use acemq_tests::{Broker, unique_name};
 use lapin::BasicProperties;
 use rcgen::{
@@ -67,40 +68,12 @@ impl Pki {
 }
 
 fn host_config(url: &str, tls: &str, input: &str, output: &str, exchange: &str) -> String {
-    format!(
-        r#"
-[broker]
-url = "{url}"
-connect_timeout = "3s"
-
-[broker.tls]
-{tls}
-
-[[exchanges]]
-name = "{exchange}"
-kind = "direct"
-
-[[queues]]
-name = "{input}"
-
-[[queues]]
-name = "{output}"
-
-[[bindings]]
-queue = "{output}"
-exchange = "{exchange}"
-routing_key = "stamped"
-
-[[consumers]]
-queue = "{input}"
-plugin = "{plugin}"
-publish_to = ["{exchange}"]
-
-[consumers.config]
-out_exchange = "{exchange}"
-"#,
-        plugin = plugin_path("stamp-v1").display(),
-    )
+    let broker = format!("url = \"{url}\"\nconnect_timeout = \"3s\"\n\n[broker.tls]\n{tls}");
+    StampConfig {
+        broker: &broker,
+        ..StampConfig::new(input, output, exchange)
+    }
+    .toml()
 }
 
 #[tokio::test(flavor = "multi_thread")]

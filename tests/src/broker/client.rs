@@ -58,6 +58,15 @@ impl ReceivedMessage {
         self.headers.inner().get(name)
     }
 
+    /// The reason the host wrote on a message it set aside
+    /// (`x-acemq-error`); panics, naming what it found, when there is none.
+    pub fn acemq_error(&self) -> String {
+        match self.header("x-acemq-error") {
+            Some(AMQPValue::LongString(s)) => s.to_string(),
+            other => panic!("x-acemq-error missing or not a string: {other:?}"),
+        }
+    }
+
     fn from_delivery(delivery: Delivery) -> ReceivedMessage {
         let properties = delivery.properties;
         ReceivedMessage {
