@@ -20,8 +20,20 @@ use crate::{app, plugin};
     about = "Runs RabbitMQ consumers whose logic is WebAssembly components"
 )]
 pub struct Cli {
+    /// How log lines are written to stderr: `text` for people, `json` for a
+    /// log pipeline (one JSON object per line: time, level, target, the
+    /// message and its fields, such as `queue` and `message_id`).
+    #[arg(long, global = true, value_enum, env = "ACEMQ_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -122,7 +134,7 @@ const EXIT_INVALID: u8 = 2;
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(cli.log_format);
     match cli.command {
         Command::Run { config } => run(config),
         Command::Plan { config } => plan(config),
@@ -331,13 +343,23 @@ fn log_filter(rust_log: Option<&str>) -> EnvFilter {
         .unwrap_or_else(|| EnvFilter::new(DEFAULT_LOG_FILTER))
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
     let rust_log = std::env::var(EnvFilter::DEFAULT_ENV).ok();
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(log_filter(rust_log.as_deref()))
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        // Fields at the top level beside `message`, as log pipelines expect,
+        // and no colour codes inside the strings.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_ansi(false)
+            .try_init(),
+    };
 }
 
 fn report(result: anyhow::Result<()>) -> ExitCode {

@@ -81,6 +81,9 @@ pub fn host_binary() -> PathBuf {
 /// then its first field): other lines may mention consuming in passing.
 pub const SUBSCRIBED: &str = ": consuming queue=";
 
+/// The host's log format, from the environment (`--log-format`).
+const LOG_FORMAT_ENV: &str = "ACEMQ_LOG_FORMAT";
+
 /// How to start an [`HostProcess`].
 #[derive(Debug, Clone)]
 pub struct HostOptions {
@@ -95,6 +98,9 @@ pub struct HostOptions {
     pub rust_log: Option<String>,
     /// Passed as `ACEMQ_ADMIN_TOKEN`; the test process's own never is.
     pub admin_token: Option<String>,
+    /// Passed as `ACEMQ_LOG_FORMAT` (`text` or `json`); unset, the host
+    /// writes text, which [`SUBSCRIBED`] and the log waits look for.
+    pub log_format: Option<String>,
 }
 
 impl Default for HostOptions {
@@ -107,6 +113,7 @@ impl Default for HostOptions {
             // needs to be diagnosed (for example `acemq_host=debug`).
             rust_log: Some(std::env::var("ACEMQ_TEST_HOST_LOG").unwrap_or_else(|_| "info".into())),
             admin_token: None,
+            log_format: None,
         }
     }
 }
@@ -184,6 +191,7 @@ impl HostProcess {
             .env_remove("RUST_LOG")
             .env_remove("ACEMQ_URL")
             .env_remove(TOKEN_ENV)
+            .env_remove(LOG_FORMAT_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -195,6 +203,9 @@ impl HostProcess {
         }
         if let Some(token) = &options.admin_token {
             command.env(TOKEN_ENV, token);
+        }
+        if let Some(format) = &options.log_format {
+            command.env(LOG_FORMAT_ENV, format);
         }
         let mut child = command.spawn().context("cannot start acemq-host")?;
         let log = Arc::new(Mutex::new(Vec::new()));

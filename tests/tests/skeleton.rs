@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use acemq_tests::host::{HostProcess, plugin_path};
+use acemq_tests::host::{HostOptions, HostProcess, plugin_path};
 use acemq_tests::{shared_broker, unique_name};
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
@@ -261,4 +261,60 @@ async fn sigterm_with_a_thousand_messages_in_flight_loses_nothing() {
         lines_naming(&repeated, first_log.iter().chain(&second_log))
     );
     assert_eq!(broker.message_count(&names.orders_queue).await.unwrap(), 0);
+}
+
+/// `--log-format json` (here `ACEMQ_LOG_FORMAT=json`): every line the host
+/// writes is one JSON object, and a set-aside names its queue and message
+/// id as fields a log pipeline can filter on.
+#[tokio::test(flavor = "multi_thread")]
+async fn json_logs_are_one_object_per_line_with_the_messages_fields() {
+    let broker = shared_broker();
+    let names = Names::new();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host.toml");
+    std::fs::write(&path, names.config("")).unwrap();
+    let options = HostOptions {
+        consumers: 0,
+        log_format: Some("json".to_string()),
+        ..HostOptions::default()
+    };
+    let mut host = HostProcess::start_with(&path, tempfile::tempdir().unwrap(), &options).unwrap();
+    host.wait_for_log(r#""message":"consuming""#, 1, Duration::from_secs(60))
+        .unwrap();
+    broker
+        .publish(
+            &names.orders_exchange,
+            "order.created",
+            br#"{"id":"o-9","customer":"eve"}"#,
+            json_properties().with_message_id("input-9".into()),
+        )
+        .await
+        .unwrap();
+    host.wait_for_log(r#""message":"set aside""#, 1, Duration::from_secs(30))
+        .unwrap();
+    let (status, log) = host.terminate_with_log(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+
+    let lines: Vec<serde_json::Value> = log
+        .iter()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not one JSON object ({e}): {line}"))
+        })
+        .collect();
+    let set_aside = lines
+        .iter()
+        .find(|line| line["message"] == "set aside")
+        .expect("a set-aside line");
+    assert_eq!(set_aside["level"], "WARN");
+    assert_eq!(set_aside["queue"], names.orders_queue.as_str());
+    assert_eq!(set_aside["message_id"], "input-9");
+    assert_eq!(set_aside["to"], format!("{}.dlq", names.orders_queue));
+    assert!(set_aside["timestamp"].is_string(), "{set_aside}");
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["message"] == "stopped cleanly"),
+        "{lines:?}"
+    );
 }
