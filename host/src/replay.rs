@@ -21,7 +21,7 @@ use lapin::types::FieldTable;
 use crate::broker::stream::{OFFSET_ARGUMENT, StreamOffset};
 use crate::config::LoadedConfig;
 use crate::delivery::{self, PluginRun};
-use crate::envelope::Envelope;
+use crate::envelope::{self, Envelope};
 use crate::plugin::{CodecSet, HandlerSlot, HandlerVersion, Outgoing, PluginEngine, Verdict};
 
 /// How long the stream may stay silent before the replay counts it read.
@@ -195,7 +195,7 @@ pub async fn replay(
         let envelope = Arc::new(Envelope::read(
             &next.properties,
             next.routing_key.as_str(),
-            now_ms(),
+            envelope::now_ms(),
         ));
         let body = Bytes::from(next.data.clone());
         let input = |body: Bytes| {
@@ -342,10 +342,4 @@ fn seen(run: &PluginRun) -> Seen {
         PluginRun::HostFailed { .. } => ("host failure".to_string(), Vec::new()),
     };
     Seen { word, outputs }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -27,7 +27,7 @@ pub mod settle;
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::FutureExt as _;
@@ -121,7 +121,11 @@ impl Pipeline {
             receipt,
             slot,
         } = received;
-        let envelope = Arc::new(Envelope::read(&properties, routing_key.as_str(), now_ms()));
+        let envelope = Arc::new(Envelope::read(
+            &properties,
+            routing_key.as_str(),
+            envelope::now_ms(),
+        ));
         // Shared with the handler call and with any republish, never copied.
         let body = Bytes::from(body);
         if let Some(refusal) =
@@ -174,7 +178,7 @@ impl Pipeline {
         let facts = DeliveryFacts {
             queue,
             envelope: &envelope,
-            now_ms: now_ms(),
+            now_ms: envelope::now_ms(),
             jitter_sample: rand::random::<f64>(),
             from_stream: from_stream(&properties),
         };
@@ -363,7 +367,7 @@ impl BrokerPort for OnBroker<'_> {
     }
 
     fn now_ms(&self) -> u64 {
-        now_ms()
+        envelope::now_ms()
     }
 
     fn frame_max(&self) -> u32 {
@@ -373,13 +377,6 @@ impl BrokerPort for OnBroker<'_> {
     fn jitter_sample(&self) -> f64 {
         rand::random::<f64>()
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 /// What a panic said, for the delivery's reason.

@@ -124,6 +124,15 @@ pub fn is_reserved(name: &str) -> bool {
     name.len() >= prefix.len() && name.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix)
 }
 
+/// Now, in milliseconds since the Unix epoch: the unit of every time an
+/// envelope carries (`x-acemq-created-at`, retry due times).
+#[must_use]
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The origin this process stamps on what it publishes: `acemq@{hostname}`,
 /// `acemq@unknown-host` when the host name cannot be read. Computed once,
 /// because the host name does not change under a running process and this is

@@ -2,7 +2,6 @@
 //! plugin calls: its only authority.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use wasmtime::component::Resource;
 
@@ -302,10 +301,7 @@ impl host::Host for HostState {
     }
 
     fn now_ms(&mut self) -> wasmtime::Result<u64> {
-        Ok(SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0))
+        Ok(envelope::now_ms())
     }
 }
 

@@ -438,12 +438,7 @@ async fn oldest(
 /// The properties the host gives a `stamp-v1` output: JSON, persistent, and
 /// a fresh AceMQ envelope (the host's own code writes it).
 fn stamped_properties() -> Result<BasicProperties> {
-    let now_ms = u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_millis(),
-    )?;
-    let envelope = Envelope::new("stamped", envelope::default_origin(), now_ms);
+    let envelope = Envelope::new("stamped", envelope::default_origin(), envelope::now_ms());
     Ok(envelope::outgoing_properties(
         &envelope,
         Some("application/json"),
