@@ -16,6 +16,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -96,17 +97,62 @@ pub struct ConnectionLabel {
     pub connection: String,
 }
 
-/// One publish destination's counters, by [`PublishOutcome`] (as an index),
+/// A family of histograms, each made with the buckets of its kind.
+pub type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Buckets of the timers (`acemq.consume.duration`,
+/// `acemq.publish.duration`, plugin calls), in seconds: from half a
+/// millisecond (an echo call) to a minute (a delivery held through a
+/// broker alarm).
+const SECONDS_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+fn seconds_histogram() -> Histogram {
+    Histogram::new(SECONDS_BUCKETS)
+}
+
+/// `acemq.consume.attempts`: the attempt a delivery arrived with. The
+/// contract's ladder has five rungs, so every attempt up to ten is a bucket
+/// of its own.
+fn attempts_histogram() -> Histogram {
+    Histogram::new([
+        1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 20.0, 50.0,
+    ])
+}
+
+/// Fuel of one handler call: powers of four from a thousand (a trivial
+/// call) to about a billion (a call near the default deadline).
+fn fuel_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        1_000.0, 4.0, 11,
+    ))
+}
+
+/// One publish destination's series for one outcome.
+#[derive(Clone)]
+struct PublishSeries {
+    total: Counter,
+    duration: Histogram,
+}
+
+/// One publish destination's series, by [`PublishOutcome`] (as an index),
 /// each made at its first count.
 ///
 /// [`PublishOutcome`]: crate::broker::publisher::PublishOutcome
-type OutcomeCounters = [Option<Counter>; 4];
+type OutcomeSeries = [Option<PublishSeries>; 4];
 
 /// Every metric the host keeps.
 pub struct Metrics {
     registry: Mutex<Registry>,
     /// `acemq.consume.total{queue,outcome}`: exactly one per delivery.
     pub consume_total: Family<QueueOutcome, Counter>,
+    /// `acemq.consume.duration{queue,outcome}`: from the delivery to its
+    /// settlement, in seconds.
+    pub consume_duration: Histograms<QueueOutcome>,
+    /// `acemq.consume.attempts{queue}`: the attempt each delivery arrived with.
+    pub consume_attempts: Histograms<QueueLabel>,
     /// `acemq.consume.in.flight{queue}`.
     pub in_flight: Family<QueueLabel, Gauge>,
     /// `acemq.messages.retried.total{queue,where}`.
@@ -125,8 +171,17 @@ pub struct Metrics {
     pub plugin_version: Family<PluginVersionLabels, Gauge>,
     /// Host-specific: fuel burned by handler calls, when metering is on.
     pub plugin_fuel: Family<QueueLabel, Counter>,
+    /// Host-specific: how long each handler call took (decode, handle,
+    /// encode), by the plugin version that ran it, in seconds.
+    pub plugin_call_duration: Histograms<PluginVersionLabels>,
+    /// Host-specific: fuel of each handler call, by plugin version, when
+    /// metering is on.
+    pub plugin_call_fuel: Histograms<PluginVersionLabels>,
     /// `acemq.publish.total{exchange,routing.key,outcome}`.
     pub publish_total: Family<PublishLabels, Counter>,
+    /// `acemq.publish.duration{exchange,routing.key,outcome}`: from the
+    /// publish to its confirm (or failure), in seconds.
+    pub publish_duration: Histograms<PublishLabels>,
     /// Publishes waiting for a broker confirm.
     pub publish_unconfirmed: Gauge,
     /// 1 while the connection is up (blocked included), else 0.
@@ -150,7 +205,7 @@ pub struct Metrics {
     blocked_since: Mutex<HashMap<String, Instant>>,
     /// `publish_total`'s series by exchange, routing key and outcome, found
     /// without building a label set (three strings) for every publish.
-    publish_series: Mutex<HashMap<String, HashMap<String, OutcomeCounters>>>,
+    publish_series: Mutex<HashMap<String, HashMap<String, OutcomeSeries>>>,
 }
 
 impl Default for Metrics {
@@ -164,6 +219,8 @@ impl Metrics {
         let metrics = Self {
             registry: Mutex::new(Registry::default()),
             consume_total: Family::default(),
+            consume_duration: Family::new_with_constructor(seconds_histogram),
+            consume_attempts: Family::new_with_constructor(attempts_histogram),
             in_flight: Family::default(),
             retried_total: Family::default(),
             dead_lettered_total: Family::default(),
@@ -173,7 +230,10 @@ impl Metrics {
             plugin_swaps: Family::default(),
             plugin_version: Family::default(),
             plugin_fuel: Family::default(),
+            plugin_call_duration: Family::new_with_constructor(seconds_histogram),
+            plugin_call_fuel: Family::new_with_constructor(fuel_histogram),
             publish_total: Family::default(),
+            publish_duration: Family::new_with_constructor(seconds_histogram),
             publish_unconfirmed: Gauge::default(),
             connection_up: Family::default(),
             connection_blocked: Family::default(),
@@ -192,6 +252,17 @@ impl Metrics {
                 "acemq_consume",
                 "Deliveries settled, by outcome",
                 metrics.consume_total.clone(),
+            );
+            r.register_with_unit(
+                "acemq_consume_duration",
+                "From a delivery to its settlement, by outcome",
+                prometheus_client::registry::Unit::Seconds,
+                metrics.consume_duration.clone(),
+            );
+            r.register(
+                "acemq_consume_attempts",
+                "The attempt each delivery arrived with",
+                metrics.consume_attempts.clone(),
             );
             r.register(
                 "acemq_consume_in_flight",
@@ -238,10 +309,27 @@ impl Metrics {
                 "Fuel burned by handler calls",
                 metrics.plugin_fuel.clone(),
             );
+            r.register_with_unit(
+                "acemq_plugin_call_duration",
+                "Handler calls (decode, handle, encode), by plugin version",
+                prometheus_client::registry::Unit::Seconds,
+                metrics.plugin_call_duration.clone(),
+            );
+            r.register(
+                "acemq_plugin_call_fuel",
+                "Fuel of each handler call, by plugin version (when metering is on)",
+                metrics.plugin_call_fuel.clone(),
+            );
             r.register(
                 "acemq_publish",
                 "Publishes, by outcome (refused: declined unsent while the connection was lost, recovering or blocked)",
                 metrics.publish_total.clone(),
+            );
+            r.register_with_unit(
+                "acemq_publish_duration",
+                "From a publish to its confirm or failure, by outcome",
+                prometheus_client::registry::Unit::Seconds,
+                metrics.publish_duration.clone(),
             );
             r.register(
                 "acemq_publish_unconfirmed",
@@ -351,6 +439,7 @@ impl crate::broker::PublishObserver for Metrics {
         exchange: &str,
         routing_key: &str,
         outcome: crate::broker::publisher::PublishOutcome,
+        took: Duration,
     ) {
         let mut series = self.publish_series.lock().expect("publish series poisoned");
         let by_key = match series.get_mut(exchange) {
@@ -361,17 +450,19 @@ impl crate::broker::PublishObserver for Metrics {
             Some(outcomes) => outcomes,
             None => by_key.entry(routing_key.to_string()).or_default(),
         };
-        outcomes[outcome as usize]
-            .get_or_insert_with(|| {
-                self.publish_total
-                    .get_or_create(&PublishLabels {
-                        exchange: exchange.to_string(),
-                        routing_key: routing_key.to_string(),
-                        outcome: outcome.as_str().to_string(),
-                    })
-                    .clone()
-            })
-            .inc();
+        let series = outcomes[outcome as usize].get_or_insert_with(|| {
+            let labels = PublishLabels {
+                exchange: exchange.to_string(),
+                routing_key: routing_key.to_string(),
+                outcome: outcome.as_str().to_string(),
+            };
+            PublishSeries {
+                total: self.publish_total.get_or_create(&labels).clone(),
+                duration: self.publish_duration.get_or_create(&labels).clone(),
+            }
+        });
+        series.total.inc();
+        series.duration.observe(took.as_secs_f64());
     }
 
     fn unconfirmed(&self, delta: i64) {
@@ -388,15 +479,19 @@ mod tests {
         use crate::broker::PublishObserver;
         use crate::broker::publisher::PublishOutcome;
         let m = Metrics::new();
-        m.published("orders", "order.accepted", PublishOutcome::Confirmed);
-        m.published("orders", "order.accepted", PublishOutcome::Confirmed);
-        m.published("orders", "order.accepted", PublishOutcome::Refused);
-        m.published("", "orders.new.dlq", PublishOutcome::Confirmed);
+        let ms = Duration::from_millis(3);
+        m.published("orders", "order.accepted", PublishOutcome::Confirmed, ms);
+        m.published("orders", "order.accepted", PublishOutcome::Confirmed, ms);
+        m.published("orders", "order.accepted", PublishOutcome::Refused, ms);
+        m.published("", "orders.new.dlq", PublishOutcome::Confirmed, ms);
         let text = m.render();
         for line in [
             "acemq_publish_total{exchange=\"orders\",routing_key=\"order.accepted\",outcome=\"confirmed\"} 2",
             "acemq_publish_total{exchange=\"orders\",routing_key=\"order.accepted\",outcome=\"refused\"} 1",
             "acemq_publish_total{exchange=\"\",routing_key=\"orders.new.dlq\",outcome=\"confirmed\"} 1",
+            "acemq_publish_duration_seconds_count{exchange=\"orders\",routing_key=\"order.accepted\",outcome=\"confirmed\"} 2",
+            "acemq_publish_duration_seconds_bucket{le=\"0.005\",exchange=\"orders\",routing_key=\"order.accepted\",outcome=\"confirmed\"} 2",
+            "acemq_publish_duration_seconds_bucket{le=\"0.0025\",exchange=\"orders\",routing_key=\"order.accepted\",outcome=\"confirmed\"} 0",
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }

@@ -38,7 +38,7 @@
 //! a batch larger than that goes out in waves as confirms free places.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -186,7 +186,8 @@ impl PublishOutcome {
 
 /// Where publishing is counted (the metrics endpoint).
 pub trait PublishObserver: Send + Sync {
-    fn published(&self, exchange: &str, routing_key: &str, outcome: PublishOutcome);
+    /// One publish ended in `outcome`, `took` after it was started.
+    fn published(&self, exchange: &str, routing_key: &str, outcome: PublishOutcome, took: Duration);
     /// Publishes waiting for a confirm changed by `delta`.
     fn unconfirmed(&self, delta: i64);
 }
@@ -257,11 +258,12 @@ impl PublishLink {
             .await;
     }
 
-    fn count(&self, publication: &Publication, result: &Result<(), PublishError>) {
+    fn count(&self, publication: &Publication, result: &Result<(), PublishError>, took: Duration) {
         self.observer.published(
             &publication.exchange,
             &publication.routing_key,
             PublishOutcome::of(result),
+            took,
         );
     }
 }
@@ -441,9 +443,13 @@ impl Publisher {
     /// Writes every message before awaiting any confirm, then waits for all
     /// of them, even after a failure (contract §6 batch semantics).
     pub async fn publish_all(&self, publications: &[Publication]) -> Result<(), PublishError> {
+        let started = Instant::now();
         let results = self.publish_each(publications).await;
+        // A batch's confirms are awaited together: each of its messages
+        // took as long as the batch.
+        let took = started.elapsed();
         for (publication, result) in publications.iter().zip(&results) {
-            self.shared.count(publication, result);
+            self.shared.count(publication, result, took);
         }
         batch_result(results)
     }

@@ -7,16 +7,19 @@
 //! use (so a series appears in `/metrics` when it first counts something,
 //! as before).
 
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 
 use super::decide::Outcome;
 use super::settle::{Report, RetryPlace};
 use crate::plugin::FaultKind;
 use crate::telemetry::{
-    Metrics, Place, PluginFaultLabels, QueueLabel, QueueOutcome, QueueRung, QueueTarget, QueueWhere,
+    Metrics, Place, PluginFaultLabels, PluginVersionLabels, QueueLabel, QueueOutcome, QueueRung,
+    QueueTarget, QueueWhere,
 };
 
 /// A consumer's handles into the host's [`Metrics`].
@@ -24,11 +27,29 @@ pub struct ConsumerMetrics {
     queue: String,
     metrics: std::sync::Arc<Metrics>,
     in_flight: Gauge,
-    consumed: [OnceLock<Counter>; Outcome::ALL.len()],
+    consumed: [OnceLock<Settled>; Outcome::ALL.len()],
+    attempts: OnceLock<Histogram>,
     retried: [OnceLock<Counter>; RetryPlace::ALL.len()],
     /// `dead_lettered` and `parked` copies.
     set_aside: [OnceLock<Counter>; 2],
     fuel: OnceLock<Counter>,
+    /// The series of the plugin version that made the last call: a swap
+    /// changes it once, every other call finds it here.
+    calls: Mutex<Option<VersionSeries>>,
+}
+
+/// One outcome's series of `acemq.consume.*`.
+struct Settled {
+    total: Counter,
+    duration: Histogram,
+}
+
+/// One plugin version's call series.
+#[derive(Clone)]
+struct VersionSeries {
+    version: Arc<str>,
+    duration: Histogram,
+    fuel: Histogram,
 }
 
 impl ConsumerMetrics {
@@ -44,9 +65,11 @@ impl ConsumerMetrics {
             metrics,
             in_flight,
             consumed: Default::default(),
+            attempts: OnceLock::new(),
             retried: Default::default(),
             set_aside: Default::default(),
             fuel: OnceLock::new(),
+            calls: Mutex::new(None),
         }
     }
 
@@ -56,9 +79,20 @@ impl ConsumerMetrics {
         InFlight(&self.in_flight)
     }
 
-    /// Counts one settled delivery: everything its report says, once.
-    pub fn count(&self, report: &Report) {
-        self.consumed(report.outcome).inc();
+    /// Counts one settled delivery: everything its report says, once; it
+    /// arrived with `attempt` and was settled `took` after it arrived.
+    pub fn count(&self, report: &Report, attempt: u32, took: Duration) {
+        let settled = self.consumed(report.outcome);
+        settled.total.inc();
+        settled.duration.observe(took.as_secs_f64());
+        self.attempts
+            .get_or_init(|| {
+                self.metrics
+                    .consume_attempts
+                    .get_or_create(&self.label())
+                    .clone()
+            })
+            .observe(f64::from(attempt));
         if let Some(place) = report.retried {
             self.retried(place).inc();
         }
@@ -110,33 +144,68 @@ impl ConsumerMetrics {
             .inc();
     }
 
-    /// Adds the fuel a handler call burned.
-    pub fn fuel(&self, fuel: u64) {
-        self.fuel
-            .get_or_init(|| {
-                self.metrics
-                    .plugin_fuel
-                    .get_or_create(&QueueLabel {
-                        queue: self.queue.clone(),
-                    })
-                    .clone()
-            })
-            .inc_by(fuel);
+    /// Counts one handler call that `version` made, how long it took and
+    /// the fuel it burned (when metering is on).
+    pub fn plugin_call(&self, version: &Arc<str>, took: Duration, fuel: Option<u64>) {
+        let series = self.version_series(version);
+        series.duration.observe(took.as_secs_f64());
+        if let Some(fuel) = fuel {
+            series.fuel.observe(fuel as f64);
+            self.fuel
+                .get_or_init(|| {
+                    self.metrics
+                        .plugin_fuel
+                        .get_or_create(&self.label())
+                        .clone()
+                })
+                .inc_by(fuel);
+        }
     }
 
-    fn consumed(&self, outcome: Outcome) -> &Counter {
+    fn version_series(&self, version: &Arc<str>) -> VersionSeries {
+        let mut last = self.calls.lock().expect("plugin call series poisoned");
+        match &*last {
+            Some(series) if series.version == *version => series.clone(),
+            _ => {
+                let labels = PluginVersionLabels {
+                    queue: self.queue.clone(),
+                    sha256: version.to_string(),
+                };
+                let series = VersionSeries {
+                    version: version.clone(),
+                    duration: self
+                        .metrics
+                        .plugin_call_duration
+                        .get_or_create(&labels)
+                        .clone(),
+                    fuel: self.metrics.plugin_call_fuel.get_or_create(&labels).clone(),
+                };
+                *last = Some(series.clone());
+                series
+            }
+        }
+    }
+
+    fn label(&self) -> QueueLabel {
+        QueueLabel {
+            queue: self.queue.clone(),
+        }
+    }
+
+    fn consumed(&self, outcome: Outcome) -> &Settled {
         let index = Outcome::ALL
             .iter()
             .position(|o| *o == outcome)
             .expect("every outcome is in ALL");
         self.consumed[index].get_or_init(|| {
-            self.metrics
-                .consume_total
-                .get_or_create(&QueueOutcome {
-                    queue: self.queue.clone(),
-                    outcome: outcome.as_str().to_string(),
-                })
-                .clone()
+            let labels = QueueOutcome {
+                queue: self.queue.clone(),
+                outcome: outcome.as_str().to_string(),
+            };
+            Settled {
+                total: self.metrics.consume_total.get_or_create(&labels).clone(),
+                duration: self.metrics.consume_duration.get_or_create(&labels).clone(),
+            }
         })
     }
 
@@ -168,34 +237,48 @@ impl Drop for InFlight<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
 
     #[test]
     fn a_report_is_counted_in_every_series_it_concerns() {
         let metrics = Arc::new(Metrics::new());
         let consumer = ConsumerMetrics::new(metrics.clone(), "orders.new");
-        consumer.count(&Report::new(Outcome::Acked));
-        consumer.count(&Report::new(Outcome::Acked));
-        consumer.count(&Report {
-            retried: Some(RetryPlace::Consumer),
-            rung_missing: Some("orders.new.retry.40s".into()),
-            ..Report::new(Outcome::Retried)
-        });
-        consumer.count(&Report {
-            set_aside: true,
-            ..Report::new(Outcome::Parked)
-        });
-        consumer.count(&Report {
-            set_aside: true,
-            ..Report::new(Outcome::Rejected)
-        });
-        consumer.count(&Report {
-            retried: Some(RetryPlace::Requeued),
-            set_aside_failed: Some("orders.new.dlq".into()),
-            ..Report::new(Outcome::Retried)
-        });
+        consumer.count(&Report::new(Outcome::Acked), 1, MS);
+        consumer.count(&Report::new(Outcome::Acked), 1, MS);
+        consumer.count(
+            &Report {
+                retried: Some(RetryPlace::Consumer),
+                rung_missing: Some("orders.new.retry.40s".into()),
+                ..Report::new(Outcome::Retried)
+            },
+            2,
+            MS,
+        );
+        consumer.count(
+            &Report {
+                set_aside: true,
+                ..Report::new(Outcome::Parked)
+            },
+            1,
+            MS,
+        );
+        consumer.count(
+            &Report {
+                set_aside: true,
+                ..Report::new(Outcome::Rejected)
+            },
+            3,
+            MS,
+        );
+        consumer.count(
+            &Report {
+                retried: Some(RetryPlace::Requeued),
+                set_aside_failed: Some("orders.new.dlq".into()),
+                ..Report::new(Outcome::Retried)
+            },
+            12,
+            MS,
+        );
         assert_eq!(metrics.consumed_count("orders.new", "acked"), 2);
         assert_eq!(metrics.consumed_count("orders.new", "retried"), 2);
         let text = metrics.render();
@@ -206,6 +289,36 @@ mod tests {
             "acemq_messages_dead_lettered_total{queue=\"orders.new\",outcome=\"parked\"} 1",
             "acemq_messages_dead_lettered_total{queue=\"orders.new\",outcome=\"dead_lettered\"} 1",
             "acemq_messages_set_aside_failed_total{queue=\"orders.new\",target=\"orders.new.dlq\"} 1",
+            "acemq_consume_duration_seconds_count{queue=\"orders.new\",outcome=\"acked\"} 2",
+            "acemq_consume_duration_seconds_count{queue=\"orders.new\",outcome=\"retried\"} 2",
+            // Attempts 1, 1, 2, 1, 3 and 12.
+            "acemq_consume_attempts_count{queue=\"orders.new\"} 6",
+            "acemq_consume_attempts_sum{queue=\"orders.new\"} 20.0",
+            "acemq_consume_attempts_bucket{le=\"1.0\",queue=\"orders.new\"} 3",
+            "acemq_consume_attempts_bucket{le=\"10.0\",queue=\"orders.new\"} 5",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn plugin_calls_are_counted_by_version_and_a_swap_starts_new_series() {
+        let metrics = Arc::new(Metrics::new());
+        let consumer = ConsumerMetrics::new(metrics.clone(), "orders.new");
+        let (v1, v2): (Arc<str>, Arc<str>) = ("aaa".into(), "bbb".into());
+        consumer.plugin_call(&v1, MS, Some(5_000));
+        consumer.plugin_call(&v1, MS, Some(7_000));
+        consumer.plugin_call(&v2, MS, None);
+        let text = metrics.render();
+        for line in [
+            "acemq_plugin_call_duration_seconds_count{queue=\"orders.new\",sha256=\"aaa\"} 2",
+            "acemq_plugin_call_duration_seconds_count{queue=\"orders.new\",sha256=\"bbb\"} 1",
+            "acemq_plugin_call_fuel_count{queue=\"orders.new\",sha256=\"aaa\"} 2",
+            "acemq_plugin_call_fuel_sum{queue=\"orders.new\",sha256=\"aaa\"} 12000.0",
+            "acemq_plugin_call_fuel_count{queue=\"orders.new\",sha256=\"bbb\"} 0",
+            "acemq_plugin_fuel_total{queue=\"orders.new\"} 12000",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

@@ -27,7 +27,7 @@ pub mod settle;
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::FutureExt as _;
@@ -110,6 +110,7 @@ impl Pipeline {
 
     /// One delivery, from its handler call to its settlement.
     pub async fn handle(self: Arc<Self>, received: Received) {
+        let arrived = Instant::now();
         let _in_flight = self.metrics.in_flight();
         let queue = self.queue.as_str();
         let Received {
@@ -133,7 +134,7 @@ impl Pipeline {
         {
             // Never handed to a plugin: the concurrency slot is not needed.
             drop(slot);
-            self.settle(&envelope, &properties, &receipt, &body, refusal)
+            self.settle(&envelope, &properties, &receipt, &body, refusal, arrived)
                 .await;
             return;
         }
@@ -151,9 +152,11 @@ impl Pipeline {
         // Boxed: the call's future is kilobytes (wasmtime's fiber call
         // inside), and every delivery's task would otherwise copy it on
         // each move from creation to spawn.
+        let calling = Instant::now();
         let called = AssertUnwindSafe(Box::pin(run_plugins(&self.handler, &self.codecs, input)))
             .catch_unwind()
             .await;
+        let call_took = calling.elapsed();
         // The concurrency bound is on plugin calls; settling waits on the broker.
         drop(slot);
         let run = called.unwrap_or_else(|panic| {
@@ -168,8 +171,8 @@ impl Pipeline {
             // A fault's reason may quote a plugin's panic text, of any size.
             tracing::warn!(queue, message_id = %envelope.id, version = %version, fault = %envelope::bound_reason(&fault.reason), "handler failed");
         }
-        if let Some(fuel) = run.fuel() {
-            self.metrics.fuel(fuel);
+        if let Some(version) = run.version() {
+            self.metrics.plugin_call(version, call_took, run.fuel());
         }
         if let (Some(stream), Some(version)) = (&self.stream, run.version()) {
             stream.handled_by(version);
@@ -183,11 +186,12 @@ impl Pipeline {
             from_stream: from_stream(&properties),
         };
         let settlement = decide::decide(facts, run, &self.rules.policy);
-        self.settle(&envelope, &properties, &receipt, &body, settlement)
+        self.settle(&envelope, &properties, &receipt, &body, settlement, arrived)
             .await;
     }
 
-    /// Carries `settlement` out on the broker, and counts how it ended.
+    /// Carries `settlement` out on the broker, and counts how it ended (the
+    /// delivery `arrived` then).
     async fn settle(
         &self,
         envelope: &Envelope,
@@ -195,6 +199,7 @@ impl Pipeline {
         receipt: &Receipt,
         body: &Bytes,
         settlement: Settlement,
+        arrived: Instant,
     ) {
         let from_stream = from_stream(properties);
         let port = OnBroker {
@@ -218,7 +223,8 @@ impl Pipeline {
             settlement,
         ))
         .await;
-        self.metrics.count(&report);
+        self.metrics
+            .count(&report, envelope.attempt, arrived.elapsed());
     }
 }
 
