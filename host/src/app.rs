@@ -42,6 +42,8 @@ pub struct Prepared {
     /// What each consumer's subscription is doing (for `/health`, and for
     /// whoever started the host to see it serving).
     pub board: Arc<Board>,
+    /// Where spans are exported (nowhere unless configured).
+    pub tracer: Arc<crate::trace::Tracer>,
 }
 
 /// One consumer: what it subscribes to, and what its pipeline runs.
@@ -71,6 +73,14 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
     for consumer in &consumers {
         board.expect(&consumer.subscription.queue);
     }
+    // Here, before any runtime: the exporter's HTTP client is a blocking one.
+    let tracer = Arc::new(
+        crate::trace::Tracer::from_config(&config.config.tracing)
+            .map_err(|e| anyhow::anyhow!("{}: {e:#}", config.path.display()))?,
+    );
+    if let Some(endpoint) = tracer.endpoint() {
+        tracing::info!(endpoint, "exporting spans over OTLP");
+    }
     Ok(Prepared {
         config,
         topology,
@@ -79,6 +89,7 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
         consumers,
         admin,
         board,
+        tracer,
     })
 }
 
@@ -495,6 +506,7 @@ pub async fn run(
         ),
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
+        tracer: prepared.tracer.clone(),
     };
     let env = SubscriptionEnv {
         shutdown: shutdown.clone(),
@@ -570,6 +582,9 @@ pub async fn run(
             }
         }
     }
+    // The last spans: the exporter's client blocks, so off the workers.
+    let tracer = prepared.tracer.clone();
+    let _ = tokio::task::spawn_blocking(move || tracer.shutdown(limit)).await;
     tracing::info!("stopped cleanly");
     Ok(())
 }

@@ -4,14 +4,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
-use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
-
 use crate::config::LoadedConfig;
+use crate::logging::{self, LogFormat};
 use crate::telemetry::Metrics;
 use crate::topology::{self, Topology};
 use crate::{app, plugin};
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -22,18 +21,13 @@ use crate::{app, plugin};
 pub struct Cli {
     /// How log lines are written to stderr: `text` for people, `json` for a
     /// log pipeline (one JSON object per line: time, level, target, the
-    /// message and its fields, such as `queue` and `message_id`).
-    #[arg(long, global = true, value_enum, env = "ACEMQ_LOG_FORMAT", default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    /// message and its fields, such as `queue`, `message_id` and
+    /// `trace_id`). Wins over the config's `[host] log_format`; `text` when
+    /// neither says.
+    #[arg(long, global = true, value_enum, env = "ACEMQ_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// `--log-format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -134,9 +128,12 @@ const EXIT_INVALID: u8 = 2;
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    // `run` reads its config first: the config may say how to log.
+    if !matches!(cli.command, Command::Run { .. }) {
+        logging::init(cli.log_format.unwrap_or_default());
+    }
     match cli.command {
-        Command::Run { config } => run(config),
+        Command::Run { config } => run(config, cli.log_format),
         Command::Plan { config } => plan(config),
         Command::Validate { config } => validate(config),
         Command::Plugin {
@@ -181,11 +178,19 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn run(config_path: PathBuf) -> ExitCode {
+fn run(config_path: PathBuf, log_format: Option<LogFormat>) -> ExitCode {
     let config = match LoadedConfig::load(&config_path) {
         Ok(config) => config,
-        Err(e) => return fail(EXIT_INVALID, &e),
+        Err(e) => {
+            logging::init(log_format.unwrap_or_default());
+            return fail(EXIT_INVALID, &e);
+        }
     };
+    logging::init(
+        log_format
+            .or(config.config.host.log_format)
+            .unwrap_or_default(),
+    );
     let prepared = match app::prepare(config) {
         Ok(prepared) => prepared,
         Err(e) => return fail(EXIT_INVALID, &e),
@@ -326,42 +331,6 @@ async fn stop_on_signals(shutdown: CancellationToken) {
     shutdown.cancel();
 }
 
-/// The log filter without `RUST_LOG`: `info`, except lapin's warning for
-/// every message the broker returns, which dumps its properties, headers
-/// and body (`lapin::returned_messages`). The host logs each unroutable
-/// output itself, naming its id, exchange, routing key and the broker's
-/// reason, never its content.
-pub const DEFAULT_LOG_FILTER: &str = "info,lapin::returned_messages=error";
-
-/// `RUST_LOG` (`rust_log`) when set and valid: the operator's choice wins
-/// whole, so `RUST_LOG=info` shows lapin's dumps again. Otherwise
-/// [`DEFAULT_LOG_FILTER`].
-fn log_filter(rust_log: Option<&str>) -> EnvFilter {
-    rust_log
-        .filter(|directives| !directives.trim().is_empty())
-        .and_then(|directives| EnvFilter::try_new(directives).ok())
-        .unwrap_or_else(|| EnvFilter::new(DEFAULT_LOG_FILTER))
-}
-
-fn init_tracing(format: LogFormat) {
-    let rust_log = std::env::var(EnvFilter::DEFAULT_ENV).ok();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(log_filter(rust_log.as_deref()))
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-        // Fields at the top level beside `message`, as log pipelines expect,
-        // and no colour codes inside the strings.
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_ansi(false)
-            .try_init(),
-    };
-}
-
 fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -377,49 +346,7 @@ fn fail(code: u8, error: &(impl std::fmt::Display + ?Sized)) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
     use super::*;
-
-    /// Log output kept in memory.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl tracing_subscriber::fmt::MakeWriter<'_> for Captured {
-        type Writer = Self;
-        fn make_writer(&self) -> Self {
-            self.clone()
-        }
-    }
-
-    /// What `filter` lets through of lapin's returned-message warning, one
-    /// of lapin's connection warnings, and the host's unroutable-output line.
-    fn logged_through(filter: EnvFilter) -> String {
-        let captured = Captured::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(captured.clone())
-            .with_ansi(false)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::warn!(target: "lapin::returned_messages", "Server returned us a message");
-            tracing::warn!(target: "lapin::io_loop", "connection lost");
-            tracing::warn!(target: "acemq_host::delivery::settle", "outputs were not confirmed");
-        });
-        let bytes = captured.0.lock().unwrap().clone();
-        String::from_utf8(bytes).unwrap()
-    }
 
     #[test]
     fn replay_reads_up_to_an_offset_or_the_last_message() {
@@ -430,29 +357,5 @@ mod tests {
                 .unwrap_err()
                 .contains("neither an offset nor \"last\"")
         );
-    }
-
-    #[test]
-    fn by_default_lapin_does_not_dump_returned_messages_and_the_host_line_stays() {
-        for rust_log in [None, Some(""), Some("  "), Some("not a =filter= at all")] {
-            let log = logged_through(log_filter(rust_log));
-            assert!(
-                !log.contains("Server returned us a message"),
-                "{rust_log:?}: {log}"
-            );
-            assert!(log.contains("connection lost"), "{rust_log:?}: {log}");
-            assert!(
-                log.contains("outputs were not confirmed"),
-                "{rust_log:?}: {log}"
-            );
-        }
-    }
-
-    #[test]
-    fn an_explicit_rust_log_wins() {
-        let log = logged_through(log_filter(Some("warn")));
-        assert!(log.contains("Server returned us a message"), "{log}");
-        let log = logged_through(log_filter(Some("error")));
-        assert!(!log.contains("outputs were not confirmed"), "{log}");
     }
 }

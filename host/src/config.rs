@@ -42,6 +42,21 @@ pub struct Config {
     pub consumers: Vec<ConsumerConfig>,
     #[serde(default)]
     pub codecs: Vec<CodecConfig>,
+    #[serde(default)]
+    pub tracing: TracingConfig,
+}
+
+/// `[tracing]`: where spans are exported. The propagation of `traceparent`
+/// runs without it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The OTLP collector's base URL (`http://localhost:4318`); spans go to
+    /// its `/v1/traces`. Without it, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` when set; otherwise nothing is exported.
+    pub otlp_endpoint: Option<String>,
+    /// `http/protobuf` (the default) or `http/json`.
+    pub otlp_protocol: Option<String>,
 }
 
 /// `[broker]`: where to connect.
@@ -175,6 +190,8 @@ pub struct HostConfig {
     /// report it as `acemq_plugin_fuel_total`. Costs some speed.
     #[serde(default)]
     pub fuel_metering: bool,
+    /// `text` or `json`; `--log-format` and `ACEMQ_LOG_FORMAT` win.
+    pub log_format: Option<crate::logging::LogFormat>,
 }
 
 impl Default for HostConfig {
@@ -189,6 +206,7 @@ impl Default for HostConfig {
             plugin_cache_dir: None,
             plugin_cache_key_file: None,
             fuel_metering: false,
+            log_format: None,
         }
     }
 }
@@ -776,6 +794,25 @@ mod tests {
         let err = parse("[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nprefetch = \"many\"\n")
             .unwrap_err();
         assert_eq!(err.line, Some(4), "{err}");
+    }
+
+    #[test]
+    fn log_format_and_tracing_are_read_and_a_wrong_format_is_named() {
+        let config = parse(
+            "[host]\nlog_format = \"json\"\n[tracing]\notlp_endpoint = \"http://collector:4318\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.config.host.log_format,
+            Some(crate::logging::LogFormat::Json)
+        );
+        assert_eq!(
+            config.config.tracing.otlp_endpoint.as_deref(),
+            Some("http://collector:4318")
+        );
+        let err = parse("[host]\nlog_format = \"xml\"\n").unwrap_err();
+        assert_eq!(err.line, Some(2), "{err}");
+        assert!(err.message.contains("xml"), "{err}");
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! ```
 
 pub mod broker;
+pub mod collector;
 pub mod fault_proxy;
 pub mod host;
 pub mod raw_amqp;

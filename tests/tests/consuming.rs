@@ -117,7 +117,8 @@ fn text(message: &ReceivedMessage, name: &str) -> Option<String> {
 }
 
 /// The headers every republished copy must carry: the original envelope
-/// (attempt as given), the original body, content type and trace context.
+/// (attempt as given), the original body, content type, and the trace
+/// continued: same trace and flags, the span of the host's republish.
 fn assert_copy_of(message: &ReceivedMessage, original: &Envelope, body: &str, attempt: i64) {
     assert_eq!(message.body_str(), body);
     assert_eq!(message.content_type.as_deref(), Some("text/plain"));
@@ -141,7 +142,17 @@ fn assert_copy_of(message: &ReceivedMessage, original: &Envelope, body: &str, at
         int(message, "x-acemq-first-seen"),
         Some(original.first_seen_ms as i64)
     );
-    assert_eq!(text(message, "traceparent").as_deref(), Some(TRACEPARENT));
+    let traceparent = text(message, "traceparent").expect("a traceparent");
+    let (trace, span) = (&TRACEPARENT[..36], &TRACEPARENT[36..52]);
+    assert!(
+        traceparent.starts_with(trace) && traceparent.ends_with("-01"),
+        "{traceparent} does not continue {TRACEPARENT}"
+    );
+    assert_ne!(
+        &traceparent[36..52],
+        span,
+        "{traceparent} is not a new span"
+    );
 }
 
 async fn settle_one(scenario: &Scenario, host: &InProcessHost, outcome: &str) {

@@ -1,11 +1,14 @@
 //! What the host tells an operator about a known run: the exact counts of
-//! `GET /metrics`.
+//! `GET /metrics`, and the spans of a trace across hosts.
 
 use std::time::{Duration, Instant};
 
+use acemq_tests::collector::Collector;
 use acemq_tests::host::{HostProcess, free_port, http_get, metric_sum, plugin_path};
+use acemq_tests::stamp::StampConfig;
 use acemq_tests::{shared_broker, unique_name};
 use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
 
 fn text() -> BasicProperties {
     BasicProperties::default().with_content_type("text/plain".into())
@@ -176,4 +179,138 @@ out_exchange = "{out}"
     }
     assert_eq!(broker.message_count(&sink).await.unwrap(), 3);
     host.terminate(Duration::from_secs(30)).unwrap();
+}
+
+/// One trace from a producer's `traceparent` through two hosts: the first
+/// consumes and publishes, the second consumes that output and publishes
+/// again; the collector holds four spans, each the child of the one before,
+/// and the last output carries the last publish span as its parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_runs_from_the_input_through_two_hosts_to_the_last_output() {
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const PRODUCER_SPAN: &str = "00f067aa0ba902b7";
+    let broker = shared_broker();
+    let collector = Collector::start().await.unwrap();
+    let (input, middle, last) = (
+        unique_name("traced.in"),
+        unique_name("traced.mid"),
+        unique_name("traced.last"),
+    );
+    let (first_exchange, second_exchange) = (unique_name("traced.x1"), unique_name("traced.x2"));
+    let broker_lines = format!("url = \"{}\"", broker.amqp_url());
+    let traced = |config: StampConfig| {
+        format!(
+            "{}\n[tracing]\notlp_endpoint = \"{}\"\n",
+            config.toml(),
+            collector.endpoint
+        )
+    };
+    let first = HostProcess::start(
+        &traced(StampConfig {
+            broker: &broker_lines,
+            ..StampConfig::new(&input, &middle, &first_exchange)
+        }),
+        1,
+    )
+    .unwrap();
+    let second = HostProcess::start(
+        &traced(StampConfig {
+            broker: &broker_lines,
+            ..StampConfig::new(&middle, &last, &second_exchange)
+        }),
+        1,
+    )
+    .unwrap();
+
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "traceparent".into(),
+        AMQPValue::LongString(format!("00-{TRACE}-{PRODUCER_SPAN}-01").into()),
+    );
+    headers.insert(
+        "tracestate".into(),
+        AMQPValue::LongString("vendor=7".into()),
+    );
+    let properties = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_headers(headers);
+    broker
+        .publish("", &input, br#"{"order":1}"#, properties)
+        .await
+        .unwrap();
+    let out = broker
+        .drain(&last, 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    // Stopping flushes each host's spans to the collector.
+    first.terminate(Duration::from_secs(30)).unwrap();
+    second.terminate(Duration::from_secs(30)).unwrap();
+
+    let spans = collector.spans();
+    let named = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no span {name:?} among {spans:#?}"))
+    };
+    let first_process = named(&format!("{input} process"));
+    let first_publish = named(&format!("{first_exchange} publish"));
+    let second_process = named(&format!("{middle} process"));
+    let second_publish = named(&format!("{second_exchange} publish"));
+    let chain = [first_process, first_publish, second_process, second_publish];
+    for span in chain {
+        assert_eq!(span.trace_id, TRACE, "{span:#?}");
+        assert_eq!(span.scope, "org.acemq.amqp");
+        assert_eq!(span.service, "acemq-host");
+        assert_eq!(span.attribute("messaging.system"), Some("rabbitmq"));
+    }
+    assert_eq!(first_process.parent_span_id, PRODUCER_SPAN);
+    for pair in chain.windows(2) {
+        assert_eq!(
+            pair[1].parent_span_id, pair[0].span_id,
+            "{} is not the child of {}",
+            pair[1].name, pair[0].name
+        );
+    }
+    // Consumer and producer kinds, and the contract's attributes.
+    assert_eq!((first_process.kind, first_publish.kind), (5, 4));
+    assert_eq!(
+        first_process.attribute("messaging.operation"),
+        Some("process")
+    );
+    assert_eq!(
+        first_process.attribute("messaging.destination.name"),
+        Some(input.as_str())
+    );
+    assert_eq!(
+        first_process.attribute("messaging.acemq.outcome"),
+        Some("acked")
+    );
+    assert_eq!(
+        first_process.attribute("messaging.acemq.attempt"),
+        Some("1")
+    );
+    assert_eq!(
+        first_publish.attribute("messaging.operation"),
+        Some("publish")
+    );
+    assert_eq!(
+        first_publish.attribute("messaging.acemq.outcome"),
+        Some("confirmed")
+    );
+    assert_eq!(
+        first_publish.attribute("messaging.rabbitmq.destination.routing_key"),
+        Some("stamped")
+    );
+
+    // The last output continues the trace from the last publish span.
+    let traceparent = out[0].string_header("traceparent").expect("a traceparent");
+    assert_eq!(
+        traceparent,
+        format!("00-{TRACE}-{}-01", second_publish.span_id)
+    );
+    assert_eq!(
+        out[0].string_header("tracestate").as_deref(),
+        Some("vendor=7")
+    );
 }

@@ -199,6 +199,7 @@ fn a_message_read_after_its_call_returned_traps_with_a_reason() {
         content_type: Some("text/plain".into()),
         headers: vec![("tenant".into(), envelope::HeaderValue::Text("acme".into()))],
         body: body.as_bytes().to_vec().into(),
+        trace_id: None,
     };
 
     // Pooled, one call at a time: both calls meet the same instance.
@@ -255,6 +256,7 @@ fn stamped_version(engine: &PluginEngine, compiled: CompiledPlugin) -> String {
         content_type: Some("text/plain".into()),
         headers: Vec::new(),
         body: b"hello".to_vec().into(),
+        trace_id: None,
     }));
     assert_eq!(done.result, Ok(Verdict::Accept));
     let stamped: serde_json::Value = serde_json::from_slice(&done.outputs[0].body).unwrap();

@@ -268,6 +268,17 @@ async fn sigterm_with_a_thousand_messages_in_flight_loses_nothing() {
 /// id as fields a log pipeline can filter on.
 #[tokio::test(flavor = "multi_thread")]
 async fn json_logs_are_one_object_per_line_with_the_messages_fields() {
+    const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
+    let traced = || {
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert(
+            "traceparent".into(),
+            lapin::types::AMQPValue::LongString(
+                format!("00-{TRACE_ID}-b7ad6b7169203331-01").into(),
+            ),
+        );
+        headers
+    };
     let broker = shared_broker();
     let names = Names::new();
     let dir = tempfile::tempdir().unwrap();
@@ -286,7 +297,9 @@ async fn json_logs_are_one_object_per_line_with_the_messages_fields() {
             &names.orders_exchange,
             "order.created",
             br#"{"id":"o-9","customer":"eve"}"#,
-            json_properties().with_message_id("input-9".into()),
+            json_properties()
+                .with_message_id("input-9".into())
+                .with_headers(traced()),
         )
         .await
         .unwrap();
@@ -310,7 +323,20 @@ async fn json_logs_are_one_object_per_line_with_the_messages_fields() {
     assert_eq!(set_aside["queue"], names.orders_queue.as_str());
     assert_eq!(set_aside["message_id"], "input-9");
     assert_eq!(set_aside["to"], format!("{}.dlq", names.orders_queue));
+    assert_eq!(set_aside["trace_id"], TRACE_ID);
     assert!(set_aside["timestamp"].is_string(), "{set_aside}");
+    // The plugin's own line for the same message: its version named.
+    let plugin_line = lines
+        .iter()
+        .find(|line| line["target"] == "plugin" && line["message_id"] == "input-9")
+        .unwrap_or_else(|| panic!("no plugin line for input-9 in {lines:?}"));
+    assert_eq!(plugin_line["queue"], names.orders_queue.as_str());
+    assert_eq!(plugin_line["trace_id"], TRACE_ID);
+    let sha = plugin_line["plugin"].as_str().unwrap_or_default();
+    assert!(
+        sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()),
+        "plugin is not a sha256: {plugin_line}"
+    );
     assert!(
         lines
             .iter()

@@ -248,7 +248,7 @@ impl Link {
             }
             // The last attempt is made at the deadline, not a backoff early.
             let wait = backoff.next_wait(1.0).min(left);
-            tracing::warn!(connection = self.role, attempt, error = %error, retry_in = %humantime::format_duration(wait), "cannot reach the broker yet");
+            tracing::warn!(connection = self.role, attempt, error = %error, retry_in_ms = wait.as_millis() as u64, "cannot reach the broker yet");
             self.set_phase(Phase::Starting {
                 waiting_for: format!(
                     "the {} connection; the last attempt failed: {error}",
@@ -288,7 +288,7 @@ impl Link {
             } else {
                 recovery.interval
             };
-            tracing::warn!(connection = self.role, reason = %reason, recovery_interval = %humantime::format_duration(first_wait), "connection lost; recovering");
+            tracing::warn!(connection = self.role, reason = %reason, recovery_interval_ms = first_wait.as_millis() as u64, "connection lost; recovering");
             // The old connection is dropped from the state at once: its
             // channels fail, and whoever waits on them ends.
             self.set(
@@ -328,7 +328,7 @@ impl Link {
                 break;
             };
             let took = lost_at.elapsed();
-            tracing::info!(connection = self.role, broker = %self.addresses.at(preferred), attempts = attempt, took = %humantime::format_duration(Duration::from_millis(took.as_millis() as u64)), "connection recovered");
+            tracing::info!(connection = self.role, broker = %self.addresses.at(preferred), attempts = attempt, took_ms = took.as_millis() as u64, "connection recovered");
             self.observer.recovered(self.role, took);
             self.set(Phase::Up, Some(connection), true);
         }

@@ -174,7 +174,8 @@ impl PublishOutcome {
         }
     }
 
-    fn of(result: &Result<(), PublishError>) -> Self {
+    /// How `result` counts.
+    pub fn of(result: &Result<(), PublishError>) -> Self {
         match result {
             Ok(()) => PublishOutcome::Confirmed,
             Err(PublishError::Unroutable { .. }) => PublishOutcome::Unroutable,

@@ -101,7 +101,7 @@ const CAREFUL_FOR: Duration = Duration::from_secs(60);
 fn careful(link: &Link, spec: &SubscriptionSpec) -> SubscriptionSpec {
     match link.unparsable_within(CAREFUL_FOR) {
         Some(left) => {
-            tracing::warn!(queue = %spec.queue, careful_for = %humantime::format_duration(Duration::from_secs(left.as_secs())), "consuming one message at a time after a message that could not be parsed");
+            tracing::warn!(queue = %spec.queue, careful_for_ms = left.as_millis() as u64, "consuming one message at a time after a message that could not be parsed");
             SubscriptionSpec {
                 prefetch: 1,
                 ends_after: Some(left),
@@ -115,7 +115,11 @@ fn careful(link: &Link, spec: &SubscriptionSpec) -> SubscriptionSpec {
 /// Waits the next backoff; `false` if shutdown came first.
 async fn pause(backoff: &mut Backoff, shutdown: &CancellationToken, queue: &str) -> bool {
     let wait = backoff.next_wait(rand::random::<f64>());
-    tracing::info!(queue, retry_in = %humantime::format_duration(Duration::from_millis(wait.as_millis() as u64)), "restarting the consumer after a pause");
+    tracing::info!(
+        queue,
+        retry_in_ms = wait.as_millis() as u64,
+        "restarting the consumer after a pause"
+    );
     tokio::select! {
         biased;
         _ = shutdown.cancelled() => false,

@@ -458,7 +458,7 @@ impl<'a> Subscribed<'a> {
             tracing::warn!(
                 queue,
                 stranded = running.len(),
-                drain_timeout = %humantime::format_duration(drain_timeout),
+                drain_timeout_ms = drain_timeout.as_millis() as u64,
                 "deliveries still running at the drain timeout; the broker requeues them"
             );
             running.abort_all();

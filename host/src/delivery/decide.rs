@@ -89,6 +89,27 @@ impl Outcome {
 
 impl Settlement {
     /// The outcome counted for this settlement once it is carried out.
+    /// Why it was not simply acked, in the words set-aside headers carry.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Settlement::Accept { .. } => None,
+            Settlement::RetryInConsumer { reason, .. }
+            | Settlement::RetryInBroker { reason, .. }
+            | Settlement::DeadLetter { reason, .. }
+            | Settlement::Park { reason, .. } => Some(reason),
+            Settlement::Requeue { why } => Some(why),
+        }
+    }
+
+    /// How long a retry waits before its next attempt.
+    pub fn retry_delay(&self) -> Option<Duration> {
+        match self {
+            Settlement::RetryInConsumer { wait, .. } => Some(*wait),
+            Settlement::RetryInBroker { delay, .. } => Some(*delay),
+            _ => None,
+        }
+    }
+
     pub fn outcome(&self) -> Outcome {
         match self {
             Settlement::Accept { .. } => Outcome::Acked,

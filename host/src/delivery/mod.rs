@@ -46,6 +46,7 @@ use crate::envelope::{self, Envelope};
 use crate::plugin::{CodecSet, HandlerSlot, Input};
 use crate::retry::RetryPolicy;
 use crate::telemetry::Metrics;
+use crate::trace::{DeliveryTrace, Processed, Tracer};
 
 /// What one consumer does with each of its deliveries.
 pub struct Pipeline {
@@ -62,6 +63,7 @@ pub struct Pipeline {
     /// A stream consumer's position, told which version handled each
     /// delivery (a swap saves its checkpoint).
     stream: Option<Arc<StreamPosition>>,
+    tracer: Arc<Tracer>,
 }
 
 /// How one consumer treats its deliveries, from its config.
@@ -81,6 +83,7 @@ pub struct Shared {
     pub publish_link: Arc<PublishLink>,
     pub metrics: Arc<Metrics>,
     pub shutdown: CancellationToken,
+    pub tracer: Arc<Tracer>,
 }
 
 impl Pipeline {
@@ -99,6 +102,7 @@ impl Pipeline {
             metrics: ConsumerMetrics::new(shared.metrics.clone(), queue),
             shutdown: shared.shutdown.clone(),
             stream: None,
+            tracer: shared.tracer.clone(),
         }
     }
 
@@ -127,6 +131,7 @@ impl Pipeline {
             routing_key.as_str(),
             envelope::now_ms(),
         ));
+        let trace = DeliveryTrace::start(&self.tracer, properties.headers().as_ref());
         // Shared with the handler call and with any republish, never copied.
         let body = Bytes::from(body);
         if let Some(refusal) =
@@ -134,11 +139,18 @@ impl Pipeline {
         {
             // Never handed to a plugin: the concurrency slot is not needed.
             drop(slot);
-            self.settle(&envelope, &properties, &receipt, &body, refusal, arrived)
-                .await;
+            let delivery = Delivery {
+                envelope: &envelope,
+                properties: &properties,
+                receipt: &receipt,
+                body: &body,
+                trace: &trace,
+                arrived,
+            };
+            self.settle(delivery, refusal).await;
             return;
         }
-        let input = handler_input(
+        let mut input = handler_input(
             envelope.clone(),
             &properties,
             exchange.as_str(),
@@ -146,6 +158,7 @@ impl Pipeline {
             redelivered,
             body.clone(),
         );
+        input.trace_id = Some(trace.trace_id());
 
         // On this task: the calls yield between epoch ticks (plugin/pool.rs),
         // so no thread hop is needed to keep the runtime's workers free.
@@ -163,13 +176,13 @@ impl Pipeline {
             // The host's own code panicked around the call. The delivery is
             // still ours: it fails like any other, and the policy decides.
             let error = panic_text(panic.as_ref());
-            tracing::error!(queue, message_id = %envelope.id, error = %envelope::bound_reason(&error), "handler call failed inside the host");
+            tracing::error!(queue, message_id = %envelope.id, trace_id = %trace.trace_id(), error = %envelope::bound_reason(&error), "handler call failed inside the host");
             PluginRun::HostFailed { reason: error }
         });
         if let PluginRun::Faulted { fault, version, .. } = &run {
             self.metrics.fault(fault.kind);
             // A fault's reason may quote a plugin's panic text, of any size.
-            tracing::warn!(queue, message_id = %envelope.id, version = %version, fault = %envelope::bound_reason(&fault.reason), "handler failed");
+            tracing::warn!(queue, message_id = %envelope.id, trace_id = %trace.trace_id(), plugin = %version, fault = %envelope::bound_reason(&fault.reason), "handler failed");
         }
         if let Some(version) = run.version() {
             self.metrics.plugin_call(version, call_took, run.fuel());
@@ -186,22 +199,36 @@ impl Pipeline {
             from_stream: from_stream(&properties),
         };
         let settlement = decide::decide(facts, run, &self.rules.policy);
-        self.settle(&envelope, &properties, &receipt, &body, settlement, arrived)
-            .await;
+        let delivery = Delivery {
+            envelope: &envelope,
+            properties: &properties,
+            receipt: &receipt,
+            body: &body,
+            trace: &trace,
+            arrived,
+        };
+        self.settle(delivery, settlement).await;
     }
 
-    /// Carries `settlement` out on the broker, and counts how it ended (the
-    /// delivery `arrived` then).
-    async fn settle(
-        &self,
-        envelope: &Envelope,
-        properties: &BasicProperties,
-        receipt: &Receipt,
-        body: &Bytes,
-        settlement: Settlement,
-        arrived: Instant,
-    ) {
+    /// Carries `settlement` out on the broker, then counts how it ended and
+    /// ends the delivery's span.
+    async fn settle(&self, delivery: Delivery<'_>, settlement: Settlement) {
+        let Delivery {
+            envelope,
+            properties,
+            receipt,
+            body,
+            trace,
+            arrived,
+        } = delivery;
         let from_stream = from_stream(properties);
+        // Read before the settlement is consumed, and only for a span.
+        let span_facts = self.tracer.exporting().then(|| {
+            (
+                settlement.reason().map(str::to_owned),
+                settlement.retry_delay(),
+            )
+        });
         let port = OnBroker {
             publisher: &self.publisher,
             receipt,
@@ -214,6 +241,7 @@ impl Pipeline {
             properties,
             mandatory_outputs: self.rules.mandatory_outputs,
             from_stream,
+            trace,
         };
         // Boxed for the same reason as the plugin call: its future is large.
         let report = Box::pin(settle::settle(
@@ -225,7 +253,27 @@ impl Pipeline {
         .await;
         self.metrics
             .count(&report, envelope.attempt, arrived.elapsed());
+        if let Some((reason, retry_delay)) = span_facts {
+            trace.processed(Processed {
+                queue: &self.queue,
+                envelope,
+                outcome: report.outcome.as_str(),
+                reason: reason.as_deref(),
+                retry_delay,
+            });
+        }
     }
+}
+
+/// One delivery on its way to settlement, as the pipeline holds it.
+struct Delivery<'a> {
+    envelope: &'a Envelope,
+    properties: &'a BasicProperties,
+    receipt: &'a Receipt,
+    body: &'a Bytes,
+    trace: &'a DeliveryTrace,
+    /// When it arrived: the start of its `acemq.consume.duration`.
+    arrived: Instant,
 }
 
 /// Whether a delivery came from a stream: the broker stamps every stream
@@ -259,6 +307,7 @@ pub fn handler_input(
         content_type: properties.content_type().as_ref().map(|c| c.to_string()),
         headers: headers.visible,
         body,
+        trace_id: None,
     }
 }
 
@@ -331,11 +380,11 @@ fn delivery_lost(first: &Publication) -> PublishError {
 }
 
 impl BrokerPort for OnBroker<'_> {
-    async fn publish(&self, outputs: Vec<Publication>) -> Result<(), PublishError> {
+    async fn publish(&self, outputs: &[Publication]) -> Result<(), PublishError> {
         if outputs.is_empty() {
             return Ok(());
         }
-        self.publish_holding(&outputs).await
+        self.publish_holding(outputs).await
     }
 
     async fn republish(

@@ -13,15 +13,16 @@
 //! broker, the clock and the dice), so every path is unit-tested below with
 //! a recording double, as `topology/apply.rs` tests declarations.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use lapin::BasicProperties;
 
 use super::decide::{DeliveryFacts, Outcome, Setback, Settlement, follow_up};
-use crate::broker::publisher::{Publication, PublishError};
+use crate::broker::publisher::{Publication, PublishError, PublishOutcome};
 use crate::envelope::{self, Envelope};
 use crate::plugin::Outgoing;
 use crate::retry::RetryPolicy;
+use crate::trace::{DeliveryTrace, Published, TraceParent};
 
 /// What carrying out a settlement needs from the broker (and the clock).
 ///
@@ -31,7 +32,7 @@ use crate::retry::RetryPolicy;
 pub(crate) trait BrokerPort {
     /// Publishes a handler's outputs (confirmed, mandatory): all of them
     /// confirmed, or the first failure.
-    async fn publish(&self, outputs: Vec<Publication>) -> Result<(), PublishError>;
+    async fn publish(&self, outputs: &[Publication]) -> Result<(), PublishError>;
     /// Publishes the delivery's own body to `queue` through the default
     /// exchange (confirmed, mandatory).
     async fn republish(&self, queue: &str, properties: BasicProperties)
@@ -72,6 +73,8 @@ pub struct Subject<'a> {
     pub mandatory_outputs: bool,
     /// It came from a stream: see [`DeliveryFacts::from_stream`].
     pub from_stream: bool,
+    /// Its trace: whatever is published for it continues it.
+    pub trace: &'a DeliveryTrace,
 }
 
 /// Where a retried delivery waited (the `where` label of
@@ -209,16 +212,24 @@ async fn carry_out(
     match settlement {
         Settlement::Accept { outputs, version } => {
             let now_ms = port.now_ms();
+            let mut spans = Vec::with_capacity(outputs.len());
             let publications = std::mem::take(outputs)
                 .into_iter()
                 .enumerate()
                 .map(|(position, o)| {
                     let id = envelope::output_id(&subject.envelope.id, version, position);
-                    output_publication(subject, id, o, now_ms, port.frame_max())
+                    let span = subject.trace.publish_span();
+                    spans.push(span);
+                    output_publication(subject, id, o, now_ms, port.frame_max(), &span)
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(Setback::OutputsFailed)?;
-            if let Err(e) = port.publish(publications).await {
+            let started = SystemTime::now();
+            let published = port.publish(&publications).await;
+            for (publication, span) in publications.iter().zip(spans) {
+                publish_span(subject, span, publication, started, &published);
+            }
+            if let Err(e) = published {
                 log_publish_failure(queue, id, "outputs were not confirmed", &e);
                 return Err(broker_trouble_or(e, Setback::OutputsFailed));
             }
@@ -229,7 +240,7 @@ async fn carry_out(
         Settlement::RetryInConsumer { wait, reason } => {
             // Checked before the wait: a copy that cannot be sent is not
             // worth waiting for.
-            let properties = retry_copy(subject, port.frame_max())?;
+            let (properties, span) = retry_copy(subject, port.frame_max())?;
             match port.wait(*wait).await {
                 Waited::Elapsed => {}
                 Waited::ShutDown => return Err(Setback::ShutdownDuringWait),
@@ -239,20 +250,20 @@ async fn carry_out(
                     ));
                 }
             }
-            if let Err(e) = port.republish(queue, properties).await {
+            if let Err(e) = republish(port, subject, queue, properties, span).await {
                 log_publish_failure(queue, id, "retry republish failed; requeueing", &e);
                 return Err(broker_trouble_or(e, Setback::RetryNotPublished));
             }
             port.ack().await;
-            tracing::info!(queue, message_id = id, wait = %humantime::format_duration(*wait), reason, "retried after waiting in the consumer");
+            tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), wait_ms = wait.as_millis() as u64, reason, "retried after waiting in the consumer");
             Ok(Done::Retried(RetryPlace::Consumer))
         }
         Settlement::RetryInBroker { rung, reason, .. } => {
-            let properties = retry_copy(subject, port.frame_max())?;
-            match port.republish(rung, properties).await {
+            let (properties, span) = retry_copy(subject, port.frame_max())?;
+            match republish(port, subject, rung, properties, span).await {
                 Ok(()) => {
                     port.ack().await;
-                    tracing::info!(queue, message_id = id, rung = %rung, reason = %reason, "retrying through the broker");
+                    tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), rung = %rung, reason = %reason, "retrying through the broker");
                     Ok(Done::Retried(RetryPlace::Broker))
                 }
                 Err(PublishError::Unroutable { .. }) => {
@@ -274,18 +285,20 @@ async fn carry_out(
             queue: target,
             reason,
         } => {
+            let span = subject.trace.publish_span();
+            let traced = subject.trace.stamp(subject.properties.clone(), &span);
             let Some(properties) = envelope::set_aside_within_frame(
-                subject.properties,
+                &traced,
                 subject.envelope,
                 reason,
                 port.frame_max(),
             ) else {
-                tracing::error!(queue, message_id = id, to = %target, "even its envelope alone is too big for a frame; requeueing");
+                tracing::error!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, "even its envelope alone is too big for a frame; requeueing");
                 return Err(Setback::SetAsideFailed(
                     "even its envelope alone is too big for the broker's frame".to_string(),
                 ));
             };
-            if let Err(e) = port.republish(target, properties).await {
+            if let Err(e) = republish(port, subject, target, properties, span).await {
                 log_publish_failure(
                     queue,
                     id,
@@ -295,7 +308,7 @@ async fn carry_out(
                 return Err(broker_trouble_or(e, Setback::SetAsideFailed));
             }
             port.ack().await;
-            tracing::warn!(queue, message_id = id, to = %target, reason = %reason, "set aside");
+            tracing::warn!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, reason = %reason, "set aside");
             Ok(Done::SetAside)
         }
         Settlement::Requeue { why } => {
@@ -328,12 +341,62 @@ fn broker_trouble_or(error: PublishError, otherwise: fn(String) -> Setback) -> S
     }
 }
 
-/// The properties of the retry copy, when they fit a frame of `frame_max`.
-fn retry_copy(subject: Subject<'_>, frame_max: u32) -> Result<BasicProperties, Setback> {
-    let properties = envelope::retry_properties(subject.properties, subject.envelope);
+/// The properties of the retry copy, when they fit a frame of `frame_max`,
+/// and the span that publishes it (its `traceparent`).
+fn retry_copy(
+    subject: Subject<'_>,
+    frame_max: u32,
+) -> Result<(BasicProperties, TraceParent), Setback> {
+    let span = subject.trace.publish_span();
+    let traced = subject.trace.stamp(subject.properties.clone(), &span);
+    let properties = envelope::retry_properties(&traced, subject.envelope);
     envelope::check_frame(&properties, frame_max)
         .map_err(|e| Setback::RetryTooLarge(e.to_string()))?;
-    Ok(properties)
+    Ok((properties, span))
+}
+
+/// Republishes the delivery to `queue` with `properties`, in `span`.
+async fn republish(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    queue: &str,
+    properties: BasicProperties,
+    span: TraceParent,
+) -> Result<(), PublishError> {
+    let started = SystemTime::now();
+    let id = properties.message_id().as_ref().map(|id| id.to_string());
+    let result = port.republish(queue, properties).await;
+    subject.trace.published(Published {
+        span,
+        exchange: "",
+        routing_key: queue,
+        message_id: id.as_deref(),
+        started,
+        outcome: PublishOutcome::of(&result).as_str(),
+    });
+    result
+}
+
+/// Ends the span of one output's publish, which `result` (its batch's) ended.
+fn publish_span(
+    subject: Subject<'_>,
+    span: TraceParent,
+    publication: &Publication,
+    started: SystemTime,
+    result: &Result<(), PublishError>,
+) {
+    subject.trace.published(Published {
+        span,
+        exchange: &publication.exchange,
+        routing_key: &publication.routing_key,
+        message_id: publication
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str()),
+        started,
+        outcome: PublishOutcome::of(result).as_str(),
+    });
 }
 
 /// A plugin's output as a new AceMQ message caused by `parent`, with the
@@ -345,6 +408,7 @@ fn output_publication(
     output: Outgoing,
     now_ms: u64,
     frame_max: u32,
+    span: &TraceParent,
 ) -> Result<Publication, String> {
     let message_type = match &output.message_type {
         Some(message_type) => message_type.clone(),
@@ -360,6 +424,7 @@ fn output_publication(
         &output.headers,
     )
     .map_err(|e| e.to_string())?;
+    let properties = subject.trace.stamp(properties, span);
     envelope::check_frame(&properties, frame_max).map_err(|e| {
         format!(
             "the output to exchange '{}' with key '{}' cannot be published: {e}",
@@ -433,7 +498,7 @@ mod tests {
     }
 
     impl BrokerPort for Recorder {
-        async fn publish(&self, outputs: Vec<Publication>) -> Result<(), PublishError> {
+        async fn publish(&self, outputs: &[Publication]) -> Result<(), PublishError> {
             self.mandatory
                 .lock()
                 .unwrap()
@@ -569,6 +634,7 @@ mod tests {
             properties: &properties,
             mandatory_outputs: true,
             from_stream: false,
+            trace: &untraced(),
         };
         let report = settle(port, subject, policy, settlement).await;
         let settled = port
@@ -587,6 +653,11 @@ mod tests {
             [Call::Republish(target, copy), Call::Ack] if target == queue => (**copy).clone(),
             calls => panic!("expected one republish to {queue}, then an ack; got {calls:?}"),
         }
+    }
+
+    /// A delivery's trace when nothing is exported.
+    fn untraced() -> DeliveryTrace {
+        DeliveryTrace::start(&std::sync::Arc::new(crate::trace::Tracer::off()), None)
     }
 
     /// Retries stay in the consumer up to 30 s, then use rungs; no jitter.
@@ -647,6 +718,7 @@ mod tests {
                 properties: &properties,
                 mandatory_outputs: consumer_default,
                 from_stream: false,
+                trace: &untraced(),
             };
             let settlement = crate::delivery::decide::decide(
                 DeliveryFacts {

@@ -24,6 +24,8 @@ struct Instances {
     fuel_metering: bool,
     pre: HandlerPluginPre<HostState>,
     context: Arc<ConsumerContext>,
+    /// The version's sha256, named in the plugin's log lines.
+    sha256: Arc<str>,
 }
 
 impl Instantiate for Instances {
@@ -31,7 +33,11 @@ impl Instantiate for Instances {
 
     async fn instantiate(&self, deadline: Instant) -> wasmtime::Result<Self::Instance> {
         // Instantiation runs guest code (start functions): bound it too.
-        let mut store = new_store(&self.engine, HostState::new(self.context.clone()), deadline);
+        let mut store = new_store(
+            &self.engine,
+            HostState::new(self.context.clone(), self.sha256.clone()),
+            deadline,
+        );
         if self.fuel_metering {
             store.set_fuel(u64::MAX)?;
         }
@@ -110,12 +116,14 @@ impl HandlerVersion {
             )
         })?;
         let (deadline, memory_limit) = (context.limits.deadline, context.limits.max_memory_bytes);
+        let sha256: Arc<str> = compiled.sha256.into();
         let instances = Pool::new(
             Instances {
                 engine: engine.engine().clone(),
                 fuel_metering: engine.fuel_metering(),
                 pre,
                 context,
+                sha256: sha256.clone(),
             },
             deadline,
             memory_limit,
@@ -128,7 +136,7 @@ impl HandlerVersion {
             PluginError::new(&path, format!("cannot be instantiated: {}", chain(&e)))
         })?;
         Ok(Arc::new(Self {
-            sha256: compiled.sha256.into(),
+            sha256,
             size: compiled.size,
             from_cache: compiled.from_cache,
             loaded_at: SystemTime::now(),

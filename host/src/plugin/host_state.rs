@@ -14,6 +14,8 @@ use crate::envelope::{self, HeaderValue};
 /// Per-store state: fixed consumer context, plus what the current call did.
 pub struct HostState {
     pub context: Arc<ConsumerContext>,
+    /// The plugin version's sha256, in its log lines.
+    pub plugin: Arc<str>,
     pub bounds: CallBounds,
     pub call: CallState,
 }
@@ -79,10 +81,11 @@ fn check_length(what: &str, value: &str, max: usize) -> Result<(), String> {
 }
 
 impl HostState {
-    pub fn new(context: Arc<ConsumerContext>) -> Self {
+    pub fn new(context: Arc<ConsumerContext>, plugin: Arc<str>) -> Self {
         Self {
             bounds: CallBounds::new(context.limits.max_memory_bytes),
             context,
+            plugin,
             call: CallState::default(),
         }
     }
@@ -275,17 +278,25 @@ impl host::Host for HostState {
         }
         let queue = self.context.queue.as_str();
         let id = self.message_id();
+        let plugin = &*self.plugin;
+        // Shown as `-` between calls (start-up code may log).
+        let trace_id = self.call.message.as_ref().and_then(|m| m.trace_id);
+        let trace_id = tracing::field::display(OrDash(trace_id));
         match level {
             host::Level::Trace => {
-                tracing::trace!(target: "plugin", queue, message_id = id, "{text}")
+                tracing::trace!(target: "plugin", queue, message_id = id, trace_id, plugin, "{text}")
             }
             host::Level::Debug => {
-                tracing::debug!(target: "plugin", queue, message_id = id, "{text}")
+                tracing::debug!(target: "plugin", queue, message_id = id, trace_id, plugin, "{text}")
             }
-            host::Level::Info => tracing::info!(target: "plugin", queue, message_id = id, "{text}"),
-            host::Level::Warn => tracing::warn!(target: "plugin", queue, message_id = id, "{text}"),
+            host::Level::Info => {
+                tracing::info!(target: "plugin", queue, message_id = id, trace_id, plugin, "{text}")
+            }
+            host::Level::Warn => {
+                tracing::warn!(target: "plugin", queue, message_id = id, trace_id, plugin, "{text}")
+            }
             host::Level::Error => {
-                tracing::error!(target: "plugin", queue, message_id = id, "{text}");
+                tracing::error!(target: "plugin", queue, message_id = id, trace_id, plugin, "{text}");
                 self.call.last_error_log = Some(text);
             }
         }
@@ -324,5 +335,17 @@ fn from_wit(value: types::HeaderValue) -> HeaderValue {
         types::HeaderValue::Float(f) => HeaderValue::Float(f),
         types::HeaderValue::Boolean(b) => HeaderValue::Bool(b),
         types::HeaderValue::Bytes(b) => HeaderValue::Bytes(b),
+    }
+}
+
+/// An optional value shown as itself, or `-` when absent.
+struct OrDash<T>(Option<T>);
+
+impl<T: std::fmt::Display> std::fmt::Display for OrDash<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(value) => value.fmt(f),
+            None => f.write_str("-"),
+        }
     }
 }

@@ -127,6 +127,8 @@ pub struct Input {
     pub content_type: Option<String>,
     pub headers: Vec<(String, HeaderValue)>,
     pub body: Bytes,
+    /// The delivery's trace, for the plugin's log lines.
+    pub trace_id: Option<crate::trace::context::TraceIdHex>,
 }
 
 /// A message a plugin asked to publish, checked against the allowlist and

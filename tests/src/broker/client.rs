@@ -61,9 +61,20 @@ impl ReceivedMessage {
     /// The reason the host wrote on a message it set aside
     /// (`x-acemq-error`); panics, naming what it found, when there is none.
     pub fn acemq_error(&self) -> String {
-        match self.header("x-acemq-error") {
-            Some(AMQPValue::LongString(s)) => s.to_string(),
-            other => panic!("x-acemq-error missing or not a string: {other:?}"),
+        self.string_header("x-acemq-error").unwrap_or_else(|| {
+            panic!(
+                "x-acemq-error missing or not a string: {:?}",
+                self.header("x-acemq-error")
+            )
+        })
+    }
+
+    /// A header written as a (long) string, as text.
+    pub fn string_header(&self, name: &str) -> Option<String> {
+        match self.header(name)? {
+            AMQPValue::LongString(s) => Some(s.to_string()),
+            AMQPValue::ShortString(s) => Some(s.to_string()),
+            _ => None,
         }
     }
 

@@ -1,0 +1,191 @@
+//! W3C trace context (`traceparent`, `tracestate`): pure parsing, writing
+//! and the ids of new spans. The AceMQ contract carries both as unprefixed
+//! application headers; every library continues the trace of the message it
+//! consumes, and so does the host, whether it exports spans or not.
+
+/// A `traceparent`: the trace, the span that is the parent of whatever
+/// reads it, and the trace flags (bit 0: sampled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceParent {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub flags: u8,
+}
+
+/// The flags of a trace the host starts: sampled. Nothing is recorded
+/// unless export is on, and a downstream service that exports keeps it.
+const SAMPLED: u8 = 0x01;
+
+impl TraceParent {
+    /// Reads a `traceparent` header as W3C Trace Context level 1 says:
+    /// `00-{32 hex}-{16 hex}-{2 hex}`, lowercase, neither id all zeros,
+    /// version `ff` invalid. A later version is read by its first four
+    /// fields when what follows them starts with `-`. `None` when the value
+    /// is not one: the delivery then starts a trace of its own.
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        let bytes = text.as_bytes();
+        if bytes.len() < 55 || (bytes.len() > 55 && (&text[0..2] == "00" || bytes[55] != b'-')) {
+            return None;
+        }
+        let (version, trace, span, flags) =
+            (&text[0..2], &text[3..35], &text[36..52], &text[53..55]);
+        if bytes[2] != b'-' || bytes[35] != b'-' || bytes[52] != b'-' || version == "ff" {
+            return None;
+        }
+        let mut trace_id = [0u8; 16];
+        let mut span_id = [0u8; 8];
+        let mut flag = [0u8; 1];
+        let mut version_byte = [0u8; 1];
+        lower_hex(version, &mut version_byte)?;
+        lower_hex(trace, &mut trace_id)?;
+        lower_hex(span, &mut span_id)?;
+        lower_hex(flags, &mut flag)?;
+        if trace_id == [0; 16] || span_id == [0; 8] {
+            return None;
+        }
+        Some(Self {
+            trace_id,
+            span_id,
+            flags: flag[0],
+        })
+    }
+
+    /// A new trace, its first span: what a delivery without a (valid)
+    /// `traceparent` continues from.
+    pub fn new_trace() -> Self {
+        Self {
+            trace_id: nonzero(rand::random),
+            span_id: nonzero(rand::random),
+            flags: SAMPLED,
+        }
+    }
+
+    /// A new span of the same trace, with the same flags.
+    pub fn child(&self) -> Self {
+        Self {
+            trace_id: self.trace_id,
+            span_id: nonzero(rand::random),
+            flags: self.flags,
+        }
+    }
+
+    /// Whether the trace is sampled (flag bit 0).
+    pub fn sampled(&self) -> bool {
+        self.flags & SAMPLED != 0
+    }
+
+    /// The header value, version `00`.
+    pub fn header(&self) -> String {
+        format!(
+            "00-{}-{}-{:02x}",
+            self.trace_id_hex(),
+            hex::encode(self.span_id),
+            self.flags
+        )
+    }
+
+    /// The trace id as 32 lowercase hex digits (as logs and backends show it).
+    pub fn trace_id_hex(&self) -> TraceIdHex {
+        TraceIdHex(self.trace_id)
+    }
+}
+
+/// Decodes lowercase hex of exactly `out`'s length (the W3C format allows
+/// no uppercase).
+fn lower_hex(text: &str, out: &mut [u8]) -> Option<()> {
+    if text.len() != out.len() * 2 || text.bytes().any(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    hex::decode_to_slice(text, out).ok()
+}
+
+/// Random ids are never all zeros (an invalid id); one draw in 2^64 retries.
+fn nonzero<const N: usize>(draw: fn() -> [u8; N]) -> [u8; N] {
+    loop {
+        let id = draw();
+        if id != [0; N] {
+            return id;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_valid_header_is_read_and_written_back_unchanged() {
+        let parent = TraceParent::parse(EXAMPLE).unwrap();
+        assert_eq!(
+            parent.trace_id_hex().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(hex::encode(parent.span_id), "00f067aa0ba902b7");
+        assert!(parent.sampled());
+        assert_eq!(parent.header(), EXAMPLE);
+    }
+
+    #[test]
+    fn invalid_headers_are_not_continued() {
+        for bad in [
+            "",
+            "garbage",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473x-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(TraceParent::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_later_version_is_read_by_its_first_fields() {
+        let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-more";
+        let parent = TraceParent::parse(later).unwrap();
+        assert!(!parent.sampled());
+        assert_eq!(
+            parent.header(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+        );
+    }
+
+    #[test]
+    fn a_child_keeps_the_trace_and_flags_with_a_new_span() {
+        let parent = TraceParent::parse(EXAMPLE).unwrap();
+        let child = parent.child();
+        assert_eq!(child.trace_id, parent.trace_id);
+        assert_eq!(child.flags, parent.flags);
+        assert_ne!(child.span_id, parent.span_id);
+        assert_eq!(TraceParent::parse(&child.header()), Some(child));
+    }
+
+    #[test]
+    fn new_traces_differ_and_are_sampled() {
+        let (a, b) = (TraceParent::new_trace(), TraceParent::new_trace());
+        assert_ne!(a.trace_id, b.trace_id);
+        assert!(a.sampled());
+        assert_eq!(TraceParent::parse(&a.header()), Some(a));
+    }
+}
+
+/// A trace id shown as 32 lowercase hex digits, written only when a log
+/// line is (no string per delivery).
+#[derive(Debug, Clone, Copy)]
+pub struct TraceIdHex(pub [u8; 16]);
+
+impl std::fmt::Display for TraceIdHex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for byte in self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
