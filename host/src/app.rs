@@ -55,31 +55,61 @@ pub struct PreparedConsumer {
 }
 
 /// Checks the config, builds the topology and loads every plugin, without
-/// touching the network.
+/// touching the network. Every problem found is reported at once (each led
+/// by `file:line` where it has one), so one run shows everything to fix.
 pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
+    let mut problems: Vec<String> = Vec::new();
+    let mut note = |e: anyhow::Error| problems.push(format!("{e:#}"));
     let topology = Topology::from_config(&config.config)
-        .map_err(|problems| anyhow::anyhow!("{}: {problems}", config.path.display()))?;
-    let admin = crate::admin::Settings::from_config(&config)?;
-    check_plugin_paths(&config)?;
+        .map_err(|found| {
+            note(anyhow::anyhow!(
+                "{}: {}",
+                config.path.display(),
+                config.topology_problems(&found)
+            ))
+        })
+        .ok();
+    let admin = crate::admin::Settings::from_config(&config)
+        .map_err(|e| note(e.into()))
+        .ok()
+        .flatten();
+    let untrusted = check_plugin_paths(&config);
+    let trusted = untrusted.is_empty();
+    untrusted.into_iter().for_each(&mut note);
+    // Plugins are loaded only from paths that passed the check.
     let engine = Arc::new(PluginEngine::new(engine_settings(&config))?);
-    let codecs = Arc::new(load_codecs(&config, &engine)?);
+    let codecs = if trusted {
+        load_codecs(&config, &engine).map_err(&mut note).ok()
+    } else {
+        None
+    };
     let mut consumers = Vec::new();
-    for (index, consumer) in config.config.consumers.iter().enumerate() {
-        consumers.push(prepare_consumer(
-            &config, &topology, &engine, index, consumer,
-        )?);
+    if let (Some(topology), true) = (&topology, trusted) {
+        for (index, consumer) in config.config.consumers.iter().enumerate() {
+            match prepare_consumer(&config, topology, &engine, index, consumer) {
+                Ok(prepared) => consumers.push(prepared),
+                Err(e) => note(e),
+            }
+        }
+    }
+    // Here, before any runtime: the exporter's HTTP client is a blocking one.
+    let tracer = crate::trace::Tracer::from_config(&config.config.tracing)
+        .map_err(|e| note(anyhow::anyhow!("{}: {e:#}", config.path.display())))
+        .ok();
+    let (Some(topology), Some(codecs), Some(tracer), true) =
+        (topology, codecs, tracer, problems.is_empty())
+    else {
+        anyhow::bail!("{}", problems.join("\n"));
+    };
+    warn_of_unknown_exchanges(&config, &topology);
+    let codecs = Arc::new(codecs);
+    let tracer = Arc::new(tracer);
+    if let Some(endpoint) = tracer.endpoint() {
+        tracing::info!(endpoint, "exporting spans over OTLP");
     }
     let board = Arc::new(Board::default());
     for consumer in &consumers {
         board.expect(&consumer.subscription.queue);
-    }
-    // Here, before any runtime: the exporter's HTTP client is a blocking one.
-    let tracer = Arc::new(
-        crate::trace::Tracer::from_config(&config.config.tracing)
-            .map_err(|e| anyhow::anyhow!("{}: {e:#}", config.path.display()))?,
-    );
-    if let Some(endpoint) = tracer.endpoint() {
-        tracing::info!(endpoint, "exporting spans over OTLP");
     }
     Ok(Prepared {
         config,
@@ -117,15 +147,45 @@ fn load_codecs(config: &LoadedConfig, engine: &PluginEngine) -> anyhow::Result<C
 /// user, or anyone but its owner, could write: they could choose the code
 /// the host runs (hot swap picks up a replaced file within a second). The
 /// folders are watched for hot swap afterwards, not checked again.
-fn check_plugin_paths(config: &LoadedConfig) -> anyhow::Result<()> {
+fn check_plugin_paths(config: &LoadedConfig) -> Vec<anyhow::Error> {
     let c = &config.config;
     let handlers = c.consumers.iter().map(|consumer| &consumer.plugin);
     let codecs = c.codecs.iter().map(|codec| &codec.plugin);
-    for plugin in handlers.chain(codecs) {
-        crate::fs_trust::check_plugin(&config.resolve(plugin.get_ref()))
-            .map_err(|e| config.error_at(Some(plugin.span().start), e.to_string()))?;
+    handlers
+        .chain(codecs)
+        .filter_map(|plugin| {
+            crate::fs_trust::check_plugin(&config.resolve(plugin.get_ref()))
+                .map_err(|e| {
+                    config
+                        .error_at(Some(plugin.span().start), e.to_string())
+                        .into()
+                })
+                .err()
+        })
+        .collect()
+}
+
+/// Warns of each `publish_to` exchange the config does not declare: a typo
+/// there fails every output at run time ("reached no exchange"), unless
+/// another service declares it. `amq.*` exchanges always exist.
+fn warn_of_unknown_exchanges(config: &LoadedConfig, topology: &Topology) {
+    for (index, consumer) in config.config.consumers.iter().enumerate() {
+        for exchange in &consumer.publish_to {
+            if exchange.is_empty()
+                || exchange.starts_with("amq.")
+                || topology.exchange(exchange).is_some()
+            {
+                continue;
+            }
+            let at = config.error_at(
+                Some(consumer.queue.span().start),
+                format!(
+                    "consumers[{index}].publish_to names exchange '{exchange}', which this config does not declare; outputs to it fail unless another service declares it"
+                ),
+            );
+            tracing::warn!("{at}");
+        }
     }
-    Ok(())
 }
 
 pub fn engine_settings(config: &LoadedConfig) -> EngineSettings {
@@ -547,6 +607,7 @@ pub async fn run(
     // endpoint serves (health DOWN) until the consumers have drained.
     let reloads_stop = shutdown.child_token();
     let reloads = reloader.start(reloads_stop.clone());
+    let config_watch = crate::config_watch::spawn(&config.path, &config.text, reloads_stop.clone());
 
     while let Some(joined) = consumers.join_next().await {
         if let Err(e) = joined {
@@ -557,6 +618,7 @@ pub async fn run(
     reloads_stop.cancel();
     admin_stop.cancel();
     let _ = reloads.await;
+    let _ = config_watch.await;
     if let Some(admin) = admin {
         let _ = admin.await;
     }

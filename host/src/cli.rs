@@ -274,7 +274,7 @@ fn plan(config_path: PathBuf) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(problems) => {
-            println!("{problems}");
+            println!("{}", config.topology_problems(&problems));
             ExitCode::from(EXIT_INVALID)
         }
     }

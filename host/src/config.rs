@@ -499,6 +499,21 @@ pub struct ConfigError {
     pub message: String,
 }
 
+impl ConfigError {
+    /// Every error of `found`, first to last, as one: the first's place,
+    /// and each further one on a line of its own with its own place.
+    pub fn all(found: Vec<ConfigError>) -> Result<(), ConfigError> {
+        let mut found = found.into_iter();
+        let Some(mut first) = found.next() else {
+            return Ok(());
+        };
+        for more in found {
+            first.message.push_str(&format!("\n{more}"));
+        }
+        Err(first)
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.line {
@@ -556,6 +571,44 @@ impl LoadedConfig {
             line: at.map(|offset| line_of(&self.text, offset)),
             message: message.into(),
         }
+    }
+
+    /// The 1-based line where `entry` starts in the file, when it is there.
+    pub fn line_of_entry(&self, entry: &crate::topology::Entry) -> Option<usize> {
+        use crate::topology::Entry;
+        use toml::de::{DeTable, DeValue};
+        let document = DeTable::parse(&self.text).ok()?;
+        fn child<'i>(table: &DeTable<'i>, key: &str) -> Option<toml::Spanned<DeValue<'i>>> {
+            table
+                .iter()
+                .find(|(name, _)| name.get_ref().as_ref() == key)
+                .map(|(_, value)| value.clone())
+        }
+        let found = match entry {
+            Entry::Item { table, index } => match child(document.get_ref(), table)?.into_inner() {
+                DeValue::Array(items) => items.get(*index)?.span(),
+                _ => return None,
+            },
+            Entry::Table(path) => {
+                let mut parts = path.split('.');
+                let mut value = child(document.get_ref(), parts.next()?)?;
+                for part in parts {
+                    let DeValue::Table(table) = value.get_ref() else {
+                        return None;
+                    };
+                    value = child(table, part)?;
+                }
+                value.span()
+            }
+        };
+        Some(line_of(&self.text, found.start))
+    }
+
+    /// The topology's problems, each led by `file:line` where it was found.
+    pub fn topology_problems(&self, problems: &crate::topology::Problems) -> String {
+        problems.located(&self.path.display().to_string(), |entry| {
+            self.line_of_entry(entry)
+        })
     }
 
     /// A path from the config, resolved against the config file's folder.
@@ -659,12 +712,15 @@ impl LoadedConfig {
 
     /// Checks that only need the file: references between tables and value ranges.
     fn check(&self) -> Result<(), ConfigError> {
-        self.check_admin()?;
+        let mut found = Vec::new();
+        if let Err(e) = self.check_admin() {
+            found.push(e);
+        }
         let c = &self.config;
         if let Some(key_file) = &c.host.plugin_cache_key_file
             && c.host.plugin_cache_dir.is_none()
         {
-            return Err(self.error_at(
+            found.push(self.error_at(
                 Some(key_file.span().start),
                 "host.plugin_cache_key_file: there is no [host] plugin_cache_dir for this key to protect",
             ));
@@ -673,7 +729,7 @@ impl LoadedConfig {
             if let Some(name) = &consumer.retry
                 && !c.retry.contains_key(name.get_ref())
             {
-                return Err(self.error_at(
+                found.push(self.error_at(
                     Some(name.span().start),
                     format!(
                         "consumers[{i}].retry: no retry policy named '{}' (define [retry.{}])",
@@ -683,7 +739,7 @@ impl LoadedConfig {
                 ));
             }
             if consumer.prefetch == Some(0) {
-                return Err(self.error_at(
+                found.push(self.error_at(
                     Some(consumer.queue.span().start),
                     format!("consumers[{i}].prefetch: must be at least 1: RabbitMQ sends nothing to a consumer without one, and refuses to let a stream consumer start with none"),
                 ));
@@ -691,19 +747,19 @@ impl LoadedConfig {
             if let Some(offset) = &consumer.offset
                 && let Err(e) = offset.get_ref().parse()
             {
-                return Err(self.error_at(
+                found.push(self.error_at(
                     Some(offset.span().start),
                     format!("consumers[{i}].offset: {e}"),
                 ));
             }
             if consumer.concurrency == Some(0) {
-                return Err(self.error_at(
+                found.push(self.error_at(
                     Some(consumer.queue.span().start),
                     format!("consumers[{i}].concurrency: must be at least 1"),
                 ));
             }
             if consumer.queue.get_ref().trim().is_empty() {
-                return Err(self.error_at(
+                found.push(self.error_at(
                     Some(consumer.queue.span().start),
                     format!("consumers[{i}].queue: must name a queue"),
                 ));
@@ -713,7 +769,7 @@ impl LoadedConfig {
             if let Some(name) = &queue.retry
                 && !c.retry.contains_key(name.get_ref())
             {
-                return Err(self.error_at(
+                found.push(self.error_at(
                     Some(name.span().start),
                     format!(
                         "queues[{i}].retry: no retry policy named '{}' (define [retry.{}])",
@@ -723,7 +779,7 @@ impl LoadedConfig {
                 ));
             }
         }
-        Ok(())
+        ConfigError::all(found)
     }
 
     /// The admin endpoint's keys; the token itself is read at start (see
@@ -794,6 +850,46 @@ mod tests {
         let err = parse("[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nprefetch = \"many\"\n")
             .unwrap_err();
         assert_eq!(err.line, Some(4), "{err}");
+    }
+
+    #[test]
+    fn topology_problems_name_the_line_of_their_entry() {
+        let text = "[retry.slow]\nkind = \"sometimes\"\n\n[[exchanges]]\nname = \"good\"\nkind = \"direct\"\n\n[[exchanges]]\nname = \"bad\"\n\n[[bindings]]\nqueue = \"nowhere\"\nexchange = \"good\"\n";
+        let loaded = parse(text).unwrap();
+        let problems = crate::topology::Topology::from_config(&loaded.config).unwrap_err();
+        let shown = loaded.topology_problems(&problems);
+        assert!(
+            shown.contains("host.toml:1: ") && shown.contains("sometimes"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("host.toml:8: acemq: exchange 'bad' has no kind"),
+            "{shown}"
+        );
+        assert!(shown.contains("host.toml:11: "), "the binding: {shown}");
+    }
+
+    #[test]
+    fn every_problem_of_the_file_is_reported_at_once() {
+        let err = parse(
+            "[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nretry = \"fast\"\nprefetch = 0\n\n[[queues]]\nname = \"q\"\nretry = \"slow\"\n",
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(
+            lines[0].starts_with("host.toml:4: consumers[0].retry"),
+            "{text}"
+        );
+        assert!(
+            lines[1].starts_with("host.toml:2: consumers[0].prefetch"),
+            "{text}"
+        );
+        assert!(
+            lines[2].starts_with("host.toml:9: queues[0].retry"),
+            "{text}"
+        );
     }
 
     #[test]

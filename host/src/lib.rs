@@ -20,6 +20,7 @@ pub mod app;
 pub mod broker;
 pub mod cli;
 pub mod config;
+pub mod config_watch;
 pub mod delivery;
 pub mod envelope;
 pub mod fs_trust;

@@ -344,3 +344,38 @@ async fn json_logs_are_one_object_per_line_with_the_messages_fields() {
         "{lines:?}"
     );
 }
+
+/// The config file is read once: an edit while the host runs is logged as
+/// not applied, and the host goes on as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_config_file_is_logged_as_not_applied_until_restart() {
+    let names = Names::new();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host.toml");
+    let text = names.config("");
+    std::fs::write(&path, &text).unwrap();
+    let options = HostOptions {
+        consumers: 0,
+        ..HostOptions::default()
+    };
+    let mut host = HostProcess::start_with(&path, tempfile::tempdir().unwrap(), &options).unwrap();
+    host.wait_for_log("consuming", 1, Duration::from_secs(60))
+        .unwrap();
+    // Saved unchanged: nothing to say.
+    std::fs::write(&path, &text).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    std::fs::write(&path, format!("{text}\n# prefetch raised\n")).unwrap();
+    host.wait_for_log(
+        acemq_host::config_watch::NOT_APPLIED,
+        1,
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let (status, log) = host.terminate_with_log(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+    let warnings = log
+        .iter()
+        .filter(|line| line.contains(acemq_host::config_watch::NOT_APPLIED))
+        .count();
+    assert_eq!(warnings, 1, "{log:#?}");
+}

@@ -551,7 +551,7 @@ impl Reloader {
                 biased;
                 _ = stop.cancelled() => break,
                 Some(()) = recv_signal(&mut hangup) => {
-                    tracing::info!("SIGHUP: reloading every plugin");
+                    tracing::info!("SIGHUP: reloading every plugin (only plugins: the config file is read at start)");
                     let all: Vec<usize> = (0..self.entries.len()).collect();
                     self.reload_entries(&all, Trigger::now(Cause::Signal)).await;
                 }

@@ -22,7 +22,7 @@ use super::model::{
 };
 use super::naming::{self, DEAD_LETTER_EXCHANGE, RETRY_EXCHANGE};
 use super::plan;
-use super::validate::{self, Problems};
+use super::validate::{self, Entry, Problems};
 use crate::config::{BindingConfig, Config, ConsumerConfig, ExchangeConfig, QueueConfig};
 use crate::retry::RetryPolicy;
 
@@ -31,19 +31,35 @@ impl Topology {
     /// every reason it cannot be applied.
     pub fn from_config(config: &Config) -> Result<Topology, Problems> {
         let mut builder = Builder::new(config);
-        for exchange in &config.exchanges {
+        let item = |table, index| Some(Entry::Item { table, index });
+        // Where each name was written, for problems found once the
+        // topology is finished; the first entry of a name wins.
+        let mut origins = validate::Origins::default();
+        for (index, exchange) in config.exchanges.iter().enumerate() {
+            builder.problems.reading(item("exchanges", index));
+            origins.note("exchange", &exchange.name, item("exchanges", index));
             builder.exchange(exchange);
         }
-        for queue in &config.queues {
+        for (index, queue) in config.queues.iter().enumerate() {
+            builder.problems.reading(item("queues", index));
+            origins.note("queue", &queue.name, item("queues", index));
             builder.queue(queue);
         }
-        for binding in &config.bindings {
+        for (index, binding) in config.bindings.iter().enumerate() {
+            builder.problems.reading(item("bindings", index));
+            let shown = format!(
+                "{} -> {} ({})",
+                binding.exchange, binding.queue, binding.routing_key
+            );
+            origins.note("binding", &shown, item("bindings", index));
             builder.binding(binding);
         }
-        for consumer in &config.consumers {
+        for (index, consumer) in config.consumers.iter().enumerate() {
+            builder.problems.reading(item("consumers", index));
             builder.consumer(consumer);
         }
-        builder.finish()
+        builder.problems.reading(None);
+        builder.finish(&origins)
     }
 }
 
@@ -116,6 +132,7 @@ impl<'a> Builder<'a> {
             .retry
             .iter()
             .map(|(name, cfg)| {
+                problems.reading(Some(Entry::Table(format!("retry.{name}"))));
                 let policy = RetryPolicy::from_config(name, cfg)
                     .map_err(|problem| problems.push(problem))
                     .ok();
@@ -124,6 +141,7 @@ impl<'a> Builder<'a> {
             .collect();
         let dead_letter_exchange = match config.topology.dead_letter_exchange.as_deref() {
             Some(name) if name.trim().is_empty() => {
+                problems.reading(Some(Entry::Table("topology".into())));
                 problems.push(validate::blank_dead_letter_exchange());
                 DEAD_LETTER_EXCHANGE
             }
@@ -140,8 +158,8 @@ impl<'a> Builder<'a> {
         }
     }
 
-    fn finish(mut self) -> Result<Topology, Problems> {
-        validate::check_finished(&self.topology, &self.refused, &mut self.problems);
+    fn finish(mut self, origins: &validate::Origins) -> Result<Topology, Problems> {
+        validate::check_finished(&self.topology, &self.refused, origins, &mut self.problems);
         if self.problems.is_empty() {
             Ok(self.topology)
         } else {
@@ -185,7 +203,7 @@ impl<'a> Builder<'a> {
         if !self.named_once("queue", &q.name) {
             return;
         }
-        let problems_before = self.problems.0.len();
+        let problems_before = self.problems.len();
         let mut arguments = self
             .arguments("queue", &q.name, &q.arguments)
             .unwrap_or_default();
@@ -214,7 +232,7 @@ impl<'a> Builder<'a> {
         });
         // A queue with any problem is left out, so nothing derived from a
         // half-understood queue adds noise to the problem list.
-        let clean = self.problems.0.len() == problems_before;
+        let clean = self.problems.len() == problems_before;
         let Some(queue_type) = queue_type.filter(|_| clean) else {
             self.refused.insert(("queue", &q.name));
             return;

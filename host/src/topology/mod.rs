@@ -23,4 +23,4 @@ pub use model::{
     Topology,
 };
 pub use plan::plan;
-pub use validate::Problems;
+pub use validate::{Entry, Problem, Problems};

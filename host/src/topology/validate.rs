@@ -16,29 +16,84 @@ use super::model::{ArgValue, Arguments, BindingDecl, DeclaredBy, QueueType, Topo
 /// argument names and routing keys.
 pub const MAX_NAME_BYTES: usize = 255;
 
-/// Every reason a topology cannot be applied, in the order they were found.
+/// Every reason a topology cannot be applied, in the order they were found,
+/// each with the config entry it was found in (when it has one), so that
+/// the operator is shown the file's line.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Problems(pub Vec<String>);
+pub struct Problems {
+    list: Vec<Problem>,
+    /// The entry being read: problems pushed now are found in it.
+    current: Option<Entry>,
+}
+
+/// One problem, and where in the config it was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub at: Option<Entry>,
+    pub text: String,
+}
+
+/// A place in the config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// The `index`th (from 0) `[[table]]` entry: `exchanges`, `queues`,
+    /// `bindings` or `consumers`.
+    Item { table: &'static str, index: usize },
+    /// A table by its dotted path (`retry.fast`, `topology`).
+    Table(String),
+}
 
 impl Problems {
     pub fn push(&mut self, problem: impl Into<String>) {
-        self.0.push(problem.into());
+        self.list.push(Problem {
+            at: self.current.clone(),
+            text: problem.into(),
+        });
+    }
+
+    /// Problems pushed from now on were found in `entry` (`None`: in the
+    /// topology as a whole).
+    pub fn reading(&mut self, entry: Option<Entry>) {
+        self.current = entry;
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.list.is_empty()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(String::as_str)
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Problem> {
+        self.list.iter()
+    }
+
+    /// The sentences alone, in order.
+    pub fn texts(&self) -> Vec<String> {
+        self.list.iter().map(|p| p.text.clone()).collect()
+    }
+
+    /// One line per problem, each led by `where(entry)` (such as
+    /// `host.toml:12`) when the problem has an entry and it is found, else
+    /// by `file`.
+    pub fn located(&self, file: &str, line_of: impl Fn(&Entry) -> Option<usize>) -> String {
+        let mut out = String::from("this topology cannot be applied:");
+        for problem in &self.list {
+            match problem.at.as_ref().and_then(&line_of) {
+                Some(line) => out.push_str(&format!("\n  {file}:{line}: {}", problem.text)),
+                None => out.push_str(&format!("\n  {file}: {}", problem.text)),
+            }
+        }
+        out
     }
 }
 
 impl fmt::Display for Problems {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "this topology cannot be applied:")?;
-        for problem in &self.0 {
-            write!(f, "\n  {problem}")?;
+        for problem in &self.list {
+            write!(f, "\n  {}", problem.text)?;
         }
         Ok(())
     }
@@ -193,18 +248,22 @@ pub(crate) fn rung_without_name(policy: &str, error: &str) -> String {
 pub(crate) fn check_finished(
     topology: &Topology,
     refused: &HashSet<(&'static str, &str)>,
+    origins: &Origins,
     problems: &mut Problems,
 ) {
     for e in &topology.exchanges {
+        problems.reading(origins.of("exchange", &e.name));
         check_name("exchange", &e.name, problems);
         check_argument_names("exchange", &e.name, &e.arguments, problems);
     }
     for q in &topology.queues {
+        problems.reading(origins.of("queue", &q.name));
         check_name("queue", &q.name, problems);
         check_argument_names("queue", &q.name, &q.arguments, problems);
     }
     for b in &topology.bindings {
         let shown = binding_shown(b);
+        problems.reading(origins.of("binding", &shown));
         if b.declared_by != DeclaredBy::Consumer {
             if b.exchange.is_empty() {
                 problems.push(format!(
@@ -233,6 +292,25 @@ pub(crate) fn check_finished(
             ));
         }
         check_argument_names("binding", &shown, &b.arguments, problems);
+    }
+    problems.reading(None);
+}
+
+/// The config entry each exchange, queue and binding (as
+/// [`binding_shown`] writes it) was first written in. Declarations AceMQ
+/// adds itself (`.dlq`, rungs) have none.
+#[derive(Debug, Default)]
+pub(crate) struct Origins(std::collections::HashMap<(&'static str, String), Entry>);
+
+impl Origins {
+    pub(crate) fn note(&mut self, what: &'static str, name: &str, entry: Option<Entry>) {
+        if let Some(entry) = entry {
+            self.0.entry((what, name.to_string())).or_insert(entry);
+        }
+    }
+
+    fn of(&self, what: &'static str, name: &str) -> Option<Entry> {
+        self.0.get(&(what, name.to_string())).cloned()
     }
 }
 
@@ -290,15 +368,30 @@ mod tests {
     use crate::topology::build::tests::build;
 
     fn problems(text: &str) -> Vec<String> {
-        build(text).expect_err("should be refused").0
+        build(text).expect_err("should be refused").texts()
     }
 
     #[test]
     fn problems_display_one_per_indented_line() {
-        let problems = Problems(vec!["first".into(), "second".into()]);
+        let mut problems = Problems::default();
+        problems.reading(Some(Entry::Item {
+            table: "queues",
+            index: 1,
+        }));
+        problems.push("first");
+        problems.reading(None);
+        problems.push("second");
         assert_eq!(
             problems.to_string(),
             "this topology cannot be applied:\n  first\n  second"
+        );
+        let located = problems.located("host.toml", |entry| match entry {
+            Entry::Item { index, .. } => Some(10 + index),
+            Entry::Table(_) => None,
+        });
+        assert_eq!(
+            located,
+            "this topology cannot be applied:\n  host.toml:11: first\n  host.toml: second"
         );
     }
 
@@ -482,7 +575,7 @@ mod tests {
         let mut config: Config =
             toml::from_str("[[queues]]\nname = \"s\"\ntype = \"stream\"\n").unwrap();
         config.queues[0].max_length_bytes = Some(u64::MAX);
-        let found = Topology::from_config(&config).unwrap_err().0;
+        let found = Topology::from_config(&config).unwrap_err().texts();
         assert_eq!(
             found,
             [
@@ -532,7 +625,7 @@ mod tests {
             // Only the exchange nothing declares: the queue's own problem is reported above.
             "acemq: binding nowhere -> orders.new (order.*) names exchange 'nowhere', which this topology does not declare",
         ];
-        assert_eq!(error.0, expected);
+        assert_eq!(error.texts(), expected);
         let text = error.to_string();
         assert!(
             text.starts_with("this topology cannot be applied:\n  [retry.bad] jitter"),
