@@ -1,0 +1,114 @@
+//! The README's configuration reference against the real parser: every key
+//! the table lists is one the parser accepts, and every key the parser
+//! accepts is in the table.
+//!
+//! The parser refuses unknown keys and names the ones it knows ("unknown
+//! field `x`, expected one of `a`, `b`"), so each table's keys are learnt by
+//! offering it a key it cannot know.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use acemq_host::config::LoadedConfig;
+use acemq_tests::host::workspace_root;
+
+const PROBE: &str = "zz_not_a_key";
+
+/// Keys the parser reads that are not settings: `admin_token` is parsed
+/// only to be refused with a sentence saying where the token goes instead.
+const NOT_SETTINGS: [(&str, &str); 1] = [("host", "admin_token")];
+
+/// The README's table: config table (as written, `[[queues]]` -> `queues`,
+/// `[retry.NAME]` -> `retry.NAME`) to the keys it lists.
+fn documented() -> BTreeMap<String, BTreeSet<String>> {
+    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    let section = readme
+        .split("### Configuration reference")
+        .nth(1)
+        .expect("the README has a configuration reference")
+        .split("\n### ")
+        .next()
+        .unwrap();
+    let mut tables: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for row in section.lines().filter(|l| l.starts_with("| `")) {
+        let cell = row.split('|').nth(1).unwrap().trim().trim_matches('`');
+        let (table, keys) = cell.split_once(']').expect("a row starts with its [table]");
+        let table = table.trim_start_matches('[').to_string();
+        let keys = keys.trim_start_matches(']').trim();
+        if keys.is_empty() {
+            // `[consumers.config]`: a table of its own, a key of its parent.
+            let (parent, key) = table.rsplit_once('.').expect("a nested table");
+            tables.entry(parent.into()).or_default().insert(key.into());
+            continue;
+        }
+        // A nested table (`[broker.tls]`) is also a key of its parent.
+        if let Some((parent, key)) = table.rsplit_once('.')
+            && table != "retry.NAME"
+        {
+            tables.entry(parent.into()).or_default().insert(key.into());
+        }
+        let entry = tables.entry(table).or_default();
+        for key in keys.split(',') {
+            entry.insert(key.trim().to_string());
+        }
+    }
+    tables
+}
+
+/// The keys the parser accepts in `table` (`""`: the top level).
+fn accepted(table: &str) -> BTreeSet<String> {
+    let header = match table {
+        "" => String::new(),
+        "exchanges" | "queues" | "bindings" | "consumers" | "codecs" => format!("[[{table}]]\n"),
+        "retry.NAME" => "[retry.p]\n".to_string(),
+        other => format!("[{other}]\n"),
+    };
+    let text = format!("{header}{PROBE} = 1\n");
+    let error = LoadedConfig::parse(Path::new("probe.toml"), text)
+        .expect_err("an unknown key is refused")
+        .to_string();
+    let expected = error
+        .split("expected")
+        .nth(1)
+        .unwrap_or_else(|| panic!("the refusal names no known keys: {error}"));
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .filter(|key| !NOT_SETTINGS.contains(&(table, key.as_str())))
+        .collect()
+}
+
+#[test]
+fn the_configuration_reference_lists_exactly_the_keys_the_parser_accepts() {
+    let documented = documented();
+    let mut tables: BTreeSet<String> = documented.keys().cloned().collect();
+    // Every top-level table the parser knows is documented.
+    for top in accepted("") {
+        let written = if top == "retry" {
+            "retry.NAME".to_string()
+        } else {
+            top.clone()
+        };
+        assert!(
+            tables.contains(&written),
+            "the parser accepts [{top}], which the README's configuration reference does not list"
+        );
+        tables.insert(written);
+    }
+    for table in tables {
+        let listed = documented.get(&table).cloned().unwrap_or_default();
+        let parsed = accepted(&table);
+        let undocumented: Vec<_> = parsed.difference(&listed).collect();
+        let unknown: Vec<_> = listed.difference(&parsed).collect();
+        assert!(
+            undocumented.is_empty(),
+            "[{table}]: the parser accepts {undocumented:?}, which the README does not list"
+        );
+        assert!(
+            unknown.is_empty(),
+            "[{table}]: the README lists {unknown:?}, which the parser refuses"
+        );
+    }
+}
