@@ -7,7 +7,7 @@
 //! `acemq_consume_total` (the renderer adds `_total` to counters), as every
 //! AceMQ library's Prometheus renderer does.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
@@ -17,7 +17,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Metric, Registry, Unit};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueueOutcome {
@@ -206,6 +207,47 @@ pub struct Metrics {
     /// `publish_total`'s series by exchange, routing key and outcome, found
     /// without building a label set (three strings) for every publish.
     publish_series: Mutex<HashMap<String, HashMap<String, OutcomeSeries>>>,
+    /// See [`Metrics::sample_names`].
+    sample_names: BTreeSet<String>,
+}
+
+/// Registers metrics and notes the sample names each will show.
+struct Declare<'a> {
+    registry: &'a mut Registry,
+    names: &'a mut BTreeSet<String>,
+}
+
+impl Declare<'_> {
+    fn register<M: Metric + TypedMetric>(&mut self, name: &str, help: &str, metric: M) {
+        self.note(name, None, M::TYPE);
+        self.registry.register(name, help, metric);
+    }
+
+    fn register_with_unit<M: Metric + TypedMetric>(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Unit,
+        metric: M,
+    ) {
+        self.note(name, Some(&unit), M::TYPE);
+        self.registry.register_with_unit(name, help, unit, metric);
+    }
+
+    /// The names the text encoder writes: `name[_unit]` and the type's suffixes.
+    fn note(&mut self, name: &str, unit: Option<&Unit>, kind: MetricType) {
+        let base = match unit {
+            Some(unit) => format!("{name}_{}", unit.as_str()),
+            None => name.to_string(),
+        };
+        let suffixes: &[&str] = match kind {
+            MetricType::Counter => &["_total"],
+            MetricType::Histogram => &["_bucket", "_sum", "_count"],
+            _ => &[""],
+        };
+        self.names
+            .extend(suffixes.iter().map(|suffix| format!("{base}{suffix}")));
+    }
 }
 
 impl Default for Metrics {
@@ -216,7 +258,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let metrics = Self {
+        let mut metrics = Self {
             registry: Mutex::new(Registry::default()),
             consume_total: Family::default(),
             consume_duration: Family::new_with_constructor(seconds_histogram),
@@ -245,9 +287,15 @@ impl Metrics {
             stream_checkpoint_age_seconds: Family::default(),
             blocked_since: Mutex::new(HashMap::new()),
             publish_series: Mutex::new(HashMap::new()),
+            sample_names: BTreeSet::new(),
         };
+        let mut sample_names = BTreeSet::new();
         {
-            let mut r = metrics.registry.lock().expect("registry poisoned");
+            let mut registry = metrics.registry.lock().expect("registry poisoned");
+            let mut r = Declare {
+                registry: &mut registry,
+                names: &mut sample_names,
+            };
             r.register(
                 "acemq_consume",
                 "Deliveries settled, by outcome",
@@ -256,7 +304,7 @@ impl Metrics {
             r.register_with_unit(
                 "acemq_consume_duration",
                 "From a delivery to its settlement, by outcome",
-                prometheus_client::registry::Unit::Seconds,
+                Unit::Seconds,
                 metrics.consume_duration.clone(),
             );
             r.register(
@@ -312,7 +360,7 @@ impl Metrics {
             r.register_with_unit(
                 "acemq_plugin_call_duration",
                 "Handler calls (decode, handle, encode), by plugin version",
-                prometheus_client::registry::Unit::Seconds,
+                Unit::Seconds,
                 metrics.plugin_call_duration.clone(),
             );
             r.register(
@@ -328,7 +376,7 @@ impl Metrics {
             r.register_with_unit(
                 "acemq_publish_duration",
                 "From a publish to its confirm or failure, by outcome",
-                prometheus_client::registry::Unit::Seconds,
+                Unit::Seconds,
                 metrics.publish_duration.clone(),
             );
             r.register(
@@ -377,7 +425,15 @@ impl Metrics {
                 metrics.oldest_unacked_seconds.clone(),
             );
         }
+        metrics.sample_names = sample_names;
         metrics
+    }
+
+    /// Every sample name `/metrics` may show (a counter's `_total`, a
+    /// histogram's `_bucket`, `_sum` and `_count`, ...), series or not: a
+    /// family appears in the exposition only once it has a series.
+    pub fn sample_names(&self) -> &BTreeSet<String> {
+        &self.sample_names
     }
 
     /// The count of one `acemq.consume.total` series (for tests and summaries).
@@ -499,6 +555,34 @@ mod tests {
             !text.contains("outcome=\"failed\""),
             "no series before its first count: {text}"
         );
+    }
+
+    #[test]
+    fn sample_names_are_what_the_exposition_writes() {
+        use crate::broker::PublishObserver;
+        let m = Metrics::new();
+        m.published(
+            "x",
+            "k",
+            crate::broker::publisher::PublishOutcome::Confirmed,
+            Duration::from_millis(1),
+        );
+        let names = m.sample_names();
+        for name in [
+            "acemq_consume_total",
+            "acemq_consume_in_flight",
+            "acemq_consume_duration_seconds_bucket",
+            "acemq_publish_duration_seconds_count",
+            "acemq_plugin_call_fuel_sum",
+            "acemq_connection_blocked_seconds_total",
+        ] {
+            assert!(names.contains(name), "{name} in {names:?}");
+        }
+        // Every sample actually written is among them.
+        for line in m.render().lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(names.contains(name), "{name} written but not declared");
+        }
     }
 
     #[test]

@@ -314,3 +314,104 @@ async fn one_trace_runs_from_the_input_through_two_hosts_to_the_last_output() {
         Some("vendor=7")
     );
 }
+
+/// Every metric the Grafana dashboard in `docs/grafana` queries is one the
+/// host declares (as a sample name: a counter's `_total`, a histogram's
+/// `_bucket`, `_sum` and `_count`); a family shows on `/metrics` once it
+/// has a series, and what a running host shows is within the declared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_dashboard_queries_is_exposed() {
+    let broker = shared_broker();
+    let queue = unique_name("dashboard");
+    let admin = format!("127.0.0.1:{}", free_port());
+    let config = format!(
+        "[broker]\nurl = \"{url}\"\n\n[host]\nadmin_listen = \"{admin}\"\n\n[[queues]]\nname = \"{queue}\"\n\n[[consumers]]\nqueue = \"{queue}\"\nplugin = \"{plugin}\"\n",
+        url = broker.amqp_url(),
+        plugin = plugin_path("echo").display(),
+    );
+    let host = HostProcess::start(&config, 1).unwrap();
+    broker
+        .publish_many("", &queue, (0..5).map(|_| ("hello", text())))
+        .await
+        .unwrap();
+    let url = format!("http://{admin}/metrics");
+    let exposition = tokio::task::block_in_place(|| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, text) = http_get(&url).expect("/metrics answers");
+            if metric_sum(&text, "acemq_consume_total", &[]) >= 5.0 || Instant::now() > deadline {
+                break text;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    host.terminate(Duration::from_secs(30)).unwrap();
+
+    let declared = acemq_host::telemetry::Metrics::new().sample_names().clone();
+    let shown: Vec<&str> = exposition
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.split(['{', ' ']).next().unwrap())
+        .collect();
+    assert!(
+        shown.contains(&"acemq_consume_duration_seconds_bucket"),
+        "{exposition}"
+    );
+    for name in shown {
+        assert!(
+            declared.contains(name),
+            "/metrics shows {name}, which is not declared"
+        );
+    }
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            acemq_tests::host::workspace_root().join("docs/grafana/acemq-host.json"),
+        )
+        .unwrap(),
+    )
+    .expect("the dashboard is JSON");
+    let mut queried = Vec::new();
+    collect_exprs(&dashboard, &mut queried);
+    assert!(queried.len() >= 20, "{queried:?}");
+    for expr in &queried {
+        for name in metric_names(expr) {
+            assert!(
+                declared.contains(&name),
+                "the dashboard queries {name} ({expr}), which the host does not expose"
+            );
+        }
+    }
+}
+
+/// Every `expr` of the dashboard's panels (and its variables' queries).
+fn collect_exprs(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map {
+                match (key.as_str(), value) {
+                    ("expr" | "definition", serde_json::Value::String(expr)) => {
+                        out.push(expr.clone())
+                    }
+                    _ => collect_exprs(value, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| collect_exprs(v, out)),
+        _ => {}
+    }
+}
+
+/// The `acemq_*` names in a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(start) = rest.find("acemq_") {
+        let tail = &rest[start..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.push(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}
