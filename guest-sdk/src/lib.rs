@@ -181,6 +181,29 @@ macro_rules! export_codec {
     };
 }
 
+/// Declares the `[consumers.config]` keys the plugin reads, so that the
+/// host warns of any other key in its consumer's config: usually a typo,
+/// which would otherwise leave the plugin on its default without a word.
+/// Use it once, at the top level of the plugin crate. The keys travel in a
+/// custom section of the plugin file (`acemq:config-keys`); the host reads
+/// them without running the plugin, and `acemq-host plugin inspect` shows
+/// them.
+///
+/// ```
+/// acemq_guest::config_keys!["out_exchange", "tenant"];
+/// ```
+#[macro_export]
+macro_rules! config_keys {
+    ($($key:literal),+ $(,)?) => {
+        const _: () = {
+            const KEYS: &str = concat!($($key, "\n"),+);
+            #[used]
+            #[unsafe(link_section = "acemq:config-keys")]
+            static CONFIG_KEYS: [u8; KEYS.len()] = $crate::__private::bytes_of(KEYS);
+        };
+    };
+}
+
 /// Everything a handler usually needs: `use acemq_guest::prelude::*;`.
 ///
 /// Brings [`Result`] into scope; it still takes an error type
@@ -205,6 +228,18 @@ pub mod __private {
     pub use crate::bindings::handler::exports::acemq::plugin::handler::Guest as HandlerGuest;
     pub use crate::bindings::wit_types::Message as WitMessage;
     pub use crate::codec::WitResult as CodecResult;
+
+    /// `text`'s bytes as an array of its length (`config_keys!`'s section).
+    pub const fn bytes_of<const N: usize>(text: &str) -> [u8; N] {
+        let bytes = text.as_bytes();
+        let mut out = [0u8; N];
+        let mut i = 0;
+        while i < N {
+            out[i] = bytes[i];
+            i += 1;
+        }
+        out
+    }
 
     /// The body of the handler export.
     pub fn handle<H: Handler>(msg: WitMessage) -> Outcome {

@@ -335,4 +335,29 @@ fn inspect_describes_a_plugin() {
         "{text}"
     );
     assert!(text.contains("sha256:  "), "{text}");
+    assert!(text.contains("config:  not declared"), "{text}");
+    let output = Command::new(host_binary())
+        .args(["plugin", "inspect"])
+        .arg(plugin_path("outcomes"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("config:  out_exchange\n"), "{text}");
+}
+
+/// A `[consumers.config]` key the plugin does not declare is warned about
+/// at validate (and at start), naming the key and the ones it reads.
+#[test]
+fn a_config_key_the_plugin_does_not_read_is_warned_about() {
+    let config = format!(
+        "{}\n[consumers.config]\nout_exchnage = \"orders\"\n",
+        consumer_config(&plugin_path("outcomes"))
+    );
+    let (output, _dir) = acemq_host(&["validate"], Some(&config));
+    let log = stderr(&output);
+    assert!(output.status.success(), "{log}");
+    assert!(
+        log.contains("[consumers.config] key 'out_exchnage' is not one this plugin reads; it reads: out_exchange"),
+        "{log}"
+    );
 }

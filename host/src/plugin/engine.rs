@@ -63,6 +63,9 @@ pub struct CompiledPlugin {
     pub component: Component,
     /// True when the compiled code came from the disk cache.
     pub from_cache: bool,
+    /// The `[consumers.config]` keys the plugin declares it reads
+    /// ([`super::config_keys`]); `None` when it declares none.
+    pub config_keys: Option<Vec<String>>,
 }
 
 impl CompiledPlugin {
@@ -206,6 +209,7 @@ impl PluginEngine {
             size: bytes.len(),
             component,
             from_cache,
+            config_keys: super::config_keys::declared(bytes),
         })
     }
 }

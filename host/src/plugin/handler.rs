@@ -92,6 +92,7 @@ impl HandlerVersion {
         context: Arc<ConsumerContext>,
     ) -> Result<Arc<Self>, PluginError> {
         let path = compiled.path.clone();
+        warn_of_unknown_config_keys(&compiled, &context);
         let mut linker: Linker<HostState> = Linker::new(engine.engine());
         HandlerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(|e| {
             PluginError::new(&path, format!("cannot link the host interface: {e:#}"))
@@ -245,4 +246,23 @@ fn chain(error: &wasmtime::Error) -> String {
         .map(|c| c.to_string())
         .collect::<Vec<_>>()
         .join(": ")
+}
+
+/// Warns of each `[consumers.config]` key the plugin does not declare it
+/// reads (when it declares any): usually a typo, which would leave the
+/// plugin on its default without a word.
+fn warn_of_unknown_config_keys(compiled: &super::CompiledPlugin, context: &ConsumerContext) {
+    let Some(declared) = &compiled.config_keys else {
+        return;
+    };
+    for key in super::config_keys::unknown(declared, context.config.keys()) {
+        tracing::warn!(
+            queue = %context.queue,
+            plugin = %compiled.path.display(),
+            key,
+            declared = %declared.join(", "),
+            "[consumers.config] key '{key}' is not one this plugin reads; it reads: {}",
+            declared.join(", ")
+        );
+    }
 }

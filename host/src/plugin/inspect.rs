@@ -24,6 +24,8 @@ pub struct PluginFacts {
     pub exports: Vec<String>,
     /// The `handler-plugin` or `codec-plugin` world, qualified, or why it is neither.
     pub world: Result<&'static str, String>,
+    /// The `[consumers.config]` keys it declares it reads.
+    pub config_keys: Option<Vec<String>>,
 }
 
 pub fn inspect_file(path: &Path) -> Result<String, PluginError> {
@@ -62,6 +64,7 @@ fn inspect_bytes(path: &Path, bytes: &[u8]) -> Result<PluginFacts, PluginError> 
         imports,
         exports,
         world,
+        config_keys: super::config_keys::declared(bytes),
     })
 }
 
@@ -111,6 +114,14 @@ fn render(path: &Path, facts: &PluginFacts) -> String {
     };
     let _ = writeln!(out, "imports: {}", list(&facts.imports));
     let _ = writeln!(out, "exports: {}", list(&facts.exports));
+    match &facts.config_keys {
+        Some(keys) => {
+            let _ = writeln!(out, "config:  {}", list(keys));
+        }
+        None => {
+            let _ = writeln!(out, "config:  not declared (no warning for unknown keys)");
+        }
+    }
     out
 }
 

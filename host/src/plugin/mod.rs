@@ -25,6 +25,7 @@ macro_rules! contract {
 mod bindings;
 pub mod codec;
 pub mod componentize;
+pub mod config_keys;
 mod engine;
 mod fault;
 mod handler;

@@ -21,6 +21,8 @@
 
 use acemq_guest::prelude::*;
 
+acemq_guest::config_keys!["out_exchange"];
+
 struct Outcomes;
 
 impl Handler for Outcomes {
