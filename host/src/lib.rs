@@ -24,6 +24,7 @@ pub mod delivery;
 pub mod envelope;
 pub mod fs_trust;
 pub mod plugin;
+pub mod plugin_dev;
 pub mod replay;
 pub mod retry;
 pub mod telemetry;
