@@ -166,15 +166,15 @@ pub fn files(name: &str, codec: bool, placement: &Placement) -> Vec<(&'static st
         // A TOML basic string: backslashes and quotes escaped.
         ("sdk", &sdk.replace('\\', "\\\\").replace('"', "\\\"")),
     ];
-    let mut files = vec![("src/lib.rs", render(source, &vars))];
-    match placement {
-        Placement::Member => files.push(("Cargo.toml", render(MEMBER_MANIFEST, &vars))),
-        Placement::Standalone { .. } => {
-            files.push(("Cargo.toml", render(STANDALONE_MANIFEST, &vars)));
-            files.push(("Cargo.lock", LOCKFILE.to_string()));
-            files.push((".gitignore", GITIGNORE.to_string()));
-        }
-    }
+    let mut files = match placement {
+        Placement::Member => vec![("Cargo.toml", render(MEMBER_MANIFEST, &vars))],
+        Placement::Standalone { .. } => vec![
+            ("Cargo.toml", render(STANDALONE_MANIFEST, &vars)),
+            ("Cargo.lock", LOCKFILE.to_string()),
+            (".gitignore", GITIGNORE.to_string()),
+        ],
+    };
+    files.push(("src/lib.rs", render(source, &vars)));
     files
 }
 
