@@ -1,8 +1,8 @@
 //! The plugin author's loop, as a new user runs it, outside this repository:
 //! `acemq-host plugin new` -> `plugin build` (the real wasm toolchain) ->
-//! `plugin run` -> the component in a host on the real broker. One wasm
-//! build from scratch (std included on the Debian toolchain): about a
-//! minute on two cores.
+//! `plugin run` -> the component in a host on the real broker. One native
+//! build of the crate's tests and one wasm build, both from scratch (std
+//! included on the Debian toolchain): two to three minutes on two cores.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -50,6 +50,20 @@ async fn a_new_plugin_builds_runs_and_handles_a_message_on_the_broker() {
     let crate_dir = dir.join("audit-probe");
     let manifest = std::fs::read_to_string(crate_dir.join("Cargo.toml")).unwrap();
     assert!(manifest.contains("[workspace]"), "{manifest}");
+
+    // Its tests pass natively, offline: the SDK by path, the versions from
+    // the lockfile that came with it.
+    let tested = Command::new("cargo")
+        .args(["test", "--offline", "--quiet"])
+        .current_dir(&crate_dir)
+        .output()
+        .unwrap();
+    assert!(tested.status.success(), "{}", text(&tested));
+    assert!(
+        String::from_utf8_lossy(&tested.stdout).contains("3 passed"),
+        "{}",
+        text(&tested)
+    );
 
     // new again: the folder exists (2), and a bad name is refused (2).
     let again = acemq_host(&["plugin", "new", "audit-probe"], dir);
