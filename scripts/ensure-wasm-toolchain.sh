@@ -5,6 +5,8 @@
 #
 # Why: on the build machines (Debian 12) rustup cannot download a wasm32
 # target (its server is unreachable), but Debian's packages are reachable.
+# `acemq-host plugin build` runs this script (built into the binary, so it
+# works outside the repository too) when rustup has no wasm32 target.
 # Debian ships no prebuilt wasm std, so scripts/build-plugins builds std from
 # rust-web-src (-Zbuild-std) and links with wasm-ld-22. It uses this
 # toolchain only when the rustup one has no wasm32-unknown-unknown target.
@@ -53,6 +55,10 @@ if [[ "$(id -u)" != 0 ]]; then
         as_root=(sudo)
     else
         echo "ensure-wasm-toolchain: must run as root (or with sudo) to install: ${packages[*]}" >&2
+        echo "ensure-wasm-toolchain: as root, run:" >&2
+        echo "    apt-get update && apt-get install -y ${packages[*]}" >&2
+        echo "ensure-wasm-toolchain: or, with rustup, add the target instead:" >&2
+        echo "    rustup target add wasm32-unknown-unknown" >&2
         exit 1
     fi
 fi

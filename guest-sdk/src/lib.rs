@@ -64,8 +64,10 @@
 //!
 //! A plugin is a `cdylib` crate depending on this one (and on `serde` for
 //! its derives). Build it for `wasm32-unknown-unknown` and turn the core
-//! module into a component; in this repository `scripts/build-plugins` does
-//! both for every crate in `plugins/` and writes `target/plugins/NAME.wasm`.
+//! module into a component: `acemq-host plugin build` does both and prints
+//! where the component is (`acemq-host plugin new NAME` makes such a crate).
+//! In this repository `scripts/build-plugins` does it for every crate in
+//! `plugins/` and writes `target/plugins/NAME.wasm`.
 //! Use `panic = "abort"` in the release profile: a panic then traps (the
 //! instance is discarded), and the delivery fails with the reason
 //! `panic: <message> at <file>:<line>:<col>`, which the SDK logs through the

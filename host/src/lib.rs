@@ -26,6 +26,7 @@ pub mod envelope;
 pub mod fs_trust;
 pub mod logging;
 pub mod plugin;
+pub mod plugin_dev;
 pub mod replay;
 pub mod retry;
 pub mod telemetry;

@@ -13,12 +13,13 @@
 //!   (default `/usr/lib/rabbitmq/bin`).
 
 mod client;
+pub mod dev;
 mod process;
 
 pub use client::{ReceivedMessage, passive_declare};
 
 use anyhow::{Context, Result, anyhow, bail};
-use process::{Cli, NodeProcess};
+use process::{Cli, Lifetime, NodeProcess};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -75,12 +76,16 @@ impl Broker {
     /// Like [`Broker::start`], with `extra_config` appended to the node's
     /// `rabbitmq.conf` (a TLS listener, say).
     pub fn start_with_config(extra_config: &str) -> Result<Broker> {
+        Self::start_node(&next_node_name(), extra_config, &Lifetime::Tied)
+    }
+
+    fn start_node(name: &str, extra_config: &str, lifetime: &Lifetime) -> Result<Broker> {
         let bin_dir = bin_dir();
         ensure_installed(&bin_dir)?;
         let mut last_error = None;
         for attempt in 1..=START_ATTEMPTS {
             let may_retry = attempt < START_ATTEMPTS;
-            match NodeProcess::start(&bin_dir, &next_node_name(), may_retry, extra_config) {
+            match NodeProcess::start(&bin_dir, name, may_retry, extra_config, lifetime) {
                 Ok(node) => {
                     let broker = Broker::from_node(bin_dir, node);
                     if let Err(error) = broker.wait_for_endpoints() {

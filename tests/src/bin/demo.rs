@@ -1,12 +1,15 @@
 //! The README's main job: a throwaway RabbitMQ, acemq-host running the
 //! order-router plugin with `host/examples/orders.toml`, a few sample orders,
 //! and what happened to each of them. Run it with `scripts/demo`, which
-//! builds the plugins and the host first.
+//! builds the plugins and the host first. With `--keep` the broker is left
+//! running at the end (the one `scripts/broker` starts, url and stops), with
+//! the demo's exchanges and queues, to go on trying things against.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use acemq_tests::Broker;
+use acemq_tests::broker::dev;
 use acemq_tests::host::{HostOptions, HostProcess, workspace_root};
 use anyhow::{Context, Result};
 use lapin::BasicProperties;
@@ -29,11 +32,23 @@ const ORDERS: &[(&str, &str)] = &[
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<()> {
+    let keep = match std::env::args().nth(1).as_deref() {
+        None => false,
+        Some("--keep") => true,
+        Some(other) => {
+            eprintln!("usage: scripts/demo [--keep]   (unknown argument {other:?})");
+            std::process::exit(2);
+        }
+    };
     let config = workspace_root().join("host/examples/orders.toml");
     println!("== acemq-host demo ==\n");
 
     let started = Instant::now();
-    let broker = Broker::start().context("starting a throwaway RabbitMQ")?;
+    let broker = match keep {
+        true => Broker::start_kept(&dev::default_dir()),
+        false => Broker::start(),
+    }
+    .context("starting a throwaway RabbitMQ")?;
     println!(
         "1. a throwaway RabbitMQ is up on 127.0.0.1:{} (in {:.1} s; its data lives in a temporary folder)\n",
         broker.amqp_port(),
@@ -114,8 +129,19 @@ async fn main() -> Result<()> {
     println!("5. stopping: SIGTERM to the host");
     let status = host.terminate(Duration::from_secs(30))?;
     println!("   the host exited with {status}");
-    broker.stop()?;
-    println!("   RabbitMQ stopped and its folder removed");
+    if keep {
+        let kept = broker.leave_running()?;
+        println!("   RabbitMQ left running (--keep):");
+        println!("     amqp:       {}", kept.amqp_url);
+        println!("     management: {} (guest / guest)", kept.mgmt_url);
+        println!(
+            "     run the host against it: ACEMQ_URL=$(scripts/broker url) target/debug/acemq-host run --config host/examples/orders.toml"
+        );
+        println!("     stop it: scripts/broker stop");
+    } else {
+        broker.stop()?;
+        println!("   RabbitMQ stopped and its folder removed");
+    }
 
     let all_settled = fate.len() == ORDERS.len();
     anyhow::ensure!(all_settled, "some orders were not settled");

@@ -20,10 +20,10 @@ use tempfile::TempDir;
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// `rabbitmqctl stop` returns once the node has stopped its applications:
 /// about 6 s normally.
-const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 /// After `rabbitmqctl stop` returned, the VM still halts (about 1 s).
-const EXIT_GRACE: Duration = Duration::from_secs(15);
-const POLL: Duration = Duration::from_millis(50);
+pub(super) const EXIT_GRACE: Duration = Duration::from_secs(15);
+pub(super) const POLL: Duration = Duration::from_millis(50);
 /// The CLI tools' own distribution listeners (`RABBITMQ_CTL_DIST_PORT_MIN`
 /// default, +10). The node must not take one, or CLI calls could fail.
 const CLI_DIST_PORTS: std::ops::RangeInclusive<u16> = 35672..=35682;
@@ -31,8 +31,8 @@ const CLI_DIST_PORTS: std::ops::RangeInclusive<u16> = 35672..=35682;
 const EPMD_PORT: u16 = 4369;
 const LOG_TAIL_LINES: usize = 60;
 
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Ports {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ports {
     pub amqp: u16,
     pub mgmt: u16,
     pub dist: u16,
@@ -77,6 +77,42 @@ impl From<anyhow::Error> for StartFailure {
     }
 }
 
+/// How long a node lives, and where.
+#[derive(Debug, Clone)]
+pub(super) enum Lifetime {
+    /// A fresh temporary directory; the node gets SIGTERM when this process
+    /// dies, however it dies: no test leaves a broker behind.
+    Tied,
+    /// This directory (created, and removed when the node stops); the node
+    /// outlives this process, for `scripts/broker` and `scripts/demo --keep`.
+    Kept(PathBuf),
+}
+
+/// The node's directory.
+enum NodeDir {
+    /// Deleted when dropped.
+    Temp(TempDir),
+    /// Deleted by [`NodeProcess::stop`] only.
+    Kept(PathBuf),
+}
+
+impl NodeDir {
+    fn path(&self) -> &Path {
+        match self {
+            NodeDir::Temp(dir) => dir.path(),
+            NodeDir::Kept(dir) => dir,
+        }
+    }
+
+    /// Keeps the directory for inspection; returns its path.
+    fn keep(self) -> PathBuf {
+        match self {
+            NodeDir::Temp(dir) => dir.keep(),
+            NodeDir::Kept(dir) => dir,
+        }
+    }
+}
+
 /// A running node: the `rabbitmq-server` start script (leader of its own
 /// process group, which the beam VM shares) and the directory it lives in.
 pub(super) struct NodeProcess {
@@ -86,7 +122,7 @@ pub(super) struct NodeProcess {
     child: Child,
     pid_file: PathBuf,
     /// Dropped (deleted) only after the VM is gone.
-    dir: TempDir,
+    dir: NodeDir,
     env: Vec<(&'static str, OsString)>,
 }
 
@@ -98,12 +134,22 @@ impl NodeProcess {
         name: &str,
         may_retry: bool,
         extra_config: &str,
+        lifetime: &Lifetime,
     ) -> Result<NodeProcess, StartFailure> {
         let started = Instant::now();
-        let dir = tempfile::Builder::new()
-            .prefix("acemq-rabbitmq-")
-            .tempdir()
-            .context("creating the node directory")?;
+        let dir = match lifetime {
+            Lifetime::Tied => NodeDir::Temp(
+                tempfile::Builder::new()
+                    .prefix("acemq-rabbitmq-")
+                    .tempdir()
+                    .context("creating the node directory")?,
+            ),
+            Lifetime::Kept(dir) => {
+                fs::create_dir_all(dir)
+                    .with_context(|| format!("creating the node directory {}", dir.display()))?;
+                NodeDir::Kept(dir.clone())
+            }
+        };
         let ports = Ports::pick().context("picking free ports")?;
         write_node_files(dir.path(), &ports, extra_config)
             .context("writing the node's config files")?;
@@ -121,8 +167,11 @@ impl NodeProcess {
             // signal) cleanly; and leftovers can be killed as one group.
             .process_group(0);
         apply_env(&mut cmd, &env);
-        let child = spawn_tied_to_process(cmd, libc::SIGTERM)
-            .with_context(|| format!("spawning {}", bin_dir.join("rabbitmq-server").display()))?;
+        let child = match lifetime {
+            Lifetime::Tied => spawn_tied_to_process(cmd, libc::SIGTERM),
+            Lifetime::Kept(_) => cmd.spawn(),
+        }
+        .with_context(|| format!("spawning {}", bin_dir.join("rabbitmq-server").display()))?;
 
         let mut node = NodeProcess {
             name: name.to_owned(),
@@ -158,6 +207,10 @@ impl NodeProcess {
         let port_in_use = logs.contains("eaddrinuse");
         let name = self.name.clone();
         let dir_note = if port_in_use && may_retry {
+            // The retry makes a kept folder afresh (a temporary one is new anyway).
+            if let NodeDir::Kept(dir) = &self.dir {
+                let _ = fs::remove_dir_all(dir);
+            }
             String::from("a port was taken; retrying on other ports")
         } else {
             format!("directory kept: {}", self.dir.keep().display())
@@ -178,6 +231,16 @@ impl NodeProcess {
             .join("log")
             .join(format!("{}.log", self.name))
     }
+
+    /// The start script's process id, which is also its process group's.
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lets go of the node without stopping it: dropping the child handle
+    /// neither kills nor waits. A [`Lifetime::Kept`] node then runs on after
+    /// this process (a tied one would still stop with it).
+    pub(super) fn leave_running(self) {}
 
     /// Stops the node with `rabbitmqctl stop` and waits for the start script
     /// (which exits with the VM), kills the process group if that fails,
@@ -206,6 +269,7 @@ impl NodeProcess {
             Duration::from_secs(2)
         };
         if wait_for_exit(&mut self.child, grace) {
+            self.remove_kept_dir();
             if verbose() {
                 eprintln!(
                     "acemq-tests: RabbitMQ node {} stopped in {:.1} s",
@@ -216,6 +280,7 @@ impl NodeProcess {
             return Ok(());
         }
         self.kill();
+        self.remove_kept_dir();
         match stopped {
             Err(error) => Err(error.context(format!(
                 "`rabbitmqctl stop` failed for node {}; killed it",
@@ -225,6 +290,13 @@ impl NodeProcess {
                 "node {} still running {EXIT_GRACE:?} after `rabbitmqctl stop`; killed it",
                 self.name
             )),
+        }
+    }
+
+    /// A temporary directory goes when dropped; a kept one when the node stops.
+    fn remove_kept_dir(&self) {
+        if let NodeDir::Kept(dir) = &self.dir {
+            let _ = fs::remove_dir_all(dir);
         }
     }
 
@@ -299,6 +371,16 @@ impl Cli {
             bin_dir,
             node: Some(node.name.clone()),
             env: Some(node.env.clone()),
+        }
+    }
+
+    /// For a node this process did not start but whose directory, name and
+    /// ports it knows (a kept node, see `dev.rs`).
+    pub(super) fn for_kept_node(bin_dir: PathBuf, dir: &Path, name: &str, ports: &Ports) -> Cli {
+        Cli {
+            bin_dir,
+            node: Some(name.to_owned()),
+            env: Some(node_env(dir, name, ports)),
         }
     }
 

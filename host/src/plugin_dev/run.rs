@@ -1,0 +1,469 @@
+//! `acemq-host plugin run FILE.wasm --body ...`: one message through a
+//! handler component, without a broker, through the very code a consumer
+//! uses: the message is built as a delivery would be (`Envelope::read`,
+//! `delivery::handler_input`), the plugin is loaded as a `HandlerVersion`
+//! and called through a `HandlerSlot` by `delivery::run_plugins`, under the
+//! default consumer limits, with fuel metering on.
+//!
+//! Nothing is published: the outputs are shown. The plugin's log lines,
+//! which the host writes to its log, are captured and shown too.
+//!
+//! Exit codes: 0 when the call completed, whatever the handler decided;
+//! 1 when it did not (a trap, a panic, the deadline, memory, or a publish
+//! outside `--publish-to`, which the host treats as a fault); 2 when the
+//! input cannot be used (an argument, the body file, the plugin file).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow};
+use bytes::Bytes;
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
+
+use super::Failure;
+use crate::delivery::{self, PluginRun};
+use crate::envelope::{self, Envelope, HeaderValue};
+use crate::plugin::{
+    CodecSet, ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits, Outgoing,
+    PluginEngine, Verdict,
+};
+
+/// The queue the message seems to come from (the consumer's queue, as the
+/// plugin sees it in `delivery().queue` and the host tags logs with).
+pub const QUEUE: &str = "plugin-run";
+/// Body bytes shown per output.
+const BODY_PREVIEW: usize = 200;
+
+/// What `plugin run` was asked for.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    pub plugin: PathBuf,
+    /// `@FILE` (`@-`: standard input) or the text itself.
+    pub body: String,
+    pub headers: Vec<(String, String)>,
+    pub config: Vec<(String, String)>,
+    pub content_type: Option<String>,
+    pub exchange: String,
+    pub routing_key: String,
+    pub message_id: Option<String>,
+    /// The exchanges the handler may publish to (`publish_to`).
+    pub publish_to: Vec<String>,
+    pub deadline: Duration,
+}
+
+/// `KEY=VALUE`, split at the first `=`; the key may not be empty.
+pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_string(), value.to_string()))
+        }
+        _ => Err(format!("expected KEY=VALUE, got '{text}'")),
+    }
+}
+
+/// The body `--body` names: the file after `@` (`@-`: standard input), or
+/// the text as given.
+pub fn read_body(arg: &str) -> anyhow::Result<Vec<u8>> {
+    match arg.strip_prefix('@') {
+        Some("-") => {
+            let mut body = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut body)
+                .context("cannot read the body from standard input")?;
+            Ok(body)
+        }
+        Some(path) => {
+            std::fs::read(path).with_context(|| format!("cannot read the body file {path}"))
+        }
+        None => Ok(arg.as_bytes().to_vec()),
+    }
+}
+
+/// The AMQP properties of the message, as a publisher would send them.
+fn properties(request: &RunRequest) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    for (key, value) in &request.headers {
+        headers.insert(
+            key.as_str().into(),
+            AMQPValue::LongString(value.as_str().into()),
+        );
+    }
+    let message_id = request
+        .message_id
+        .clone()
+        .unwrap_or_else(|| format!("plugin-run-{}", uuid::Uuid::new_v4().simple()));
+    let mut properties = BasicProperties::default()
+        .with_headers(headers)
+        .with_message_id(message_id.into());
+    if let Some(content_type) = &request.content_type {
+        properties = properties.with_content_type(content_type.as_str().into());
+    }
+    properties
+}
+
+/// One plugin log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    pub level: String,
+    pub text: String,
+}
+
+/// What one run came to.
+#[derive(Debug)]
+pub struct RunReport {
+    pub run: PluginRun,
+    pub logs: Vec<LogLine>,
+    pub load_time: Duration,
+    pub call_time: Duration,
+}
+
+impl RunReport {
+    /// Whether the call completed (exit 0) or not (exit 1).
+    pub fn completed(&self) -> bool {
+        matches!(self.run, PluginRun::Decided { .. })
+    }
+}
+
+/// Loads the plugin and runs the message through it.
+pub fn run(request: &RunRequest) -> Result<RunReport, Failure> {
+    let body = read_body(&request.body).map_err(Failure::input)?;
+    let engine = PluginEngine::new(EngineSettings {
+        max_instances: 4,
+        fuel_metering: true,
+        ..EngineSettings::default()
+    })
+    .map_err(Failure::failed)?;
+    let context = Arc::new(ConsumerContext {
+        queue: QUEUE.to_string(),
+        config: request.config.iter().cloned().collect::<BTreeMap<_, _>>(),
+        publish_to: request.publish_to.iter().cloned().collect::<BTreeSet<_>>(),
+        limits: Limits {
+            deadline: request.deadline,
+            ..Limits::default()
+        },
+    });
+    let logs = Captured::default();
+    let subscriber = {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        tracing_subscriber::registry().with(logs.clone())
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Failure::failed)?;
+    // The plugin logs through `tracing` (target "plugin"), on this thread:
+    // loading warms an instance here, and the call runs on this thread's
+    // runtime, so a thread-local subscriber sees every line.
+    let (slot, load_time, run, call_time) =
+        tracing::subscriber::with_default(subscriber, || -> Result<_, Failure> {
+            let started = Instant::now();
+            let version = HandlerVersion::load(&engine, &request.plugin, context)
+                .map_err(|e| Failure::input(anyhow!(e)))?;
+            let slot = HandlerSlot::new(version);
+            let load_time = started.elapsed();
+            let properties = properties(request);
+            let envelope = Arc::new(Envelope::read(
+                &properties,
+                &request.routing_key,
+                envelope::now_ms(),
+            ));
+            let input = delivery::handler_input(
+                envelope,
+                &properties,
+                &request.exchange,
+                &request.routing_key,
+                false,
+                Bytes::from(body),
+            );
+            let codecs = CodecSet::new();
+            let started = Instant::now();
+            let run = runtime.block_on(delivery::run_plugins(&slot, &codecs, input));
+            Ok((slot, load_time, run, started.elapsed()))
+        })?;
+    drop(slot);
+    Ok(RunReport {
+        run,
+        logs: logs.lines(),
+        load_time,
+        call_time,
+    })
+}
+
+/// The report as the command prints it.
+pub fn render(report: &RunReport) -> String {
+    let mut out = String::new();
+    let none = Vec::new();
+    let (outcome, outputs) = match &report.run {
+        PluginRun::Decided {
+            verdict, outputs, ..
+        } => (
+            match verdict {
+                Verdict::Accept => "accept: the message would be acknowledged".to_string(),
+                Verdict::Retry(reason) => format!(
+                    "retry: {reason} (the consumer's retry policy decides when; without one it is dead-lettered)"
+                ),
+                Verdict::Reject(reason) => {
+                    format!("reject: {reason} (dead-lettered to {QUEUE}.dlq)")
+                }
+                Verdict::Park(reason) => format!("park: {reason} (set aside in {QUEUE}.parked)"),
+            },
+            outputs,
+        ),
+        PluginRun::Faulted { fault, .. } => (
+            format!(
+                "fault ({}): {fault} (the host retries it as the consumer's policy allows, then sets it aside)",
+                fault.kind.label()
+            ),
+            &none,
+        ),
+        PluginRun::Misconfigured { reason, .. } => (
+            format!(
+                "fault (configuration): {reason} (the host would park it at once in \
+                 {QUEUE}.parked; allow the exchange with --publish-to)"
+            ),
+            &none,
+        ),
+        PluginRun::OutputsRefused { reason, .. } => (format!("outputs refused: {reason}"), &none),
+        PluginRun::Undecodable { reason } => (format!("undecodable: {reason}"), &none),
+        PluginRun::CodecFaulted { reason } => (format!("codec fault: {reason}"), &none),
+        PluginRun::HostFailed { reason } => (format!("host failure: {reason}"), &none),
+    };
+    out.push_str(&format!("outcome: {outcome}\n"));
+    out.push_str(&format!("outputs: {}\n", outputs.len()));
+    for (n, output) in outputs.iter().enumerate() {
+        out.push_str(&render_output(n + 1, output));
+    }
+    out.push_str(&format!("logs: {}\n", report.logs.len()));
+    for line in &report.logs {
+        out.push_str(&format!("  {:<5} {}\n", line.level, line.text));
+    }
+    out.push_str(&format!(
+        "time: {:.3} ms for the call ({:.1} ms to load the plugin)\n",
+        report.call_time.as_secs_f64() * 1e3,
+        report.load_time.as_secs_f64() * 1e3
+    ));
+    match report.run.fuel() {
+        Some(fuel) => out.push_str(&format!("fuel: {fuel}\n")),
+        None => out.push_str("fuel: -\n"),
+    }
+    out
+}
+
+fn render_output(n: usize, output: &Outgoing) -> String {
+    let mut out = format!(
+        "  {n}. exchange '{}', routing key '{}', {} bytes{}\n",
+        output.exchange,
+        output.routing_key,
+        output.body.len(),
+        output
+            .content_type
+            .as_deref()
+            .map(|c| format!(", {c}"))
+            .unwrap_or_default()
+    );
+    if let Some(message_type) = &output.message_type {
+        out.push_str(&format!("     type: {message_type}\n"));
+    }
+    for (key, value) in &output.headers {
+        out.push_str(&format!("     header {key}: {}\n", header_text(value)));
+    }
+    out.push_str(&format!("     body: {}\n", body_preview(&output.body)));
+    out
+}
+
+fn header_text(value: &HeaderValue) -> String {
+    match value {
+        HeaderValue::Text(text) => format!("{text:?}"),
+        HeaderValue::Int(i) => i.to_string(),
+        HeaderValue::Float(f) => f.to_string(),
+        HeaderValue::Bool(b) => b.to_string(),
+        HeaderValue::Bytes(bytes) => format!("{} bytes", bytes.len()),
+    }
+}
+
+/// The start of a body: as text when it is UTF-8, else in hex.
+pub fn body_preview(body: &[u8]) -> String {
+    let shown = &body[..body.len().min(BODY_PREVIEW)];
+    let more = if body.len() > shown.len() { "..." } else { "" };
+    match std::str::from_utf8(body) {
+        Ok(text) => {
+            let end = (0..=text.len().min(BODY_PREVIEW))
+                .rev()
+                .find(|&i| text.is_char_boundary(i))
+                .unwrap_or(0);
+            format!("{}{more}", &text[..end])
+        }
+        Err(_) => format!(
+            "(binary) {}{more}",
+            hex::encode(&shown[..shown.len().min(32)])
+        ),
+    }
+}
+
+/// The plugin's log lines (target `plugin`), kept in memory.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<LogLine>>>);
+
+impl Captured {
+    fn lines(&self) -> Vec<LogLine> {
+        self.0.lock().map(|lines| lines.clone()).unwrap_or_default()
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Captured {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _context: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if event.metadata().target() != "plugin" {
+            return;
+        }
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        if let Ok(mut lines) = self.0.lock() {
+            lines.push(LogLine {
+                level: event.metadata().level().to_string(),
+                text: message.0,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::plugin::{Fault, FaultKind};
+
+    #[test]
+    fn key_values_split_at_the_first_equals_sign() {
+        assert_eq!(
+            parse_key_value("tenant=acme").unwrap(),
+            ("tenant".into(), "acme".into())
+        );
+        assert_eq!(
+            parse_key_value("q=a=b").unwrap(),
+            ("q".into(), "a=b".into())
+        );
+        assert_eq!(
+            parse_key_value("empty=").unwrap(),
+            ("empty".into(), "".into())
+        );
+        for bad in ["tenant", "=acme", ""] {
+            assert!(
+                parse_key_value(bad)
+                    .unwrap_err()
+                    .contains(&format!("'{bad}'")),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_body_is_text_or_a_file() {
+        assert_eq!(read_body("hello").unwrap(), b"hello");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("body.json");
+        std::fs::write(&file, b"{\"a\":1}").unwrap();
+        assert_eq!(
+            read_body(&format!("@{}", file.display())).unwrap(),
+            b"{\"a\":1}"
+        );
+        let error = read_body("@/nonexistent/body").unwrap_err();
+        assert!(
+            format!("{error:#}").contains("/nonexistent/body"),
+            "{error:#}"
+        );
+    }
+
+    #[test]
+    fn bodies_are_previewed_as_text_or_hex() {
+        assert_eq!(body_preview(b"HELLO"), "HELLO");
+        assert_eq!(body_preview(&[0xff, 0x00]), "(binary) ff00");
+        let long = "é".repeat(150);
+        let preview = body_preview(long.as_bytes());
+        assert!(
+            preview.ends_with("...") && preview.len() <= BODY_PREVIEW + 3,
+            "{preview}"
+        );
+    }
+
+    fn report(run: PluginRun) -> RunReport {
+        RunReport {
+            run,
+            logs: vec![LogLine {
+                level: "INFO".into(),
+                text: "5 bytes".into(),
+            }],
+            load_time: Duration::from_millis(120),
+            call_time: Duration::from_micros(250),
+        }
+    }
+
+    #[test]
+    fn the_report_shows_outcome_outputs_logs_time_and_fuel() {
+        let done = report(PluginRun::Decided {
+            verdict: Verdict::Accept,
+            outputs: vec![Outgoing {
+                exchange: "out".into(),
+                routing_key: "k".into(),
+                body: b"HELLO".to_vec(),
+                content_type: Some("text/plain".into()),
+                headers: vec![("tenant".into(), HeaderValue::Text("acme".into()))],
+                message_type: None,
+                persistent: true,
+                mandatory: None,
+            }],
+            version: Arc::from("abc"),
+            fuel: Some(1234),
+        });
+        assert!(done.completed());
+        let text = render(&done);
+        for expected in [
+            "outcome: accept",
+            "outputs: 1",
+            "1. exchange 'out', routing key 'k', 5 bytes, text/plain",
+            "header tenant: \"acme\"",
+            "body: HELLO",
+            "INFO  5 bytes",
+            "time: 0.250 ms",
+            "fuel: 1234",
+        ] {
+            assert!(text.contains(expected), "{expected}: {text}");
+        }
+    }
+
+    #[test]
+    fn a_fault_is_not_a_completed_call() {
+        let faulted = report(PluginRun::Faulted {
+            fault: Fault {
+                kind: FaultKind::Panic,
+                reason: "panic: boom".into(),
+            },
+            version: Arc::from("abc"),
+            fuel: None,
+        });
+        assert!(!faulted.completed());
+        assert!(render(&faulted).contains("outcome: fault (panic): panic: boom"));
+        let rejected = report(PluginRun::Decided {
+            verdict: Verdict::Reject("empty".into()),
+            outputs: Vec::new(),
+            version: Arc::from("abc"),
+            fuel: None,
+        });
+        assert!(rejected.completed());
+        assert!(render(&rejected).contains("outcome: reject: empty"));
+    }
+}
