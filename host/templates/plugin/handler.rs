@@ -6,6 +6,10 @@
 
 use acemq_guest::prelude::*;
 
+// The [consumers.config] keys this plugin reads: the host warns of any
+// other key in its consumer's config (a typo, most often).
+acemq_guest::config_keys!["forward_to"];
+
 struct {{type_name}};
 
 impl Handler for {{type_name}} {
