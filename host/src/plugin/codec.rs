@@ -111,7 +111,7 @@ impl CodecVersion {
         );
         // Loading is blocking work (compiling), done off the async workers:
         // the one warm instantiation is driven to its end right here.
-        futures::executor::block_on(instances.warm())
+        super::pool::block_on_loading(instances.warm())
             .map_err(|e| PluginError::new(path, format!("cannot be instantiated: {e:#}")))?;
         Ok(Arc::new(Self {
             name,

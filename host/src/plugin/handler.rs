@@ -133,7 +133,7 @@ impl HandlerVersion {
         // instantiation is what proves the start-up code runs.
         // Loading is blocking work (compiling), done off the async workers:
         // the one warm instantiation is driven to its end right here.
-        futures::executor::block_on(instances.warm()).map_err(|e| {
+        super::pool::block_on_loading(instances.warm()).map_err(|e| {
             PluginError::new(&path, format!("cannot be instantiated: {}", chain(&e)))
         })?;
         Ok(Arc::new(Self {

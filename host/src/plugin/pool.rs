@@ -91,6 +91,31 @@ pub(super) trait Observed: Send + 'static {
 /// A store for one plugin instance, with `data`: memory bounded by its
 /// limiter, and calls bounded by the deadline in its data (see the module
 /// doc: they yield between epoch ticks and trap once it has passed).
+/// Drives `future` to its end, blocking this thread: how a plugin's warm-up
+/// instantiation runs while it loads (loading is blocking work).
+///
+/// Never on a thread inside a tokio runtime: the epoch callback of
+/// [`new_store`] yields through `tokio::task::yield_now`, whose wake-up a
+/// runtime's worker defers until it next polls its own tasks, which a worker
+/// stuck here never does. An instantiation that outlasted one epoch tick
+/// then hung for good (`replay --compare` loading plugins on a worker, under
+/// load). Inside a runtime it runs on a thread of its own instead.
+pub(super) fn block_on_loading<F>(future: F) -> F::Output
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    if tokio::runtime::Handle::try_current().is_err() {
+        return futures::executor::block_on(future);
+    }
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| futures::executor::block_on(future))
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
 pub(super) fn new_store<D: Observed>(engine: &Engine, data: D, deadline: Instant) -> Store<D> {
     let mut store = Store::new(engine, data);
     store.limiter(|data| &mut data.bounds().limiter);
@@ -331,6 +356,29 @@ mod tests {
 
     fn trap(_: &mut Counter) -> wasmtime::Result<()> {
         Err(Trap::UnreachableCodeReached.into())
+    }
+
+    /// Inside a runtime, what loading drives may yield through tokio (as a
+    /// plugin's start code past an epoch tick does) and still completes.
+    #[test]
+    fn loading_inside_a_runtime_completes_across_tokio_yields() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                block_on_loading(async {
+                    for _ in 0..3 {
+                        tokio::task::yield_now().await;
+                    }
+                });
+            });
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("loading on a runtime thread hung on tokio's yield");
     }
 
     #[test]
