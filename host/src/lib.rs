@@ -21,6 +21,7 @@ pub mod broker;
 pub mod cli;
 pub mod config;
 pub mod delivery;
+pub mod dlq;
 pub mod envelope;
 pub mod fs_trust;
 pub mod plugin;
