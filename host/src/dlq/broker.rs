@@ -338,7 +338,7 @@ pub async fn replay(
         anyhow::Ok(())
     }
     .await;
-    progress.finish();
+    progress.finish(&summary);
     if let Err(e) = result {
         summary.stopped = Some(format!("{e:#}"));
     }
@@ -475,7 +475,7 @@ pub async fn purge(
         anyhow::Ok(())
     }
     .await;
-    progress.finish();
+    progress.finish(&summary);
     if let Err(e) = result {
         summary.stopped = Some(format!("{e:#}"));
     }

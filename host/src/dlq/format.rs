@@ -112,7 +112,7 @@ pub fn show(
     let envelope = Envelope::read(properties, source_queue, now_ms);
     let mut out = format!("message {position} of {queue}\n\nenvelope\n");
     fn field(out: &mut String, name: &str, value: &str) {
-        writeln!(out, "  {name:<14}{value}").expect("writing to a String");
+        writeln!(out, "  {name:<18}{value}").expect("writing to a String");
     }
     field(&mut out, "id", &envelope.id);
     field(&mut out, "type", &envelope.message_type);
@@ -424,19 +424,20 @@ mod tests {
             "orders.new",
             NOW,
         );
+        let field = |name: &str, value: &str| format!("  {name:<18}{value}\n");
         for expected in [
-            "message 2 of orders.new.dlq\n",
-            &format!("  id            {}\n", envelope.id),
-            "  type          order.placed\n",
-            "  attempt       3\n",
-            "  first seen    2026-02-03T04:05:01.789Z (5s ago)\n",
-            "  origin        acemq@here\n",
-            "  reason        rejected: bad total\n",
-            "  content-type  application/json\n",
-            "  traceparent = \"00-ab\"\n",
-            "body (2 bytes, text)\n{}\n",
+            "message 2 of orders.new.dlq\n".to_owned(),
+            field("id", &envelope.id),
+            field("type", "order.placed"),
+            field("attempt", "3"),
+            field("first seen", "2026-02-03T04:05:01.789Z (5s ago)"),
+            field("origin", "acemq@here"),
+            field("reason", "rejected: bad total"),
+            field("content-type", "application/json"),
+            "  traceparent = \"00-ab\"\n".to_owned(),
+            "body (2 bytes, text)\n{}\n".to_owned(),
         ] {
-            assert!(text.contains(expected), "{expected:?} in\n{text}");
+            assert!(text.contains(&expected), "{expected:?} in\n{text}");
         }
         assert!(
             !text.contains(header::ATTEMPT),

@@ -37,22 +37,31 @@ impl Progress {
                 bar.set_position(summary.examined as u64);
                 bar.set_message(summary.progress_line());
             }
-            None if summary.examined.is_multiple_of(LINE_EVERY) => eprintln!(
-                "{}: {} of {} examined ({})",
-                summary.queue,
-                summary.examined,
-                self.total,
-                summary.progress_line()
-            ),
+            None if summary.examined.is_multiple_of(LINE_EVERY) => self.line(summary),
             None => {}
         }
     }
 
     /// At the end, whatever the outcome: the bar is cleared (the summary
-    /// table follows on stdout).
-    pub fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
+    /// table follows on stdout); without one, a last line unless the last
+    /// update just wrote it.
+    pub fn finish(&self, summary: &Summary) {
+        match &self.bar {
+            Some(bar) => bar.finish_and_clear(),
+            None if summary.examined == 0 || !summary.examined.is_multiple_of(LINE_EVERY) => {
+                self.line(summary)
+            }
+            None => {}
         }
+    }
+
+    fn line(&self, summary: &Summary) {
+        eprintln!(
+            "{}: {} of {} examined ({})",
+            summary.queue,
+            summary.examined,
+            self.total,
+            summary.progress_line()
+        );
     }
 }
