@@ -296,9 +296,8 @@ pub async fn replay(
         &target.set_aside,
         &target.source,
     );
-    let bound = total;
-    let progress = Progress::new(bound);
-    let mut pass = Pass::new(&session.channel, &target.set_aside, bound);
+    let progress = Progress::new(total);
+    let mut pass = Pass::new(&session.channel, &target.set_aside, total);
     let result = async {
         while selection
             .limit
