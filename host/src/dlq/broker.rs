@@ -308,7 +308,8 @@ pub async fn replay(
             };
             summary.examined += 1;
             let now = envelope::now_ms();
-            let message = SetAside::read(&delivery.properties, &target.source, now);
+            let envelope = Envelope::read(&delivery.properties, &target.source, now);
+            let message = SetAside::of(&envelope, &delivery.properties);
             if !selection.filters.matches(&message) {
                 summary.skipped += 1;
                 pass.hold(&delivery);
@@ -316,7 +317,7 @@ pub async fn replay(
                 summary.done += 1;
                 pass.hold(&delivery);
             } else {
-                match mover.publish(&delivery, now).await {
+                match mover.publish(&delivery, &envelope, now).await {
                     Ok(()) => {
                         pass.take(&delivery).await?;
                         summary.done += 1;
@@ -358,15 +359,19 @@ struct Mover<'a> {
 }
 
 impl Mover<'_> {
-    async fn publish(&self, delivery: &Delivery, now_ms: u64) -> Result<(), NotMoved> {
+    async fn publish(
+        &self,
+        delivery: &Delivery,
+        envelope: &Envelope,
+        now_ms: u64,
+    ) -> Result<(), NotMoved> {
         let channel = self
             .channel
             .ok_or_else(|| NotMoved::Broken("no publishing channel".into()))?;
         let source = self.target.source.as_str();
-        let envelope = Envelope::read(&delivery.properties, source, now_ms);
         let properties = replay_properties(
             &delivery.properties,
-            &envelope,
+            envelope,
             &self.target.set_aside,
             now_ms,
         );

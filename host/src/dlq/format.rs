@@ -108,8 +108,8 @@ pub fn show(
     source_queue: &str,
     now_ms: u64,
 ) -> String {
-    let message = SetAside::read(properties, source_queue, now_ms);
     let envelope = Envelope::read(properties, source_queue, now_ms);
+    let message = SetAside::of(&envelope, properties);
     let mut out = format!("message {position} of {queue}\n\nenvelope\n");
     fn field(out: &mut String, name: &str, value: &str) {
         writeln!(out, "  {name:<18}{value}").expect("writing to a String");

@@ -37,7 +37,17 @@ impl SetAside {
     /// consumed with, so it is the default here.
     #[must_use]
     pub fn read(properties: &BasicProperties, source_queue: &str, now_ms: u64) -> Self {
-        let envelope = Envelope::read(properties, source_queue, now_ms);
+        Self::of(
+            &Envelope::read(properties, source_queue, now_ms),
+            properties,
+        )
+    }
+
+    /// The message whose envelope, already read off `properties`, is
+    /// `envelope`: a message without an id gets a new one at every read, so
+    /// whoever publishes it reads it once and describes it with the same.
+    #[must_use]
+    pub fn of(envelope: &Envelope, properties: &BasicProperties) -> Self {
         let headers = properties.headers().as_ref();
         let has = |name: &str| headers.is_some_and(|table| table.inner().contains_key(name));
         let broker_reason = || match headers
@@ -53,8 +63,8 @@ impl SetAside {
             reason: envelope.error.clone().or_else(broker_reason),
             first_seen_ms: has(header::FIRST_SEEN).then_some(envelope.first_seen_ms),
             replays: ReplayStamps::read(headers),
-            id: envelope.id,
-            message_type: envelope.message_type,
+            id: envelope.id.clone(),
+            message_type: envelope.message_type.clone(),
             attempt: envelope.attempt,
         }
     }
