@@ -22,6 +22,7 @@ pub mod cli;
 pub mod config;
 pub mod config_watch;
 pub mod delivery;
+pub mod dlq;
 pub mod envelope;
 pub mod fs_trust;
 pub mod logging;

@@ -27,6 +27,9 @@
 //! * `bounds.rs`, for whoever publishes: the sizes the broker enforces
 //!   ([`MAX_REASON_BYTES`], [`check_frame`]), and a set-aside copy made to
 //!   fit them ([`set_aside_within_frame`]).
+//! * `replay.rs`, for the set-aside tools (`acemq-host dlq`): the replay
+//!   stamps ([`stamp`], [`ReplayStamps`]) and the properties of a message
+//!   moved back to its queue ([`replay_properties`]).
 //! * `amqp.rs`, for the three above: the AMQP value conversions they share
 //!   (integers of any width, long and short strings), so none of them
 //!   depends on another in a circle.
@@ -43,6 +46,7 @@ mod fuzz;
 mod headers;
 mod properties;
 mod read;
+mod replay;
 #[cfg(test)]
 mod test_support;
 
@@ -59,6 +63,7 @@ pub use properties::{
     retry_properties, set_aside_properties,
 };
 pub use read::{AppHeaders, split_headers, split_table};
+pub use replay::{ReplayStamps, parse_rfc3339_ms, replay_properties, rfc3339_millis, stamp};
 
 /// The wire names of the envelope (contract §4). They are a contract between
 /// languages, so they are spelled exactly as the other libraries spell them.
