@@ -93,16 +93,35 @@ impl ReceivedMessage {
     }
 }
 
+/// How long one connection attempt of the harness may take, and how many.
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(20);
+const CONNECT_ATTEMPTS: u32 = 3;
+
 impl Broker {
     /// A new AMQP connection (default properties, named `acemq-tests` in the
     /// management UI). Must be called inside a tokio runtime.
+    ///
+    /// Each attempt is bounded and tried again: a connection attempt that
+    /// lapin never completed (no socket at the broker, nothing pending) once
+    /// held a test for good under load.
     pub async fn connect(&self) -> Result<Connection> {
-        Connection::connect(
-            &self.amqp_url,
-            ConnectionProperties::default().with_connection_name("acemq-tests".into()),
-        )
-        .await
-        .with_context(|| format!("connecting to {}", self.amqp_url))
+        let mut attempt = 1;
+        loop {
+            let connecting = Connection::connect(
+                &self.amqp_url,
+                ConnectionProperties::default().with_connection_name("acemq-tests".into()),
+            );
+            match tokio::time::timeout(CONNECT_ATTEMPT, connecting).await {
+                Ok(connected) => {
+                    return connected.with_context(|| format!("connecting to {}", self.amqp_url));
+                }
+                Err(_) if attempt < CONNECT_ATTEMPTS => attempt += 1,
+                Err(_) => bail!(
+                    "connecting to {} did not complete in {CONNECT_ATTEMPTS} attempts of {CONNECT_ATTEMPT:?}",
+                    self.amqp_url
+                ),
+            }
+        }
     }
 
     /// Ready messages in `queue` (unacknowledged ones are not counted), from
