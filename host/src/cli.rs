@@ -594,12 +594,7 @@ fn dlq(command: DlqCommand) -> ExitCode {
                 limit,
                 dry_run,
             };
-            let summary = dlq::replay(&config, &target, &selection).await?;
-            print!("{}", summary.table());
-            Ok(match summary.succeeded() {
-                true => ExitCode::SUCCESS,
-                false => ExitCode::FAILURE,
-            })
+            Ok(summarized(dlq::replay(&config, &target, &selection).await?))
         }),
         DlqCommand::Purge {
             queue,
@@ -622,12 +617,7 @@ fn dlq(command: DlqCommand) -> ExitCode {
                     limit,
                     dry_run,
                 };
-                let summary = dlq::purge(&config, &target, &selection).await?;
-                print!("{}", summary.table());
-                Ok(match summary.succeeded() {
-                    true => ExitCode::SUCCESS,
-                    false => ExitCode::FAILURE,
-                })
+                Ok(summarized(dlq::purge(&config, &target, &selection).await?))
             })
         }
     }
@@ -758,6 +748,16 @@ async fn stop_on_signals(shutdown: CancellationToken) {
         "shutting down: no new deliveries, finishing the running ones"
     );
     shutdown.cancel();
+}
+
+/// Prints a dlq run's table; exit 1 when a message could not be handled.
+fn summarized(summary: crate::dlq::Summary) -> ExitCode {
+    print!("{}", summary.table());
+    if summary.succeeded() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn report(result: anyhow::Result<()>) -> ExitCode {

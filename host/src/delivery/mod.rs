@@ -134,19 +134,19 @@ impl Pipeline {
         let trace = DeliveryTrace::start(&self.tracer, properties.headers().as_ref());
         // Shared with the handler call and with any republish, never copied.
         let body = Bytes::from(body);
+        let delivery = Delivery {
+            envelope: &envelope,
+            properties: &properties,
+            receipt: &receipt,
+            body: &body,
+            trace: &trace,
+            arrived,
+        };
         if let Some(refusal) =
             decide::refuse_oversized(queue, body.len(), self.rules.max_body_bytes)
         {
             // Never handed to a plugin: the concurrency slot is not needed.
             drop(slot);
-            let delivery = Delivery {
-                envelope: &envelope,
-                properties: &properties,
-                receipt: &receipt,
-                body: &body,
-                trace: &trace,
-                arrived,
-            };
             self.settle(delivery, refusal).await;
             return;
         }
@@ -199,14 +199,6 @@ impl Pipeline {
             from_stream: from_stream(&properties),
         };
         let settlement = decide::decide(facts, run, &self.rules.policy);
-        let delivery = Delivery {
-            envelope: &envelope,
-            properties: &properties,
-            receipt: &receipt,
-            body: &body,
-            trace: &trace,
-            arrived,
-        };
         self.settle(delivery, settlement).await;
     }
 
