@@ -1,0 +1,199 @@
+"""The Rust plugin's tests, against app.py under plain CPython.
+
+`python3 -m unittest test_app` here (plugins/order-router-py). The `wit_world` bindings are faked in
+memory (the real ones exist only inside the component), so this tests the
+decisions and texts, not the build.
+"""
+
+import json
+import sys
+import types as pytypes
+import unittest
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+
+def _fake_bindings():
+    class Err(Exception):
+        def __init__(self, value):
+            super().__init__(value)
+            self.value = value
+
+    @dataclass
+    class Outgoing:
+        exchange: str
+        routing_key: str
+        body: bytes
+        content_type: object
+        headers: list
+        message_type: object
+        persistent: bool
+        mandatory: object
+
+    @dataclass
+    class Outcome_Accept:
+        pass
+
+    @dataclass
+    class Outcome_Retry:
+        value: str
+
+    @dataclass
+    class Outcome_Reject:
+        value: str
+
+    class Level(Enum):
+        TRACE = 0
+        DEBUG = 1
+        INFO = 2
+        WARN = 3
+        ERROR = 4
+
+    cpt = pytypes.ModuleType("componentize_py_types")
+    cpt.Err = Err
+    wt = pytypes.ModuleType("wit_world")
+    exports = pytypes.ModuleType("wit_world.exports")
+    exports.Handler = object
+    imports = pytypes.ModuleType("wit_world.imports")
+    host = pytypes.ModuleType("wit_world.imports.host")
+    host.Level = Level
+    wtypes = pytypes.ModuleType("wit_world.imports.types")
+    wtypes.Message = object
+    wtypes.Outcome = object
+    wtypes.Outgoing = Outgoing
+    wtypes.Outcome_Accept = Outcome_Accept
+    wtypes.Outcome_Retry = Outcome_Retry
+    wtypes.Outcome_Reject = Outcome_Reject
+    imports.host, imports.types = host, wtypes
+    wt.exports, wt.imports = exports, imports
+    sys.modules.update({
+        "componentize_py_types": cpt, "wit_world": wt,
+        "wit_world.exports": exports, "wit_world.imports": imports,
+        "wit_world.imports.host": host, "wit_world.imports.types": wtypes,
+    })
+    return host, wtypes, Err
+
+
+host, wtypes, Err = _fake_bindings()
+sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
+import app  # noqa: E402
+
+
+class Message:
+    def __init__(self, body):
+        self._body = body.encode()
+        self.released = False
+
+    def body(self):
+        return self._body
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.released = True
+
+
+class TestHost:
+    """What the host did for one handle call."""
+
+    def __init__(self, config=None, now_ms=0, publish_to=None):
+        self.config, self.now, self.publish_to = config or {}, now_ms, publish_to
+        self.logs, self.published = [], []
+        host.log = lambda level, text: self.logs.append((level, text))
+        host.config = self.config.get
+        host.now_ms = lambda: self.now
+        host.publish = self._publish
+
+    def _publish(self, out):
+        if self.publish_to is not None and out.exchange not in self.publish_to:
+            raise Err(f"exchange `{out.exchange}` is not in this consumer's publish_to")
+        self.published.append(out)
+
+    def route(self, body):
+        msg = Message(body)
+        outcome = app.Handler().handle(msg)
+        assert msg.released
+        return outcome
+
+
+L = host.Level
+
+
+class OrderRouterTest(unittest.TestCase):
+    def test_valid_order_publishes_an_event_and_accepts(self):
+        h = TestHost(now_ms=42)
+        outcome = h.route('{"id":"o-1","customer":"acme","total":12.5,"lines":[]}')
+        self.assertEqual(outcome, wtypes.Outcome_Accept())
+        [event] = h.published
+        self.assertEqual((event.exchange, event.routing_key), ("orders.events", "order.accepted"))
+        self.assertEqual(event.content_type, "application/json")
+        self.assertTrue(event.persistent)
+        self.assertEqual((event.headers, event.message_type, event.mandatory), ([], None, None))
+        self.assertEqual(event.body, b'{"id":"o-1","customer":"acme","total":12.5,"routed_at_ms":42}')
+        self.assertEqual(h.logs, [(L.INFO, "order o-1 from acme (total 12.5) accepted: "
+                                           "order.accepted to orders.events")])
+
+    def test_events_exchange_comes_from_config(self):
+        h = TestHost(config={"events_exchange": "shop.events"})
+        self.assertEqual(h.route('{"id":"o-1","customer":"acme","total":1}'), wtypes.Outcome_Accept())
+        self.assertEqual(h.published[0].exchange, "shop.events")
+        # As serde_json writes an f64 read from `1`.
+        self.assertEqual(json.loads(h.published[0].body)["total"], 1.0)
+        self.assertIn(b'"total":1.0,', h.published[0].body)
+        self.assertEqual(h.logs[0][1], "order o-1 from acme (total 1) accepted: order.accepted to shop.events")
+
+    def test_missing_field_is_rejected_by_name(self):
+        h = TestHost()
+        outcome = h.route('{"id":"o-1","total":3}')
+        self.assertEqual(outcome, wtypes.Outcome_Reject(
+            "body is not a valid Order: missing field `customer` at line 1 column 22"))
+        self.assertEqual(h.published, [])
+        self.assertEqual(len(h.logs), 1)
+        self.assertEqual(h.logs[0][0], L.WARN)
+
+    def test_non_positive_total_is_rejected_with_the_id(self):
+        for total, shown in (("0", "0"), ("-4.5", "-4.5")):
+            h = TestHost()
+            outcome = h.route(f'{{"id":"o-7","customer":"acme","total":{total}}}')
+            reason = f"order o-7: total must be positive, got {shown}"
+            self.assertEqual(outcome, wtypes.Outcome_Reject(reason))
+            self.assertEqual(h.published, [])
+            self.assertEqual(h.logs, [(L.WARN, f"reject: {reason}")])
+
+    def test_not_json_is_rejected(self):
+        outcome = TestHost().route("<order/>")
+        self.assertEqual(outcome, wtypes.Outcome_Reject(
+            "body is not a valid Order: expected value at line 1 column 1"))
+
+    def test_wrong_types_are_rejected(self):
+        for body, problem in (
+            ('{"id":"o-1","customer":"acme","total":"3"}', 'invalid type: string "3", expected f64'),
+            ('{"id":1,"customer":"acme","total":3}', "invalid type: integer `1`, expected a string"),
+            ('{"id":"o-1","customer":"acme","total":true}', "invalid type: boolean `true`, expected f64"),
+            ('{"id":"o-1","customer":"acme","total":NaN}', "expected value (NaN is not JSON)"),
+            ('"o-1"', 'invalid type: string "o-1", expected struct Order'),
+        ):
+            self.assertEqual(TestHost().route(body),
+                             wtypes.Outcome_Reject(f"body is not a valid Order: {problem}"), body)
+
+    def test_refused_publish_is_retried(self):
+        h = TestHost(publish_to=["elsewhere"])
+        outcome = h.route('{"id":"o-1","customer":"acme","total":1}')
+        self.assertIsInstance(outcome, wtypes.Outcome_Retry)
+        self.assertIn("`orders.events`", outcome.value)
+        self.assertTrue(outcome.value.startswith(
+            "publish to exchange `orders.events` with routing key `order.accepted` failed: "))
+        self.assertEqual(h.logs, [(L.WARN, f"retry: {outcome.value}")])
+
+    def test_numbers_are_shown_as_rust_shows_them(self):
+        for x, display, js in ((12.5, "12.5", "12.5"), (1.0, "1", "1.0"), (1e-5, "0.00001", "0.00001"),
+                               (1e-7, "0.0000001", "1e-7"), (1.5e300, "15" + "0" * 299, "1.5e300"),
+                               (1e16, "10000000000000000", "1e16"), (123.0, "123", "123.0"),
+                               (1e21, "1000000000000000000000", "1e21"), (-0.0, "-0", "-0.0")):
+            self.assertEqual((app.f64_display(x), app.f64_json(x)), (display, js))
+
+
+if __name__ == "__main__":
+    unittest.main()
