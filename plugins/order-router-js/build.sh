@@ -71,7 +71,7 @@ if ! cmp -s "$here/package.json" "$tools/package.json" ||
     fi
     if ! log=$(cd "$tools" && "${install[@]}" --no-audit --no-fund 2>&1); then
         rm -rf "$tools"
-        skip "npm could not install the tools (offline?): $(tail -n 1 <<<"$log")"
+        skip "npm could not install the tools (offline?): $(grep -m 1 '^npm err' <<<"$log" || tail -n 1 <<<"$log")"
     fi
     # First install without a lock: keep the one npm wrote (commit it).
     [[ -f "$here/package-lock.json" ]] || cp "$tools/package-lock.json" "$here/"
