@@ -11,19 +11,20 @@
 # not kept in git.
 #
 # Two engines (--backend):
-#   starlingmonkey  (default) componentize-js: SpiderMonkey, ~12 MB. Built
-#                   with every WASI feature disabled (`-d stdio random clocks
-#                   http fetch-event`), the component imports only
-#                   acemq:plugin/*, which is all this host provides.
+#   starlingmonkey  (default) componentize-js: SpiderMonkey, ~12 MB, built
+#                   without its HTTP features (`-d http fetch-event`): the
+#                   host links a locked-down WASI 0.2 but no wasi:http.
+#                   `console.log` goes to the host log.
 #   quickjs         componentize-qjs (shipped with jco): QuickJS, ~1.7 MB,
-#                   built with `--stub-wasi --sync` (WASI calls trap; no
-#                   component-model async ABI).
-# --with-wasi keeps the WASI imports, for a host that provides them.
+#                   built with `--sync` (no component-model async ABI).
+# --stub-wasi builds a component that imports only acemq:plugin/* (every
+# WASI feature disabled or stubbed: console output and clocks do nothing or
+# trap).
 #
 # Without node/npm or the registry, it says `skipped: <reason>` and exits 0,
 # so a build of everything does not fail on a machine without them.
 #
-# Usage: plugins/order-router-js/build.sh [--backend starlingmonkey|quickjs] [--with-wasi]
+# Usage: plugins/order-router-js/build.sh [--backend starlingmonkey|quickjs] [--stub-wasi]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -34,12 +35,12 @@ out="$root/target/plugins/$name.wasm"
 tools="$root/target/wasm-langs/$name-tools"
 
 backend=starlingmonkey
-wasi=stub
+wasi=keep
 while (($#)); do
     case "$1" in
         --backend) backend="${2:-}"; shift 2 || true ;;
-        --with-wasi) wasi=keep; shift ;;
-        *) echo "usage: $0 [--backend starlingmonkey|quickjs] [--with-wasi]" >&2; exit 2 ;;
+        --stub-wasi) wasi=stub; shift ;;
+        *) echo "usage: $0 [--backend starlingmonkey|quickjs] [--stub-wasi]" >&2; exit 2 ;;
     esac
 done
 case "$backend" in
@@ -107,7 +108,8 @@ case "$backend/$wasi" in
         "$bin/componentize-js" "$src" --wit wit/plugin.wit -n "$world" \
             -d stdio random clocks http fetch-event -o "$tmp" >/dev/null ;;
     starlingmonkey/keep)
-        "$bin/componentize-js" "$src" --wit wit/plugin.wit -n "$world" -o "$tmp" >/dev/null ;;
+        "$bin/componentize-js" "$src" --wit wit/plugin.wit -n "$world" \
+            -d http fetch-event -o "$tmp" >/dev/null ;;
     quickjs/stub)
         "$bin/componentize-qjs" --wit wit/plugin.wit --js "$src" -n "$world" \
             --stub-wasi --sync -o "$tmp" >/dev/null ;;
@@ -116,5 +118,5 @@ case "$backend/$wasi" in
             --sync -o "$tmp" >/dev/null ;;
 esac
 mv "$tmp" "$out"
-if [[ $wasi == stub ]]; then note="no WASI imports"; else note="WASI imports kept"; fi
+if [[ $wasi == stub ]]; then note="no WASI imports"; else note="locked-down WASI imports"; fi
 echo "$name: wrote ${out#"$root/"} ($(stat -c %s "$out") bytes, $(($(date +%s) - start)) s, $backend, $note)"

@@ -101,12 +101,16 @@ pub struct HostOptions {
     /// Passed as `ACEMQ_LOG_FORMAT` (`text` or `json`); unset, the host
     /// writes text, which [`SUBSCRIBED`] and the log waits look for.
     pub log_format: Option<String>,
+    /// How long the host may take to subscribe: a minute, unless its
+    /// plugins take longer to compile (Python or JavaScript interpreters).
+    pub start_within: Duration,
 }
 
 impl Default for HostOptions {
     fn default() -> Self {
         Self {
             consumers: 1,
+            start_within: Duration::from_secs(60),
             url: None,
             echo: None,
             // ACEMQ_TEST_HOST_LOG raises the host's log level when a test
@@ -130,6 +134,11 @@ impl HostProcess {
     /// Writes `config` to a file and starts `acemq-host run` on it; returns
     /// once it logged `consuming` for `consumers` consumers.
     pub fn start(config: &str, consumers: usize) -> Result<Self> {
+        Self::start_within(config, consumers, HostOptions::default().start_within)
+    }
+
+    /// [`start`](Self::start), allowing the host `within` to subscribe.
+    pub fn start_within(config: &str, consumers: usize, within: Duration) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("host.toml");
         std::fs::write(&path, config)?;
@@ -138,6 +147,7 @@ impl HostProcess {
             dir,
             &HostOptions {
                 consumers,
+                start_within: within,
                 ..HostOptions::default()
             },
         )
@@ -148,7 +158,7 @@ impl HostProcess {
     /// by itself ([`wait_with_log`](Self::wait_with_log)).
     pub fn start_with(path: &Path, dir: tempfile::TempDir, options: &HostOptions) -> Result<Self> {
         let mut host = Self::spawn(path, dir, options)?;
-        host.wait_for_log(SUBSCRIBED, options.consumers, Duration::from_secs(60))?;
+        host.wait_for_log(SUBSCRIBED, options.consumers, options.start_within)?;
         Ok(host)
     }
 

@@ -23,6 +23,14 @@ use super::{Limits, PluginError};
 /// The store data of a codec instance: codecs import nothing, so only limits.
 struct CodecState {
     bounds: CallBounds,
+    /// WASI, for a codec that imports it; what it prints is not kept.
+    wasi: super::wasi::LazyWasi,
+}
+
+impl wasmtime_wasi::WasiView for CodecState {
+    fn ctx(&mut self) -> wasmtime_wasi::WasiCtxView<'_> {
+        self.wasi.view()
+    }
 }
 
 /// A codec logs nothing: a refused memory growth is all there is to report.
@@ -52,6 +60,7 @@ impl Instantiate for Instances {
     async fn instantiate(&self, deadline: Instant) -> wasmtime::Result<Self::Instance> {
         let state = CodecState {
             bounds: CallBounds::new(self.limits.max_memory_bytes),
+            wasi: super::wasi::LazyWasi::default(),
         };
         let mut store = new_store(&self.engine, state, deadline);
         let bindings = self.pre.instantiate_async(&mut store).await?;
@@ -82,7 +91,11 @@ impl CodecVersion {
         limits: Limits,
     ) -> Result<Arc<Self>, PluginError> {
         let compiled = engine.compile_file(path)?;
-        let linker: Linker<CodecState> = Linker::new(engine.engine());
+        let mut linker: Linker<CodecState> = Linker::new(engine.engine());
+        if super::wasi::imports_wasi(engine.engine(), &compiled.component) {
+            super::wasi::link(&mut linker)
+                .map_err(|e| PluginError::new(path, format!("cannot link WASI: {e:#}")))?;
+        }
         let instance_pre = linker.instantiate_pre(&compiled.component).map_err(|e| {
             PluginError::new(path, format!("is not a codec plugin of this host: {e:#}"))
         })?;

@@ -97,6 +97,10 @@ impl HandlerVersion {
         HandlerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(|e| {
             PluginError::new(&path, format!("cannot link the host interface: {e:#}"))
         })?;
+        if super::wasi::imports_wasi(engine.engine(), &compiled.component) {
+            super::wasi::link(&mut linker)
+                .map_err(|e| PluginError::new(&path, format!("cannot link WASI: {e:#}")))?;
+        }
         // instantiate_pre checks every import against what the linker offers:
         // a plugin importing WASI, or another version of the contract, fails here.
         let instance_pre = linker.instantiate_pre(&compiled.component).map_err(|e| {

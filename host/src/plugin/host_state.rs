@@ -18,6 +18,8 @@ pub struct HostState {
     pub plugin: Arc<str>,
     pub bounds: CallBounds,
     pub call: CallState,
+    /// WASI, for a plugin that imports it (built on first use).
+    pub wasi: super::wasi::LazyWasi,
 }
 
 /// The handle a plugin holds on the message of its current call
@@ -87,6 +89,7 @@ impl HostState {
             context,
             plugin,
             call: CallState::default(),
+            wasi: super::wasi::LazyWasi::default(),
         }
     }
 
@@ -106,6 +109,7 @@ impl HostState {
     /// Ends the call: the message is no longer lent; what it buffered, and
     /// any publish its consumer refused, are handed over.
     pub fn end_call(&mut self) -> CallEnd {
+        self.log_wasi_output();
         let dropped = self.call.log_lines.saturating_sub(MAX_LOG_LINES_PER_CALL);
         if dropped > 0 {
             tracing::warn!(target: "plugin", queue = %self.context.queue, message_id = self.message_id(),
@@ -116,6 +120,32 @@ impl HostState {
         CallEnd {
             outputs: std::mem::take(&mut self.call.outputs),
             refused_publish: self.call.refused_publish.take(),
+        }
+    }
+
+    /// Writes what the plugin printed to stdout (info) and stderr (warn)
+    /// during the call to the host log, one line per line, counted and
+    /// bounded like its own log lines.
+    fn log_wasi_output(&mut self) {
+        for (stream, text, dropped) in self.wasi.drain() {
+            let level = match stream {
+                super::wasi::Stream::Stdout => host::Level::Info,
+                super::wasi::Stream::Stderr => host::Level::Warn,
+            };
+            for line in text.lines().filter(|line| !line.trim().is_empty()) {
+                let _ = host::Host::log(self, level, format!("{}: {line}", stream.as_str()));
+            }
+            if dropped > 0 {
+                let _ = host::Host::log(
+                    self,
+                    host::Level::Warn,
+                    format!(
+                        "{}: {dropped} more bytes were dropped: a call keeps at most {} bytes of it",
+                        stream.as_str(),
+                        super::wasi::MAX_CALL_OUTPUT_BYTES
+                    ),
+                );
+            }
         }
     }
 
@@ -214,6 +244,12 @@ impl Observed for HostState {
 }
 
 impl types::Host for HostState {}
+
+impl wasmtime_wasi::WasiView for HostState {
+    fn ctx(&mut self) -> wasmtime_wasi::WasiCtxView<'_> {
+        self.wasi.view()
+    }
+}
 
 /// Each part is copied out only when the plugin asks for it.
 impl types::HostMessage for HostState {

@@ -70,14 +70,15 @@ fn inspect_bytes(path: &Path, bytes: &[u8]) -> Result<PluginFacts, PluginError> 
 
 /// Which of the contract's worlds the imports and exports fit.
 fn classify(imports: &[String], exports: &[String]) -> Result<&'static str, String> {
+    // WASI is linked, locked down, for components that import it.
     let foreign: Vec<&String> = imports
         .iter()
-        .filter(|i| !i.starts_with("acemq:plugin/"))
+        .filter(|i| !i.starts_with("acemq:plugin/") && !super::wasi::granted(i))
         .collect();
     if !foreign.is_empty() {
         let names: Vec<&str> = foreign.iter().map(|s| s.as_str()).collect();
         return Err(format!(
-            "imports {}, which this host does not provide (plugins get only {HOST_IMPORT})",
+            "imports {}, which this host does not provide (plugins get only {HOST_IMPORT} and a locked-down WASI 0.2)",
             names.join(", ")
         ));
     }
@@ -114,6 +115,24 @@ fn render(path: &Path, facts: &PluginFacts) -> String {
     };
     let _ = writeln!(out, "imports: {}", list(&facts.imports));
     let _ = writeln!(out, "exports: {}", list(&facts.exports));
+    let wasi: Vec<&(&str, &str)> = super::wasi::GRANTS
+        .iter()
+        .filter(|(package, _)| {
+            facts
+                .imports
+                .iter()
+                .any(|i| i.starts_with(&format!("{package}/")))
+        })
+        .collect();
+    // (A WASI package the host does not link is named by `world` above.)
+    if wasi.is_empty() {
+        let _ = writeln!(out, "wasi:    none imported");
+    } else {
+        let _ = writeln!(out, "wasi:    imported, locked down:");
+        for (package, grant) in wasi {
+            let _ = writeln!(out, "  {package}: {grant}");
+        }
+    }
     match &facts.config_keys {
         Some(keys) => {
             let _ = writeln!(out, "config:  {}", list(keys));
@@ -143,12 +162,21 @@ mod tests {
             classify(&[], &names(&[CODEC_EXPORT])),
             Ok(contract!("codec-plugin"))
         );
+        // WASI is linked (locked down) for the components that import it.
+        assert_eq!(
+            classify(
+                &names(&["wasi:cli/environment@0.2.0", HOST_IMPORT]),
+                &names(&[HANDLER_EXPORT]),
+            ),
+            Ok(contract!("handler-plugin"))
+        );
         let err = classify(
-            &names(&["wasi:cli/environment@0.2.0"]),
+            &names(&["wasi:cli/environment@0.2.0", "wasi:http/types@0.2.0"]),
             &names(&[HANDLER_EXPORT]),
         )
         .unwrap_err();
-        assert!(err.contains("wasi:cli/environment@0.2.0"), "{err}");
+        assert!(err.contains("wasi:http/types@0.2.0"), "{err}");
+        assert!(!err.contains("wasi:cli"), "{err}");
         let err = classify(&[], &names(&["other:thing/iface"])).unwrap_err();
         assert!(err.contains("exports neither"), "{err}");
     }

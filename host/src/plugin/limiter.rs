@@ -10,7 +10,7 @@ use wasmtime::ResourceLimiter;
 /// by `scripts/build-plugins` has three (its own module, and the shim and
 /// fixup modules wit-component adds for indirect calls); 8 leaves room for
 /// other toolchains' adapters without letting a component fan out.
-pub const MAX_CORE_INSTANCES: usize = 8;
+pub const MAX_CORE_INSTANCES: usize = 64;
 /// Linear memories one plugin instance may define. A Rust guest has one;
 /// the second admits a component composed from two (each with its own
 /// heap). More buys a plugin no memory (the budget below is per instance),

@@ -34,6 +34,7 @@ pub mod inspect;
 mod limiter;
 mod pool;
 pub mod swap;
+pub mod wasi;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -283,10 +283,29 @@ pub fn is_stale(core: Option<SystemTime>, component: Option<SystemTime>) -> bool
 }
 
 /// The components in `out_dir` (file stems) that no crate of `plugins` writes.
-pub fn orphans<'a>(existing: &'a [String], plugins: &[PluginCrate]) -> Vec<&'a String> {
+pub fn orphans<'a>(
+    existing: &'a [String],
+    plugins: &[PluginCrate],
+    other_languages: &[String],
+) -> Vec<&'a String> {
     existing
         .iter()
         .filter(|stem| !plugins.iter().any(|p| &p.package == *stem))
+        .filter(|stem| !other_languages.contains(stem))
+        .collect()
+}
+
+/// The plugins of `workspace` in other languages: folders with a
+/// `build.sh` and no `Cargo.toml` (scripts/build-wasm-langs builds them
+/// into the same output folder, so their components are not orphans).
+fn other_language_plugins(workspace: &Path) -> Vec<String> {
+    std::fs::read_dir(workspace)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|dir| dir.join("build.sh").is_file() && !dir.join("Cargo.toml").exists())
+        .filter_map(|dir| Some(dir.file_name()?.to_string_lossy().into_owned()))
         .collect()
 }
 
@@ -389,7 +408,12 @@ pub fn build(dir: &Path, overrides: &Overrides) -> Result<Vec<Built>, Failure> {
         });
     }
     if plan.prune {
-        remove_orphans(&plan.out_dir, &plan.plugins);
+        let workspace = plan.workspace_manifest.parent().unwrap_or(Path::new("."));
+        remove_orphans(
+            &plan.out_dir,
+            &plan.plugins,
+            &other_language_plugins(workspace),
+        );
     }
     Ok(built)
 }
@@ -431,7 +455,7 @@ fn componentize_into(core: &Path, out: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn remove_orphans(out_dir: &Path, plugins: &[PluginCrate]) {
+fn remove_orphans(out_dir: &Path, plugins: &[PluginCrate], other_languages: &[String]) {
     let existing: Vec<String> = std::fs::read_dir(out_dir)
         .into_iter()
         .flatten()
@@ -440,7 +464,7 @@ fn remove_orphans(out_dir: &Path, plugins: &[PluginCrate]) {
         .filter(|path| path.extension().is_some_and(|e| e == "wasm"))
         .filter_map(|path| Some(path.file_stem()?.to_string_lossy().into_owned()))
         .collect();
-    for stem in orphans(&existing, plugins) {
+    for stem in orphans(&existing, plugins, other_languages) {
         let path = out_dir.join(format!("{stem}.wasm"));
         eprintln!(
             "plugin build: removing {} (no crate builds it any more)",
@@ -588,7 +612,15 @@ mod tests {
             package: "echo".into(),
             lib: "echo".into(),
         }];
-        let existing = vec!["echo".to_string(), "old".to_string()];
-        assert_eq!(orphans(&existing, &plugins), [&"old".to_string()]);
+        let existing = vec![
+            "echo".to_string(),
+            "old".to_string(),
+            "router-py".to_string(),
+        ];
+        let other_languages = ["router-py".to_string()];
+        assert_eq!(
+            orphans(&existing, &plugins, &other_languages),
+            [&"old".to_string()]
+        );
     }
 }

@@ -1,0 +1,202 @@
+//! Plugins written in Python and JavaScript, on the real broker: they
+//! decide as the Rust one does, and the locked-down WASI they run on denies
+//! files, environment and sockets while their `print` reaches the host log.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use acemq_tests::host::{HostProcess, plugin_path};
+use acemq_tests::{ReceivedMessage, shared_broker, unique_name};
+use lapin::BasicProperties;
+
+/// Loading a Python or JavaScript component compiles megabytes of
+/// interpreter: give the host time to start.
+const START: Duration = Duration::from_secs(240);
+
+fn json() -> BasicProperties {
+    BasicProperties::default().with_content_type("application/json".into())
+}
+
+/// One consumer's part of a config: `queue` (dead-lettering) run by
+/// `plugin`, its outputs through the direct exchange `exchange` (key
+/// `order.accepted`) into `sink`.
+fn router(queue: &str, plugin: &str, exchange: &str, sink: &str) -> String {
+    format!(
+        r#"
+[[exchanges]]
+name = "{exchange}"
+kind = "direct"
+
+[[queues]]
+name = "{queue}"
+dead_letter = true
+
+[[queues]]
+name = "{sink}"
+
+[[bindings]]
+queue = "{sink}"
+exchange = "{exchange}"
+routing_key = "order.accepted"
+
+[[consumers]]
+queue = "{queue}"
+plugin = "{plugin}"
+publish_to = ["{exchange}"]
+
+[consumers.config]
+events_exchange = "{exchange}"
+"#,
+        plugin = plugin_path(plugin).display(),
+    )
+}
+
+/// What one router made of the inputs: each event published (without the
+/// time it was routed at), and each set-aside reason, both sorted.
+#[derive(Debug, PartialEq)]
+struct Decisions {
+    events: Vec<String>,
+    reasons: Vec<String>,
+}
+
+fn without_routed_at(message: &ReceivedMessage) -> String {
+    let mut event: serde_json::Value = serde_json::from_slice(&message.body).unwrap();
+    assert!(event["routed_at_ms"].as_u64().is_some(), "{event}");
+    event.as_object_mut().unwrap().remove("routed_at_ms");
+    event.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_and_javascript_routers_decide_as_the_rust_one() {
+    let broker = shared_broker();
+    let inputs: [&[u8]; 6] = [
+        br#"{"id":"o-1","customer":"acme","total":12.5}"#,
+        br#"{"id":"o-2","customer":"zed","total":3,"note":"extra fields are ignored"}"#,
+        br#"{"id":"o-3","customer":"acme"}"#,
+        b"<order id='o-4'/>",
+        br#"{"id":"o-5","customer":"acme","total":-3}"#,
+        br#"{"id":"o-6","customer":"acme","total":0}"#,
+    ];
+    let mut config = format!("[broker]\nurl = \"{}\"\n", broker.amqp_url());
+    let mut routers = BTreeMap::new();
+    for plugin in ["order-router", "order-router-py", "order-router-js"] {
+        let queue = unique_name(&format!("{plugin}.in"));
+        let sink = unique_name(&format!("{plugin}.events"));
+        let exchange = unique_name(&format!("{plugin}.x"));
+        config.push_str(&router(&queue, plugin, &exchange, &sink));
+        routers.insert(plugin, (queue, sink));
+    }
+    let host = HostProcess::start_within(&config, routers.len(), START).unwrap();
+    for (queue, _) in routers.values() {
+        broker
+            .publish_many("", queue, inputs.iter().map(|body| (*body, json())))
+            .await
+            .unwrap();
+    }
+    let mut decided = BTreeMap::new();
+    for (plugin, (queue, sink)) in &routers {
+        let wait = Duration::from_secs(60);
+        let events = broker.drain(sink, 2, wait).await.unwrap();
+        let set_aside = broker
+            .drain(&format!("{queue}.dlq"), 4, wait)
+            .await
+            .unwrap();
+        let mut decisions = Decisions {
+            events: events.iter().map(without_routed_at).collect(),
+            reasons: set_aside.iter().map(|m| m.acemq_error()).collect(),
+        };
+        decisions.events.sort();
+        decisions.reasons.sort();
+        decided.insert(*plugin, decisions);
+    }
+    host.terminate(Duration::from_secs(30)).unwrap();
+
+    let rust = &decided["order-router"];
+    assert_eq!(rust.events.len(), 2, "{rust:#?}");
+    assert!(
+        rust.reasons
+            .iter()
+            .any(|r| r.contains("order o-5: total must be positive")),
+        "{rust:#?}"
+    );
+    for other in ["order-router-py", "order-router-js"] {
+        assert_eq!(
+            &decided[other], rust,
+            "{other} decided otherwise than the Rust router"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_plugin_is_denied_files_environment_and_sockets_and_its_print_is_logged() {
+    let broker = shared_broker();
+    let queue = unique_name("sandbox");
+    let config = format!(
+        "[broker]\nurl = \"{url}\"\n\n[[queues]]\nname = \"{queue}\"\ndead_letter = true\n\n[[consumers]]\nqueue = \"{queue}\"\nplugin = \"{plugin}\"\n",
+        url = broker.amqp_url(),
+        plugin = plugin_path("sandbox-probe-py").display(),
+    );
+    let mut host = HostProcess::start_within(&config, 1, START).unwrap();
+    let amqp_port = broker
+        .amqp_url()
+        .rsplit(':')
+        .next()
+        .and_then(|tail| tail.split('/').next())
+        .unwrap()
+        .to_string();
+    let probes = [
+        "file:/etc/hostname".to_string(),
+        // Set in the host's own environment: the plugin's is empty.
+        "env:PATH".to_string(),
+        format!("socket:127.0.0.1:{amqp_port}"),
+    ];
+    let text = || BasicProperties::default().with_content_type("text/plain".into());
+    let bodies = probes.iter().cloned().chain([
+        "print:hello from the sandbox".to_string(),
+        "accept".to_string(),
+    ]);
+    broker
+        .publish_many("", &queue, bodies.map(|b| (b, text())))
+        .await
+        .unwrap();
+    let denied = broker
+        .drain(
+            &format!("{queue}.dlq"),
+            probes.len(),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    host.wait_for_log("stdout: hello from the sandbox", 1, Duration::from_secs(30))
+        .unwrap();
+    // Still serving after every denial.
+    broker
+        .wait_for_message_count(&queue, 0, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let (status, log) = host.terminate_with_log(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+
+    let mut reasons: Vec<String> = denied.iter().map(|m| m.acemq_error()).collect();
+    reasons.sort();
+    assert_eq!(reasons.len(), 3, "{reasons:#?}");
+    for (reason, what) in
+        reasons
+            .iter()
+            .zip(["No such file", "KeyError: 'PATH'", "PermissionError"])
+    {
+        assert!(
+            reason.contains("denied: ") && reason.contains(what),
+            "expected a denial naming {what:?}, got {reason:?}"
+        );
+    }
+    let printed = log
+        .iter()
+        .find(|line| line.contains("stdout: hello from the sandbox"))
+        .unwrap();
+    assert!(printed.contains(&queue), "{printed}");
+    assert!(
+        log.iter().all(|line| !line.contains("allowed:")),
+        "{log:#?}"
+    );
+}
