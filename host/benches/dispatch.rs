@@ -30,19 +30,23 @@ use futures::executor::block_on;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
-fn echo_plugin() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins/echo.wasm");
+/// `target/plugins/NAME.wasm`, as scripts/build-plugins writes it.
+fn plugin(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../target/plugins/{name}.wasm"))
+}
+
+/// A consumer's slot running `name` with `isolation`; the order routers
+/// publish to `orders.events`.
+fn slot(engine: &PluginEngine, name: &str, isolation: Isolation) -> HandlerSlot {
+    let path = plugin(name);
     assert!(
         path.exists(),
         "{} is missing: run scripts/build-plugins first",
         path.display()
     );
-    path
-}
-
-fn slot(engine: &PluginEngine, isolation: Isolation) -> HandlerSlot {
     let context = Arc::new(ConsumerContext {
         queue: "bench".into(),
+        publish_to: ["orders.events".to_string()].into(),
         limits: Limits {
             isolation,
             ..Limits::default()
@@ -50,13 +54,23 @@ fn slot(engine: &PluginEngine, isolation: Isolation) -> HandlerSlot {
         ..ConsumerContext::default()
     });
     HandlerSlot::new(
-        HandlerVersion::load(engine, &echo_plugin(), context).expect("echo plugin loads"),
+        HandlerVersion::load(engine, &path, context)
+            .unwrap_or_else(|e| panic!("{name} loads: {e}")),
     )
 }
 
 /// A delivery as the broker would hand it over: an AceMQ envelope and a
 /// trace header, 1 KB of body.
 fn delivery() -> (BasicProperties, Bytes) {
+    delivery_of(vec![b'x'; 1024])
+}
+
+/// A valid order, which an order router accepts and publishes an event for.
+fn order() -> (BasicProperties, Bytes) {
+    delivery_of(br#"{"id":"o-1","customer":"acme","total":12.5}"#.to_vec())
+}
+
+fn delivery_of(body: Vec<u8>) -> (BasicProperties, Bytes) {
     let envelope = Envelope::new(
         "order.created",
         envelope::default_origin(),
@@ -72,7 +86,7 @@ fn delivery() -> (BasicProperties, Bytes) {
     let properties = BasicProperties::default()
         .with_content_type("application/json".into())
         .with_headers(envelope.to_headers(&app));
-    (properties, Bytes::from(vec![b'x'; 1024]))
+    (properties, Bytes::from(body))
 }
 
 fn dispatch_one(
@@ -148,8 +162,8 @@ fn interleaved_medians(rounds: usize, subjects: &mut [Subject<'_>]) -> Vec<f64> 
 
 fn bench(c: &mut Criterion) {
     let engine = PluginEngine::new(EngineSettings::default()).expect("engine");
-    let pooled = Arc::new(slot(&engine, Isolation::Pooled));
-    let fresh = slot(&engine, Isolation::PerMessage);
+    let pooled = Arc::new(slot(&engine, "echo", Isolation::Pooled));
+    let fresh = slot(&engine, "echo", Isolation::PerMessage);
     let codecs = CodecSet::new();
     let (properties, body) = delivery();
     let policy = RetryPolicy::none();
@@ -227,6 +241,60 @@ fn bench(c: &mut Criterion) {
         "  reuse through a blocking-pool hop (the design not taken): {hopped:.2} µs/message ({:.1}x)",
         hopped / reuse
     );
+    languages(&engine, &codecs, &policy);
+}
+
+/// The order router in Rust, Python and JavaScript: one valid order each
+/// (parse, publish an event, accept), reusing an instance and with a fresh
+/// one per message, interleaved in the same rounds.
+fn languages(engine: &PluginEngine, codecs: &CodecSet, policy: &RetryPolicy) {
+    let (properties, body) = order();
+    let names = ["order-router", "order-router-py", "order-router-js"];
+    let present: Vec<&str> = names
+        .into_iter()
+        .filter(|name| {
+            let there = plugin(name).exists();
+            if !there {
+                println!("  {name}: skipped (target/plugins/{name}.wasm missing: scripts/build-plugins builds it when its toolchain installs)");
+            }
+            there
+        })
+        .collect();
+    let slots: Vec<(HandlerSlot, HandlerSlot)> = present
+        .iter()
+        .map(|name| {
+            (
+                slot(engine, name, Isolation::Pooled),
+                slot(engine, name, Isolation::PerMessage),
+            )
+        })
+        .collect();
+    let mut subjects: Vec<Subject<'_>> = Vec::new();
+    for (name, (pooled, fresh)) in present.iter().zip(&slots) {
+        // An interpreter's instance takes milliseconds to make: fewer calls.
+        let rust = *name == "order-router";
+        let (properties, body) = (&properties, &body);
+        subjects.push(Subject {
+            per_round: if rust { 20_000 } else { 200 },
+            one: Box::new(move || dispatch_one(pooled, codecs, properties, body, policy)),
+        });
+        subjects.push(Subject {
+            per_round: if rust { 2_000 } else { 5 },
+            one: Box::new(move || dispatch_one(fresh, codecs, properties, body, policy)),
+        });
+    }
+    let medians = interleaved_medians(9, &mut subjects);
+    println!();
+    println!(
+        "the order router in three languages (a valid order: parse, publish, accept), median of 9 interleaved rounds:"
+    );
+    println!(
+        "  {:<16} {:>14} {:>16}",
+        "plugin", "reuse µs/msg", "fresh µs/msg"
+    );
+    for (name, pair) in present.iter().zip(medians.chunks(2)) {
+        println!("  {name:<16} {:>14.2} {:>16.2}", pair[0], pair[1]);
+    }
 }
 
 criterion_group!(benches, bench);

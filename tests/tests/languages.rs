@@ -3,6 +3,8 @@
 //! files, environment and sockets while their `print` reaches the host log.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use acemq_tests::host::{HostProcess, plugin_path};
@@ -198,5 +200,100 @@ async fn a_python_plugin_is_denied_files_environment_and_sockets_and_its_print_i
     assert!(
         log.iter().all(|line| !line.contains("allowed:")),
         "{log:#?}"
+    );
+}
+
+/// The Rust router swapped for the Python one while orders keep coming:
+/// every order is routed exactly once, nothing is set aside, and the Python
+/// version is the one routing after the swap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swapping_the_rust_router_for_the_python_one_under_load_loses_nothing() {
+    const BATCH: u32 = 50;
+    const AFTER_SWAP_BATCHES: u32 = 5;
+    let broker = shared_broker();
+    let dir = tempfile::tempdir().unwrap();
+    let deployed = dir.path().join("router.wasm");
+    std::fs::copy(plugin_path("order-router"), &deployed).unwrap();
+    let (queue, sink, exchange) = (
+        unique_name("swap-lang.in"),
+        unique_name("swap-lang.events"),
+        unique_name("swap-lang.x"),
+    );
+    let config = format!(
+        "[broker]\nurl = \"{}\"\n{}",
+        broker.amqp_url(),
+        router(&queue, "order-router", &exchange, &sink)
+    )
+    .replace(
+        &format!("plugin = \"{}\"", plugin_path("order-router").display()),
+        &format!("plugin = \"{}\"", deployed.display()),
+    );
+    let mut host = HostProcess::start_within(&config, 1, START).unwrap();
+
+    // Orders at a steady pace while the Python version compiles and swaps
+    // in, and for a few batches after.
+    let swapped = Arc::new(AtomicBool::new(false));
+    let publishing = tokio::spawn({
+        let (queue, swapped) = (queue.clone(), swapped.clone());
+        async move {
+            let (mut published, mut after_swap) = (0u32, 0);
+            while after_swap < AFTER_SWAP_BATCHES {
+                let orders = (published..published + BATCH).map(|n| {
+                    let body = format!(r#"{{"id":"o-{n}","customer":"acme","total":{n}.5}}"#);
+                    (body.into_bytes(), json())
+                });
+                shared_broker()
+                    .publish_many("", &queue, orders)
+                    .await
+                    .unwrap();
+                published += BATCH;
+                if swapped.load(Ordering::Relaxed) {
+                    after_swap += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            published
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let staged = dir.path().join("router.wasm.new");
+    std::fs::copy(plugin_path("order-router-py"), &staged).unwrap();
+    std::fs::rename(&staged, &deployed).unwrap();
+    host.wait_for_log("plugin swapped", 1, START).unwrap();
+    swapped.store(true, Ordering::Relaxed);
+    let orders = publishing.await.unwrap();
+
+    let events = broker
+        .drain(&sink, orders as usize, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let mut ids: Vec<String> = events
+        .iter()
+        .map(|m| {
+            let event: serde_json::Value = serde_json::from_slice(&m.body).unwrap();
+            event["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), orders as usize, "every order routed");
+    assert_eq!(events.len(), orders as usize, "none routed twice");
+    assert_eq!(
+        broker.message_count(&format!("{queue}.dlq")).await.unwrap(),
+        0
+    );
+    let (status, log) = host.terminate_with_log(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+    let swapped = log.iter().find(|l| l.contains("plugin swapped")).unwrap();
+    let python = swapped
+        .split("to=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the swap names the new version")
+        .to_string();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("accepted: order.accepted") && l.contains(&python)),
+        "no order was routed by the Python version {python}"
     );
 }
