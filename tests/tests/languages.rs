@@ -297,3 +297,47 @@ async fn swapping_the_rust_router_for_the_python_one_under_load_loses_nothing() 
         "no order was routed by the Python version {python}"
     );
 }
+
+/// A Python call is bounded like a Rust one: one past its deadline, and one
+/// past its memory limit, each fail alone (dead-lettered, naming the limit),
+/// and the next message is handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_call_past_its_deadline_or_memory_limit_fails_alone() {
+    let broker = shared_broker();
+    let queue = unique_name("sandbox-bounds");
+    let config = format!(
+        "[broker]\nurl = \"{url}\"\n\n[[queues]]\nname = \"{queue}\"\ndead_letter = true\n\n[[consumers]]\nqueue = \"{queue}\"\nplugin = \"{plugin}\"\ndeadline = \"1s\"\n",
+        url = broker.amqp_url(),
+        plugin = plugin_path("sandbox-probe-py").display(),
+    );
+    let host = HostProcess::start_within(&config, 1, START).unwrap();
+    let text = || BasicProperties::default().with_content_type("text/plain".into());
+    // 200 MB is over the default limit of 64 MiB per instance.
+    let bodies = ["spin", "hog:200", "accept"];
+    broker
+        .publish_many("", &queue, bodies.iter().map(|b| (*b, text())))
+        .await
+        .unwrap();
+    let failed = broker
+        .drain(&format!("{queue}.dlq"), 2, Duration::from_secs(60))
+        .await
+        .unwrap();
+    broker
+        .wait_for_message_count(&queue, 0, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let (status, log) = host.terminate_with_log(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+    let mut reasons: Vec<String> = failed.iter().map(|m| m.acemq_error()).collect();
+    reasons.sort();
+    assert_eq!(reasons.len(), 2, "{reasons:#?}");
+    assert!(
+        reasons[0].contains("deadline of 1s exceeded"),
+        "{reasons:#?}"
+    );
+    assert!(reasons[1].contains("out of memory"), "{reasons:#?}");
+    assert!(
+        log.iter().all(|line| !line.contains("allowed:")),
+        "{log:#?}"
+    );
+}

@@ -5,6 +5,8 @@ test can check what the host's locked-down WASI grants:
 - `env:NAME`: reads the environment variable NAME;
 - `socket:HOST:PORT`: opens a TCP connection;
 - `print:TEXT`: prints TEXT to stdout and accepts;
+- `spin`: loops for ever (the host's deadline must end it);
+- `hog:MB`: keeps MB megabytes (the host's memory limit must end it);
 - `accept`: accepts.
 
 A probe the sandbox denies is rejected with what Python said
@@ -33,6 +35,12 @@ class Handler(exports.Handler):
         if verb == "print":
             print(rest)
             return types.Outcome_Accept()
+        if verb == "spin":
+            while True:
+                pass
+        if verb == "hog":
+            kept = bytearray(int(rest) * 1024 * 1024)
+            return types.Outcome_Reject(f"allowed: kept {len(kept)} bytes")
         probe = PROBES.get(verb)
         if probe is None:
             return types.Outcome_Reject(f"unknown probe: {body!r}")
