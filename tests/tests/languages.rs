@@ -61,6 +61,17 @@ struct Decisions {
     reasons: Vec<String>,
 }
 
+/// A host running `sandbox-probe-py` on `queue` (dead-lettering), with
+/// `consumer` as more lines of its `[[consumers]]` entry.
+fn probe_host(queue: &str, consumer: &str) -> HostProcess {
+    let config = format!(
+        "[broker]\nurl = \"{url}\"\n\n[[queues]]\nname = \"{queue}\"\ndead_letter = true\n\n[[consumers]]\nqueue = \"{queue}\"\nplugin = \"{plugin}\"\n{consumer}\n",
+        url = shared_broker().amqp_url(),
+        plugin = plugin_path("sandbox-probe-py").display(),
+    );
+    HostProcess::start_within(&config, 1, START).unwrap()
+}
+
 fn without_routed_at(message: &ReceivedMessage) -> String {
     let mut event: serde_json::Value = serde_json::from_slice(&message.body).unwrap();
     assert!(event["routed_at_ms"].as_u64().is_some(), "{event}");
@@ -133,12 +144,7 @@ async fn the_python_and_javascript_routers_decide_as_the_rust_one() {
 async fn a_python_plugin_is_denied_files_environment_and_sockets_and_its_print_is_logged() {
     let broker = shared_broker();
     let queue = unique_name("sandbox");
-    let config = format!(
-        "[broker]\nurl = \"{url}\"\n\n[[queues]]\nname = \"{queue}\"\ndead_letter = true\n\n[[consumers]]\nqueue = \"{queue}\"\nplugin = \"{plugin}\"\n",
-        url = broker.amqp_url(),
-        plugin = plugin_path("sandbox-probe-py").display(),
-    );
-    let mut host = HostProcess::start_within(&config, 1, START).unwrap();
+    let mut host = probe_host(&queue, "");
     let amqp_port = broker
         .amqp_url()
         .rsplit(':')
@@ -305,12 +311,7 @@ async fn swapping_the_rust_router_for_the_python_one_under_load_loses_nothing() 
 async fn a_python_call_past_its_deadline_or_memory_limit_fails_alone() {
     let broker = shared_broker();
     let queue = unique_name("sandbox-bounds");
-    let config = format!(
-        "[broker]\nurl = \"{url}\"\n\n[[queues]]\nname = \"{queue}\"\ndead_letter = true\n\n[[consumers]]\nqueue = \"{queue}\"\nplugin = \"{plugin}\"\ndeadline = \"1s\"\n",
-        url = broker.amqp_url(),
-        plugin = plugin_path("sandbox-probe-py").display(),
-    );
-    let host = HostProcess::start_within(&config, 1, START).unwrap();
+    let host = probe_host(&queue, "deadline = \"1s\"");
     let text = || BasicProperties::default().with_content_type("text/plain".into());
     // 200 MB is over the default limit of 64 MiB per instance.
     let bodies = ["spin", "hog:200", "accept"];
