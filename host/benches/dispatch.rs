@@ -289,11 +289,21 @@ fn languages(engine: &PluginEngine, codecs: &CodecSet, policy: &RetryPolicy) {
         "the order router in three languages (a valid order: parse, publish, accept), median of 9 interleaved rounds:"
     );
     println!(
-        "  {:<16} {:>14} {:>16}",
-        "plugin", "reuse µs/msg", "fresh µs/msg"
+        "  {:<16} {:>14} {:>16} {:>16} {:>18}",
+        "plugin", "reuse µs/msg", "fresh µs/msg", "instantiate ms", "memory/instance"
     );
-    for (name, pair) in present.iter().zip(medians.chunks(2)) {
-        println!("  {name:<16} {:>14.2} {:>16.2}", pair[0], pair[1]);
+    for ((name, pair), (pooled, fresh)) in present.iter().zip(medians.chunks(2)).zip(&slots) {
+        // The memory a pooled instance keeps between calls; the time the
+        // last fresh instance took to make.
+        let memory = pooled.current().instance_cost().memory_bytes;
+        let instantiation = fresh.current().instance_cost().instantiation;
+        println!(
+            "  {name:<16} {:>14.2} {:>16.2} {:>16.3} {:>14.2} MiB",
+            pair[0],
+            pair[1],
+            instantiation.as_secs_f64() * 1e3,
+            memory as f64 / f64::from(1 << 20)
+        );
     }
 }
 

@@ -569,6 +569,17 @@ async fn a_plugin_swapped_under_load_loses_nothing_and_broken_versions_are_refus
     assert_eq!(s.version_gauge(&sha_v2), Some(0.0));
     let plugin = s.plugin();
     assert_eq!(plugin["sha256"], sha_v1.as_str());
+    // What the swapped-in version's instances cost: at least the warm one
+    // idle, its linear memory (a Rust guest: its 1 MiB stack and the SDK's
+    // arena, far below the 64 MiB limit) and how long it took to make.
+    let instances = &plugin["instances"];
+    assert!(instances["idle"].as_u64() >= Some(1), "{plugin}");
+    let memory = instances["memory_bytes"].as_u64().unwrap_or(0);
+    assert!((1 << 20..16 << 20).contains(&memory), "{plugin}");
+    assert!(
+        instances["instantiation_ms"].as_f64() > Some(0.0),
+        "{plugin}"
+    );
     // The last refusal stays on show, with its reason and trigger.
     assert_eq!(plugin["last_refused"]["trigger"], "SIGHUP", "{plugin}");
 

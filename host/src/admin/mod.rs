@@ -6,7 +6,8 @@
 //!   [`health`].
 //! - `GET /metrics`: every metric, in the Prometheus (OpenMetrics) text format.
 //! - `GET /plugins`: each consumer's plugin: queue, path, sha256, size,
-//!   loaded_at, from_cache, and the last refused reload with its reason.
+//!   loaded_at, from_cache, its instances (idle, memory_bytes each,
+//!   instantiation_ms), and the last refused reload with its reason.
 //! - `POST /plugins/reload[?queue=NAME]`: reloads every consumer's plugin (or
 //!   one), answering each consumer's result: 200 when each was swapped or
 //!   unchanged, 422 when one was refused (its reason is in the body), 404 for

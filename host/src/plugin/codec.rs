@@ -45,6 +45,10 @@ impl Observed for CodecState {
     fn bounds(&mut self) -> &mut CallBounds {
         &mut self.bounds
     }
+
+    fn bounds_ref(&self) -> &CallBounds {
+        &self.bounds
+    }
 }
 
 /// What makes a codec's instances.

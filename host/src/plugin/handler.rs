@@ -202,6 +202,12 @@ impl HandlerVersion {
     pub fn idle_instances(&self) -> usize {
         self.instances.idle()
     }
+
+    /// What an instance of this version costs (the admin view, the
+    /// dispatch benchmark).
+    pub fn instance_cost(&self) -> super::InstanceCost {
+        self.instances.cost()
+    }
 }
 
 /// The version a consumer calls through. Swapping it is atomic: a call that

@@ -241,6 +241,10 @@ impl Observed for HostState {
     fn bounds(&mut self) -> &mut CallBounds {
         &mut self.bounds
     }
+
+    fn bounds_ref(&self) -> &CallBounds {
+        &self.bounds
+    }
 }
 
 impl types::Host for HostState {}

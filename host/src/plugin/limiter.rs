@@ -8,8 +8,9 @@ use wasmtime::ResourceLimiter;
 
 /// Core module instances one plugin instance may create. A Rust guest built
 /// by `scripts/build-plugins` has three (its own module, and the shim and
-/// fixup modules wit-component adds for indirect calls); 8 leaves room for
-/// other toolchains' adapters without letting a component fan out.
+/// fixup modules wit-component adds for indirect calls); a Python component
+/// built by componentize-py has 38 (the interpreter, its C libraries and the
+/// WASI adapter). 64 admits those without letting a component fan out.
 pub const MAX_CORE_INSTANCES: usize = 64;
 /// Linear memories one plugin instance may define. A Rust guest has one;
 /// the second admits a component composed from two (each with its own
@@ -46,6 +47,13 @@ impl MemoryLimiter {
             total: 0,
             refused: None,
         }
+    }
+}
+
+impl MemoryLimiter {
+    /// Bytes of linear memory the store's memories hold together now.
+    pub fn total(&self) -> usize {
+        self.total
     }
 }
 

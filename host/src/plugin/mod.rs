@@ -48,6 +48,7 @@ pub use codec::{CodecSet, CodecVersion, Conversion};
 pub use engine::{CompiledPlugin, EPOCH_TICK, EngineSettings, PluginEngine};
 pub use fault::{Fault, FaultKind};
 pub use handler::{HandlerSlot, HandlerVersion, Invocation};
+pub use pool::InstanceCost;
 
 use crate::config::Isolation;
 use crate::envelope::{Envelope, HeaderValue};

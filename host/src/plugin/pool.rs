@@ -38,6 +38,7 @@
 
 use std::future::Future;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use wasmtime::{Engine, Store, UpdateDeadline};
@@ -52,6 +53,8 @@ pub(super) trait Instance: Send {
     fn arm(&mut self, at: Instant);
     /// What the host observed during the call that just failed.
     fn evidence(&self) -> CallEvidence;
+    /// Bytes of linear memory the instance holds.
+    fn memory_bytes(&self) -> usize;
 }
 
 /// Makes the instances of one version (its engine, pre-linked code, limits).
@@ -86,6 +89,7 @@ impl CallBounds {
 pub(super) trait Observed: Send + 'static {
     fn evidence(&self) -> CallEvidence;
     fn bounds(&mut self) -> &mut CallBounds;
+    fn bounds_ref(&self) -> &CallBounds;
 }
 
 /// A store for one plugin instance, with `data`: memory bounded by its
@@ -158,6 +162,10 @@ impl<D: Observed, B: Send> Instance for Warm<D, B> {
     fn evidence(&self) -> CallEvidence {
         self.store.data().evidence()
     }
+
+    fn memory_bytes(&self) -> usize {
+        self.store.data().bounds_ref().limiter.total()
+    }
 }
 
 /// The warm instances of one version, and what a call of it is allowed.
@@ -167,6 +175,25 @@ pub(super) struct Pool<S: Instantiate> {
     deadline: Duration,
     /// The linear-memory limit, named in an out-of-memory fault's reason.
     memory_limit: u64,
+    /// The most linear memory an instance held, in bytes (see
+    /// [`InstanceCost`]). Atomics, not a lock: updated after every call.
+    largest_memory: AtomicUsize,
+    /// How long the last instantiation took, in nanoseconds.
+    last_instantiation_nanos: AtomicU64,
+}
+
+/// What one instance of a version costs the host: the figures an operator
+/// sizes `max_memory_bytes`, `concurrency` and `isolation` by (an
+/// interpreter's instance is megabytes and milliseconds, a Rust guest's
+/// kilobytes and microseconds), shown on `GET /plugins`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InstanceCost {
+    /// How long the last instantiation took (the warm-up's, until a call
+    /// instantiates).
+    pub instantiation: Duration,
+    /// The most linear memory any instance held after a successful call
+    /// (or its instantiation): what each pooled instance keeps.
+    pub memory_bytes: usize,
 }
 
 /// One call's instance, taken from its pool or made for it. Give it back
@@ -194,6 +221,7 @@ impl<S: Instantiate> Lease<'_, S> {
         } = self;
         match result {
             Ok(answer) => {
+                pool.saw_memory(instance.memory_bytes());
                 if reuse {
                     pool.idle.lock().expect("idle pool poisoned").push(instance);
                 }
@@ -217,7 +245,33 @@ impl<S: Instantiate> Pool<S> {
             idle: Mutex::new(Vec::new()),
             deadline,
             memory_limit,
+            largest_memory: AtomicUsize::new(0),
+            last_instantiation_nanos: AtomicU64::new(0),
         }
+    }
+
+    /// What an instance of this version costs, as last seen.
+    pub fn cost(&self) -> InstanceCost {
+        InstanceCost {
+            instantiation: Duration::from_nanos(
+                self.last_instantiation_nanos.load(Ordering::Relaxed),
+            ),
+            memory_bytes: self.largest_memory.load(Ordering::Relaxed),
+        }
+    }
+
+    fn saw_memory(&self, bytes: usize) {
+        self.largest_memory.fetch_max(bytes, Ordering::Relaxed);
+    }
+
+    /// Makes an instance, timing it.
+    async fn instantiate(&self) -> wasmtime::Result<S::Instance> {
+        let started = Instant::now();
+        let instance = self.source.instantiate(started + self.deadline).await?;
+        let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_instantiation_nanos.store(took, Ordering::Relaxed);
+        self.saw_memory(instance.memory_bytes());
+        Ok(instance)
     }
 
     /// What makes this pool's instances.
@@ -227,10 +281,7 @@ impl<S: Instantiate> Pool<S> {
 
     /// Instantiates one instance and leaves it idle.
     pub async fn warm(&self) -> wasmtime::Result<()> {
-        let instance = self
-            .source
-            .instantiate(Instant::now() + self.deadline)
-            .await?;
+        let instance = self.instantiate().await?;
         self.idle.lock().expect("idle pool poisoned").push(instance);
         Ok(())
     }
@@ -253,8 +304,7 @@ impl<S: Instantiate> Pool<S> {
         let mut instance = match idle {
             Some(instance) => instance,
             None => self
-                .source
-                .instantiate(Instant::now() + self.deadline)
+                .instantiate()
                 .await
                 .map_err(|e| fault::instantiation_failed(&e))?,
         };
@@ -270,7 +320,7 @@ impl<S: Instantiate> Pool<S> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicBool;
 
     use futures::executor::block_on;
     use wasmtime::Trap;
@@ -298,6 +348,11 @@ mod tests {
                 refused_memory: self.refused,
                 last_error_log: None,
             }
+        }
+
+        /// Grows by a page with every call, so the pool's view of it shows.
+        fn memory_bytes(&self) -> usize {
+            (self.calls as usize + 1) << 16
         }
     }
 
@@ -524,5 +579,28 @@ mod tests {
             assert_eq!(outer.finish(outer_served).unwrap(), (0, 0));
         });
         assert_eq!(pool.idle(), 2);
+    }
+
+    /// The cost is the largest memory any instance held after a successful
+    /// call; a failed call's instance is dropped and not counted.
+    #[test]
+    fn the_cost_names_the_largest_memory_an_instance_kept() {
+        let pool = pool();
+        block_on(pool.warm()).unwrap();
+        assert_eq!(pool.cost().memory_bytes, 1 << 16, "after instantiating");
+        call(&pool, true, serve).unwrap();
+        call(&pool, true, serve).unwrap();
+        assert_eq!(pool.cost().memory_bytes, 3 << 16);
+        call(&pool, false, serve).unwrap();
+        assert_eq!(pool.cost().memory_bytes, 3 << 16, "a smaller fresh one");
+        let _ = call(&pool, true, |counter| {
+            counter.calls += 10;
+            trap(counter)
+        });
+        assert_eq!(
+            pool.cost().memory_bytes,
+            3 << 16,
+            "a failed call's instance"
+        );
     }
 }

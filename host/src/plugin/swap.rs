@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{HandlerSlot, HandlerVersion, PluginEngine, PluginError};
+use super::{HandlerSlot, HandlerVersion, InstanceCost, PluginEngine, PluginError};
 use crate::telemetry::{Metrics, PluginSwapLabels, PluginVersionLabels};
 
 /// How long a plugin file must stay quiet after a change before it is read
@@ -182,6 +182,9 @@ pub struct PluginStatus {
     pub size: usize,
     pub loaded_at: SystemTime,
     pub from_cache: bool,
+    /// Pooled instances waiting for a call.
+    pub idle_instances: usize,
+    pub instance_cost: InstanceCost,
     pub last_refused: Option<RefusedReload>,
 }
 
@@ -194,6 +197,11 @@ impl PluginStatus {
             "size": self.size,
             "loaded_at": humantime::format_rfc3339_millis(self.loaded_at).to_string(),
             "from_cache": self.from_cache,
+            "instances": {
+                "idle": self.idle_instances,
+                "memory_bytes": self.instance_cost.memory_bytes,
+                "instantiation_ms": self.instance_cost.instantiation.as_secs_f64() * 1e3,
+            },
             "last_refused": self.last_refused.as_ref().map(|r| serde_json::json!({
                 "at": humantime::format_rfc3339_millis(r.at).to_string(),
                 "trigger": r.cause.to_string(),
@@ -268,6 +276,8 @@ impl Reloader {
                     size: current.size,
                     loaded_at: current.loaded_at,
                     from_cache: current.from_cache,
+                    idle_instances: current.idle_instances(),
+                    instance_cost: current.instance_cost(),
                     last_refused: entry.last_refused.lock().expect("poisoned").clone(),
                 }
             })
