@@ -102,6 +102,7 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
         anyhow::bail!("{}", problems.join("\n"));
     };
     warn_of_unknown_exchanges(&config, &topology);
+    warn_of_replica_arguments(&config);
     let codecs = Arc::new(codecs);
     let tracer = Arc::new(tracer);
     if let Some(endpoint) = tracer.endpoint() {
@@ -181,6 +182,27 @@ fn warn_of_unknown_exchanges(config: &LoadedConfig, topology: &Topology) {
                 Some(consumer.queue.span().start),
                 format!(
                     "consumers[{index}].publish_to names exchange '{exchange}', which this config does not declare; outputs to it fail unless another service declares it"
+                ),
+            );
+            tracing::warn!("{at}");
+        }
+    }
+}
+
+/// Warns of each queue whose `replicas` is set: the argument it sends
+/// becomes part of the queue's identity, and the broker refuses any later
+/// declaration without it (`PRECONDITION_FAILED - inequivalent arg
+/// 'x-quorum-initial-group-size'`), which is how every AceMQ library
+/// declares the queue. Unset, nothing is sent and the broker puts a replica
+/// on every node.
+fn warn_of_replica_arguments(config: &LoadedConfig) {
+    for queue in &config.config.queues {
+        if let Some(replicas) = queue.replicas {
+            let at = config.error_at(
+                None,
+                format!(
+                    "queue '{}' sets replicas = {replicas}: the broker then refuses every declaration of it without the same argument, as the AceMQ libraries declare it; leave replicas unset for a queue they declare too",
+                    queue.name
                 ),
             );
             tracing::warn!("{at}");
@@ -656,10 +678,13 @@ fn topology_hook(topology: Arc<Topology>) -> OnConnected {
     Arc::new(move |connection| {
         let topology = topology.clone();
         Box::pin(async move {
-            topology::apply(&connection, &topology)
+            let report = topology::apply(&connection, &topology)
                 .await
-                .map(|_| ())
-                .map_err(|e| anyhow::anyhow!("{e}"))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            for (action, reply) in report.unavailable {
+                tracing::warn!(reply = %reply, "{action}: skipped, the queue exists but its node is down; declared again at the next connection, and what is set aside to it meanwhile is held and retried");
+            }
+            Ok(())
         })
     })
 }

@@ -265,6 +265,11 @@ pub struct QueueConfig {
     pub max_length_bytes: Option<u64>,
     /// Streams: segment size (`x-stream-max-segment-size-bytes`), only sent when set.
     pub max_segment_size_bytes: Option<u64>,
+    /// Quorum queues and streams on a cluster: how many nodes get a replica
+    /// when the queue is created (`x-quorum-initial-group-size`, or
+    /// `x-initial-cluster-size` for a stream), only sent when set. Unset,
+    /// the broker puts one on every node, as every AceMQ library leaves it.
+    pub replicas: Option<u32>,
 }
 
 /// `[[bindings]]`.

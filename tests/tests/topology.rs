@@ -532,6 +532,7 @@ async fn applied_topology_reads_back_as_the_fixture() -> Result<()> {
             exchanges: expected.exchanges.len(),
             queues: expected.queues.len(),
             bindings: expected.bindings.len(),
+            unavailable: Vec::new(),
         }
     );
     assert_fixture_on_broker(broker, &expected)?;

@@ -174,8 +174,24 @@ impl Link {
     /// Waits until the link is `Up`, and returns its connection and
     /// generation; `None` once `stop` is cancelled or the link stopped.
     pub async fn up(&self, stop: &CancellationToken) -> Option<(Arc<Connection>, u64)> {
+        self.up_after(None, stop).await
+    }
+
+    /// [`Link::up`], on a connection newer than generation `after` when
+    /// given: for a user whose connection of that generation failed,
+    /// before the link itself noticed (its state still says `Up` then, and
+    /// asking again would hand back the dead connection at once).
+    pub async fn up_after(
+        &self,
+        after: Option<u64>,
+        stop: &CancellationToken,
+    ) -> Option<(Arc<Connection>, u64)> {
         let mut states = self.watch();
-        let ready = states.wait_for(|s| matches!(s.phase, Phase::Up | Phase::Stopped));
+        let ready = states.wait_for(|s| match s.phase {
+            Phase::Up => after.is_none_or(|dead| s.generation > dead),
+            Phase::Stopped => true,
+            _ => false,
+        });
         let state = tokio::select! {
             biased;
             _ = stop.cancelled() => return None,

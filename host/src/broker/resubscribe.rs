@@ -38,11 +38,14 @@ pub async fn keep_subscribed<H, F>(
     let queue = spec.queue.clone();
     let mut backoff = Backoff::new(FIRST_RESTART, LONGEST_RESTART);
     let mut needs_repair = false;
+    // The generation of the connection the last subscription died with.
+    let mut lost_generation = None;
     loop {
         if let Some(detail) = link.phase().detail() {
             env.board.set(&queue, Reading::Stopped { reason: detail });
         }
-        let Some((connection, generation)) = link.up(&env.shutdown).await else {
+        let Some((connection, generation)) = link.up_after(lost_generation, &env.shutdown).await
+        else {
             return;
         };
         if needs_repair && let Err(e) = repair(connection.clone()).await {
@@ -71,6 +74,7 @@ pub async fn keep_subscribed<H, F>(
             // The link recovers the connection; resubscribe on the new one.
             tracing::warn!(queue = %queue, error = %format!("{failure:#}"), "consumer stopped with its connection; it resumes once the connection is recovered");
             needs_repair = false;
+            lost_generation = Some(generation);
             continue;
         }
         if started.elapsed() >= HEALTHY_RUN {

@@ -1,6 +1,7 @@
 //! Declares a topology on a live broker: exchanges, then queues, then
 //! bindings, each on a short-lived channel of its own, stopping at the first
-//! refusal.
+//! refusal, except for a queue that exists but is unavailable (see
+//! [`unavailable_queue`]).
 //!
 //! One channel per declaration because a refused declaration (406
 //! PRECONDITION_FAILED for an existing queue with other arguments, say) closes
@@ -20,11 +21,31 @@ use super::model::{
 use super::plan;
 
 /// What [`apply`] declared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ApplyReport {
     pub exchanges: usize,
     pub queues: usize,
     pub bindings: usize,
+    /// Declarations skipped because their queue exists but is unavailable
+    /// (its node is down): what was being declared, and the broker's reply.
+    pub unavailable: Vec<(String, String)>,
+}
+
+/// Whether the broker's reply says the queue exists but cannot be reached
+/// now: a classic queue whose node is down or stopping (`NOT_FOUND - home
+/// node '...' of durable queue '...' is down or inaccessible`, `NOT_FOUND -
+/// queue '...' process is stopped by supervisor`). On a cluster the
+/// contract's classic queues (`.dlq`, `.parked`, retry rungs) live on one
+/// node; while it is down the queue's metadata is there, its process is
+/// not. That must not stop the host reconnecting and consuming its quorum
+/// queues on the nodes that are up: the declaration is skipped and made
+/// again at the next connection, and what the host publishes to such a
+/// queue meanwhile is returned unroutable, so its input is held or
+/// retried, never lost.
+pub fn unavailable_queue(reply: &str) -> bool {
+    reply.starts_with("NOT_FOUND - ")
+        && (reply.contains("is down or inaccessible")
+            || reply.contains("process is stopped by supervisor"))
 }
 
 /// The declaration the broker (or the connection) refused, and why.
@@ -126,26 +147,47 @@ async fn apply_with(
             .await
             .map_err(|r| r.during(format!("declare exchange {}", e.name)))?;
     }
+    let mut unavailable = Vec::new();
     for q in &topology.queues {
-        declare
-            .queue(q)
-            .await
-            .map_err(|r| r.during(format!("declare queue {}", q.name)))?;
+        if let Err(declined) = declare.queue(q).await
+            && let Some(error) = skip_if_unavailable(
+                &mut unavailable,
+                declined,
+                format!("declare queue {}", q.name),
+            )
+        {
+            return Err(error);
+        }
     }
     for b in &topology.bindings {
-        declare.binding(b).await.map_err(|r| {
-            r.during(format!(
-                "declare binding {} ({})",
-                b.queue,
-                plan::binding_detail(b)
-            ))
-        })?;
+        if let Err(declined) = declare.binding(b).await {
+            let action = format!("declare binding {} ({})", b.queue, plan::binding_detail(b));
+            if let Some(error) = skip_if_unavailable(&mut unavailable, declined, action) {
+                return Err(error);
+            }
+        }
     }
     Ok(ApplyReport {
         exchanges: topology.exchanges.len(),
         queues: topology.queues.len(),
         bindings: topology.bindings.len(),
+        unavailable,
     })
+}
+
+/// Notes a declaration refused because its queue is unavailable in
+/// `unavailable`; any other refusal comes back as the error to stop with.
+fn skip_if_unavailable(
+    unavailable: &mut Vec<(String, String)>,
+    declined: Declined,
+    action: String,
+) -> Option<ApplyError> {
+    if unavailable_queue(&declined.reply) {
+        unavailable.push((action, declined.reply));
+        None
+    } else {
+        Some(declined.during(action))
+    }
 }
 
 struct OnBroker<'a>(&'a Connection);
@@ -247,21 +289,32 @@ mod tests {
     use std::cell::RefCell;
     use std::collections::BTreeMap;
 
-    /// Records what would be declared and refuses one named declaration.
+    const INEQUIVALENT: &str = "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for \
+        queue 'orders.new' in vhost '/': received 'quorum' but current is 'classic'";
+
+    /// Records what would be declared and refuses one named declaration
+    /// with `reply` (a 406 unless said otherwise).
     struct Recorder {
         sent: RefCell<Vec<String>>,
         refuse: &'static str,
+        reply: &'static str,
     }
 
     impl Recorder {
+        fn refusing(refuse: &'static str) -> Self {
+            Self {
+                sent: RefCell::default(),
+                refuse,
+                reply: INEQUIVALENT,
+            }
+        }
+
         fn record(&self, what: String) -> Result<(), Declined> {
             let refused = what == self.refuse;
             self.sent.borrow_mut().push(what);
             if refused {
                 return Err(Declined {
-                    reply: "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue \
-                            'orders.new' in vhost '/': received 'quorum' but current is 'classic'"
-                        .into(),
+                    reply: self.reply.into(),
                     source: None,
                 });
             }
@@ -284,10 +337,7 @@ mod tests {
     #[test]
     fn declares_exchanges_then_queues_then_bindings() {
         let topology = build(FIXTURE_CONFIG).unwrap();
-        let recorder = Recorder {
-            sent: RefCell::default(),
-            refuse: "",
-        };
+        let recorder = Recorder::refusing("");
         let report = futures::executor::block_on(apply_with(&recorder, &topology))
             .ok()
             .unwrap();
@@ -296,7 +346,8 @@ mod tests {
             ApplyReport {
                 exchanges: 3,
                 queues: 6,
-                bindings: 4
+                bindings: 4,
+                unavailable: Vec::new(),
             }
         );
         assert_eq!(
@@ -322,10 +373,7 @@ mod tests {
     #[test]
     fn stops_at_the_first_refusal_and_names_it() {
         let topology = build(FIXTURE_CONFIG).unwrap();
-        let recorder = Recorder {
-            sent: RefCell::default(),
-            refuse: "queue orders.new",
-        };
+        let recorder = Recorder::refusing("queue orders.new");
         let error = futures::executor::block_on(apply_with(&recorder, &topology)).unwrap_err();
         assert_eq!(
             error.to_string(),
@@ -339,15 +387,47 @@ mod tests {
     #[test]
     fn a_refused_binding_is_named_by_all_its_parts() {
         let topology = build(FIXTURE_CONFIG).unwrap();
-        let recorder = Recorder {
-            sent: RefCell::default(),
-            refuse: "binding orders.new <- orders",
-        };
+        let recorder = Recorder::refusing("binding orders.new <- orders");
         let error = futures::executor::block_on(apply_with(&recorder, &topology)).unwrap_err();
         assert_eq!(
             error.action,
             "declare binding orders.new (from orders on order.*)"
         );
+    }
+
+    /// A classic queue whose node is down is skipped and named; everything
+    /// after it is still declared.
+    #[test]
+    fn a_queue_whose_node_is_down_is_skipped_and_named() {
+        let topology = build(FIXTURE_CONFIG).unwrap();
+        let reply = "NOT_FOUND - home node 'rabbit@n1' of durable queue 'orders.new.dlq' in \
+                     vhost '/' is down or inaccessible";
+        let recorder = Recorder {
+            reply,
+            ..Recorder::refusing("queue orders.new.dlq")
+        };
+        let report = futures::executor::block_on(apply_with(&recorder, &topology))
+            .ok()
+            .unwrap();
+        assert_eq!(
+            report.unavailable,
+            [(
+                "declare queue orders.new.dlq".to_string(),
+                reply.to_string()
+            )]
+        );
+        assert_eq!(recorder.sent.borrow().len(), 13, "the rest was declared");
+    }
+
+    #[test]
+    fn only_a_down_or_stopping_queue_counts_as_unavailable() {
+        assert!(unavailable_queue(
+            "NOT_FOUND - queue 'q.dlq' in vhost '/' process is stopped by supervisor"
+        ));
+        assert!(!unavailable_queue(
+            "NOT_FOUND - no exchange 'orders' in vhost '/'"
+        ));
+        assert!(!unavailable_queue(INEQUIVALENT));
     }
 
     #[test]

@@ -216,6 +216,7 @@ impl<'a> Builder<'a> {
         }
         if let Some(queue_type) = queue_type {
             self.stream_arguments(q, queue_type, &mut arguments);
+            self.replica_arguments(q, queue_type, &mut arguments);
         }
         let is_stream = queue_type == Some(QueueType::Stream);
         if q.dead_letter {
@@ -371,6 +372,36 @@ impl<'a> Builder<'a> {
                     Err(problem) => self.problems.push(problem),
                 }
             }
+        }
+    }
+
+    /// `replicas` becomes the initial replica count of a quorum queue or a
+    /// stream, and only when set: left out, RabbitMQ gives the queue a
+    /// replica on every node, and the queue's arguments stay exactly those
+    /// every AceMQ library declares.
+    fn replica_arguments(
+        &mut self,
+        q: &QueueConfig,
+        queue_type: QueueType,
+        arguments: &mut Arguments,
+    ) {
+        let Some(replicas) = q.replicas else { return };
+        let name = &q.name;
+        let argument = match queue_type {
+            QueueType::Quorum => "x-quorum-initial-group-size",
+            QueueType::Stream => "x-initial-cluster-size",
+            QueueType::Classic => {
+                self.problems.push(validate::replicated_only(name));
+                return;
+            }
+        };
+        if replicas == 0 {
+            self.problems.push(validate::no_replicas(name));
+        } else if arguments.contains_key(argument) {
+            self.problems
+                .push(validate::argument_twice(name, argument, "replicas"));
+        } else {
+            arguments.insert(argument.to_string(), ArgValue::Int(i64::from(replicas)));
         }
     }
 
@@ -929,6 +960,39 @@ pub(crate) mod tests {
         assert_eq!(
             q.arguments,
             Arguments::from([("x-max-length".to_string(), ArgValue::Int(10))])
+        );
+    }
+
+    #[test]
+    fn replicas_are_sent_only_when_set_under_each_types_name() {
+        let topology = build(
+            r#"
+            [[queues]]
+            name = "everywhere"
+            [[queues]]
+            name = "two"
+            replicas = 2
+            [[queues]]
+            name = "log"
+            type = "stream"
+            replicas = 3
+            "#,
+        )
+        .unwrap();
+        let everywhere = topology.queue("everywhere").unwrap();
+        assert_eq!(
+            everywhere.arguments,
+            Arguments::from([("x-queue-type".to_string(), "quorum".into())])
+        );
+        let two = topology.queue("two").unwrap();
+        assert_eq!(
+            two.arguments.get("x-quorum-initial-group-size"),
+            Some(&ArgValue::Int(2))
+        );
+        let log = topology.queue("log").unwrap();
+        assert_eq!(
+            log.arguments.get("x-initial-cluster-size"),
+            Some(&ArgValue::Int(3))
         );
     }
 

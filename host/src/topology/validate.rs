@@ -199,6 +199,17 @@ pub(crate) fn stream_only(name: &str, key: &str) -> String {
     format!("acemq: queue '{name}' sets {key}, which only applies to a stream (type = \"stream\")")
 }
 
+pub(crate) fn replicated_only(name: &str) -> String {
+    format!(
+        "acemq: queue '{name}' sets replicas, which only applies to a quorum queue or a stream; \
+         a classic queue lives on one node"
+    )
+}
+
+pub(crate) fn no_replicas(name: &str) -> String {
+    format!("acemq: queue '{name}' sets replicas = 0; a queue needs at least one")
+}
+
 pub(crate) fn argument_twice(name: &str, argument: &str, key: &str) -> String {
     format!("acemq: queue '{name}' sets {argument} in arguments and also {key}; pick one")
 }
@@ -499,6 +510,18 @@ mod tests {
             (
                 "[[queues]]\nname = \"s\"\ntype = \"stream\"\nmax_age = \"500ms\"",
                 "acemq: queue 's' has a max_age under one second",
+            ),
+            (
+                "[[queues]]\nname = \"c\"\ntype = \"classic\"\nreplicas = 2",
+                "acemq: queue 'c' sets replicas, which only applies to a quorum queue or a stream",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\nreplicas = 0",
+                "acemq: queue 'q' sets replicas = 0; a queue needs at least one",
+            ),
+            (
+                "[[queues]]\nname = \"q\"\nreplicas = 3\narguments = { x-quorum-initial-group-size = 5 }",
+                "acemq: queue 'q' sets x-quorum-initial-group-size in arguments and also replicas; pick one",
             ),
             (
                 "[retry.r]\nkind = \"fixed\"\nattempts = 3\ninitial = \"1m\"\n[[queues]]\nname = \"s\"\ntype = \"stream\"\nretry = \"r\"",
