@@ -57,7 +57,6 @@
 //! `target/fault-tally.svg`, and the host's log beside it. Asserts nothing:
 //! it fails only when it cannot set up.
 
-use std::collections::HashSet;
 use std::ops::Range;
 use std::path::Path;
 use std::process::ExitStatus;
@@ -67,21 +66,20 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
-use lapin::BasicProperties;
 use plotters::prelude::*;
 use serde_json::Value;
 use tokio::runtime::Runtime;
 
 use acemq_tests::host::{HostProcess, SUBSCRIBED, free_port, http_get, metric_sum, workspace_root};
 use acemq_tests::stamp::StampConfig;
-use acemq_tests::{Broker, ReceivedMessage, env_or, median, unique_name};
+use acemq_tests::tally::{HostLog, Tally, count_lines, drain_all, publish_inputs};
+use acemq_tests::{Broker, env_or, median, unique_name};
 
 const PREFETCH: u16 = 100;
 const CONCURRENCY: usize = 4;
 /// Publishes the host keeps waiting for a confirm (its default, spelt out
 /// in the config because the duplicates' bound is made of it).
 const MAX_UNCONFIRMED: usize = 1000;
-const BODY_BYTES: usize = 1024;
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 /// Work that each fault finds left once it is in effect, in seconds at the
 /// host's usual rate: enough to keep it busy through the fault and its
@@ -398,7 +396,7 @@ impl Run {
         let rows = injected
             .iter()
             .enumerate()
-            .map(|(i, fault)| log.row(fault, injected.get(i + 1), samples))
+            .map(|(i, fault)| fault_row(&log, fault, injected.get(i + 1), samples))
             .collect();
         Ok(Report {
             inputs: self.published,
@@ -413,10 +411,6 @@ impl Run {
             done,
         })
     }
-}
-
-fn count_lines(log: &[String], needle: &str) -> usize {
-    log.iter().filter(|line| line.contains(needle)).count()
 }
 
 /// The queues, the exchange and the admin endpoint of one run.
@@ -563,175 +557,49 @@ fn timeline(samples: &[Sample]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Publishes inputs `ids` to `queue`, confirmed: 1 KiB JSON bodies with
-/// message ids `in-{i}`.
-async fn publish_inputs(broker: &Broker, queue: &str, ids: Range<usize>) -> Result<()> {
-    let inputs = ids.map(|i| {
-        let head = format!(r#"{{"n":{i},"pad":""#);
-        let pad = "x".repeat(BODY_BYTES.saturating_sub(head.len() + 2));
-        let properties = BasicProperties::default()
-            .with_content_type("application/json".into())
-            .with_message_id(format!("in-{i}").into());
-        (format!(r#"{head}{pad}"}}"#).into_bytes(), properties)
-    });
-    broker.publish_many("", queue, inputs).await?;
-    Ok(())
-}
-
-async fn drain_all(broker: &Broker, queue: &str) -> Result<Vec<ReceivedMessage>> {
-    let count = broker.message_count(queue).await? as usize;
-    let messages = broker.drain(queue, count, Duration::from_secs(120)).await?;
-    anyhow::ensure!(
-        messages.len() == count,
-        "drained {} of {count} outputs",
-        messages.len()
-    );
-    Ok(messages)
-}
-
-/// What the outputs say about the inputs.
-struct Tally {
-    /// Inputs without an output, by number.
-    lost: Vec<usize>,
-    /// Outputs whose message id was seen before.
-    duplicated: usize,
-    /// Inputs with at least one output.
-    distinct: usize,
-}
-
-impl Tally {
-    fn of(outputs: &[ReceivedMessage], inputs: usize) -> Self {
-        let mut ids = HashSet::new();
-        let mut seen = HashSet::new();
-        let mut duplicated = 0;
-        for output in outputs {
-            if let Some(id) = &output.message_id
-                && !ids.insert(id.clone())
-            {
-                duplicated += 1;
-            }
-            let body: Value = serde_json::from_slice(&output.body).unwrap_or_default();
-            if let Some(input) = body["input_id"].as_str() {
-                seen.insert(input.to_string());
-            }
+/// What `fault` did, as the host logged it (up to the `next` fault).
+fn fault_row(log: &HostLog, fault: &Injected, next: Option<&Injected>, samples: &[Sample]) -> Row {
+    let Timing {
+        called,
+        began,
+        ended,
+    } = fault.timing;
+    let until = next.map(|next| next.timing.called);
+    let kind = fault.step.fault;
+    // The host's own line is exact; the CLI's return comes later.
+    let felt = log.first(kind.felt_as(), called, until).unwrap_or(began);
+    let recovery = kind
+        .cuts_connections()
+        .then(|| log.span(LOST, SUBSCRIBED, called, until))
+        .flatten();
+    let lasted = ended
+        .duration_since(began)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let note = match kind {
+        Fault::CloseConnections => String::new(),
+        Fault::MemoryAlarm(_) => {
+            let blocked = match log.span(BLOCKED, UNBLOCKED, called, until) {
+                Some(d) => format!("publishing blocked {:.2} s", d.as_secs_f64()),
+                None => "the host logged no block".to_string(),
+            };
+            format!("alarm on {lasted:.1} s; {blocked}")
         }
-        let lost = (0..inputs)
-            .filter(|i| !seen.contains(&format!("in-{i}")))
-            .collect();
-        Self {
-            lost,
-            duplicated,
-            distinct: seen.len(),
+        Fault::Restart(_) => {
+            let back = log.first(SUBSCRIBED, ended, None);
+            let back = back.and_then(|at| at.duration_since(ended).ok());
+            let back = back.map_or("never".to_string(), |d| format!("{:.2} s", d.as_secs_f64()));
+            format!("app down {lasted:.1} s; subscribed {back} after start_app returned")
         }
-    }
-}
-
-/// The host's log lines with their times (each line starts with an RFC
-/// 3339 timestamp; the few without one are left out).
-struct HostLog {
-    lines: Vec<(SystemTime, String)>,
-    /// The bench's start, on the wall clock.
-    start: SystemTime,
-}
-
-impl HostLog {
-    fn new(lines: &[String], start: SystemTime) -> Self {
-        let time = |line: &str| humantime::parse_rfc3339(line.split_whitespace().next()?).ok();
-        let lines = lines
-            .iter()
-            .filter_map(|line| Some((time(line)?, line.clone())))
-            .collect();
-        Self { lines, start }
-    }
-
-    /// The time of the first line containing `needle` logged at or after
-    /// `after` (and before `before`, if given).
-    fn first(
-        &self,
-        needle: &str,
-        after: SystemTime,
-        before: Option<SystemTime>,
-    ) -> Option<SystemTime> {
-        self.lines
-            .iter()
-            .find(|(at, line)| {
-                *at >= after && before.is_none_or(|before| *at < before) && line.contains(needle)
-            })
-            .map(|(at, _)| *at)
-    }
-
-    /// From the first line containing `from` between `after` and `before`
-    /// to the first line containing `to` after that.
-    fn span(
-        &self,
-        from: &str,
-        to: &str,
-        after: SystemTime,
-        before: Option<SystemTime>,
-    ) -> Option<Duration> {
-        let began = self.first(from, after, before)?;
-        let ended = self.first(to, began, None)?;
-        ended.duration_since(began).ok()
-    }
-
-    fn count(&self, needle: &str) -> usize {
-        self.lines
-            .iter()
-            .filter(|(_, line)| line.contains(needle))
-            .count()
-    }
-
-    /// Seconds from the bench's start to `at`.
-    fn secs(&self, at: SystemTime) -> f64 {
-        at.duration_since(self.start)
-            .map_or(0.0, |d| d.as_secs_f64())
-    }
-
-    /// What `fault` did, as the host logged it (up to the `next` fault).
-    fn row(&self, fault: &Injected, next: Option<&Injected>, samples: &[Sample]) -> Row {
-        let Timing {
-            called,
-            began,
-            ended,
-        } = fault.timing;
-        let until = next.map(|next| next.timing.called);
-        let kind = fault.step.fault;
-        // The host's own line is exact; the CLI's return comes later.
-        let felt = self.first(kind.felt_as(), called, until).unwrap_or(began);
-        let recovery = kind
-            .cuts_connections()
-            .then(|| self.span(LOST, SUBSCRIBED, called, until))
-            .flatten();
-        let lasted = ended
-            .duration_since(began)
-            .unwrap_or_default()
-            .as_secs_f64();
-        let note = match kind {
-            Fault::CloseConnections => String::new(),
-            Fault::MemoryAlarm(_) => {
-                let blocked = match self.span(BLOCKED, UNBLOCKED, called, until) {
-                    Some(d) => format!("publishing blocked {:.2} s", d.as_secs_f64()),
-                    None => "the host logged no block".to_string(),
-                };
-                format!("alarm on {lasted:.1} s; {blocked}")
-            }
-            Fault::Restart(_) => {
-                let back = self.first(SUBSCRIBED, ended, None);
-                let back = back.and_then(|at| at.duration_since(ended).ok());
-                let back =
-                    back.map_or("never".to_string(), |d| format!("{:.2} s", d.as_secs_f64()));
-                format!("app down {lasted:.1} s; subscribed {back} after start_app returned")
-            }
-        };
-        Row {
-            label: fault.step.label,
-            at: self.secs(felt),
-            until: self.secs(ended).max(self.secs(felt)),
-            rate_before: rate_before(samples, self.secs(felt)),
-            recovery,
-            note,
-            back: fault.back,
-        }
+    };
+    Row {
+        label: fault.step.label,
+        at: log.secs(felt),
+        until: log.secs(ended).max(log.secs(felt)),
+        rate_before: rate_before(samples, log.secs(felt)),
+        recovery,
+        note,
+        back: fault.back,
     }
 }
 

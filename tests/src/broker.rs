@@ -13,10 +13,12 @@
 //!   (default `/usr/lib/rabbitmq/bin`).
 
 mod client;
+pub mod cluster;
 pub mod dev;
 mod process;
 
 pub use client::{ReceivedMessage, passive_declare};
+pub use cluster::{Cluster, shared_cluster};
 
 use anyhow::{Context, Result, anyhow, bail};
 use process::{Cli, Lifetime, NodeProcess};
@@ -76,16 +78,26 @@ impl Broker {
     /// Like [`Broker::start`], with `extra_config` appended to the node's
     /// `rabbitmq.conf` (a TLS listener, say).
     pub fn start_with_config(extra_config: &str) -> Result<Broker> {
-        Self::start_node(&next_node_name(), extra_config, &Lifetime::Tied)
+        Self::start_node(
+            &next_node_name(),
+            extra_config,
+            &Lifetime::Tied,
+            &process::new_cookie(),
+        )
     }
 
-    fn start_node(name: &str, extra_config: &str, lifetime: &Lifetime) -> Result<Broker> {
+    fn start_node(
+        name: &str,
+        extra_config: &str,
+        lifetime: &Lifetime,
+        cookie: &str,
+    ) -> Result<Broker> {
         let bin_dir = bin_dir();
         ensure_installed(&bin_dir)?;
         let mut last_error = None;
         for attempt in 1..=START_ATTEMPTS {
             let may_retry = attempt < START_ATTEMPTS;
-            match NodeProcess::start(&bin_dir, name, may_retry, extra_config, lifetime) {
+            match NodeProcess::start(&bin_dir, name, may_retry, extra_config, lifetime, cookie) {
                 Ok(node) => {
                     let broker = Broker::from_node(bin_dir, node);
                     if let Err(error) = broker.wait_for_endpoints() {
@@ -180,6 +192,22 @@ impl Broker {
             Some(node) => node.stop(&self.cli),
             None => Ok(()),
         }
+    }
+
+    /// SIGKILLs the node (the whole VM at once, as a machine that lost
+    /// power): no clean stop, its connections simply end. A no-op for an
+    /// external broker. [`Broker::restart`] starts it again.
+    pub fn kill(&self) {
+        if let Some(node) = self.lock_node().as_mut() {
+            node.kill();
+        }
+    }
+
+    /// Starts a node that was killed again: the same name, ports and data.
+    pub fn restart(&self) -> Result<()> {
+        let mut node = self.lock_node();
+        let node = node.as_mut().context("not a node this process runs")?;
+        node.restart(&bin_dir())
     }
 
     /// `amqp://guest:guest@127.0.0.1:{port}/%2f` for a throwaway node.

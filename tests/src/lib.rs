@@ -19,10 +19,12 @@ pub mod broker;
 pub mod collector;
 pub mod fault_proxy;
 pub mod host;
+pub mod node_faults;
 pub mod raw_amqp;
 pub mod stamp;
+pub mod tally;
 
-pub use broker::{Broker, ReceivedMessage, shared_broker, unique_name};
+pub use broker::{Broker, Cluster, ReceivedMessage, shared_broker, shared_cluster, unique_name};
 pub use fault_proxy::FaultProxy;
 
 /// A setting from the environment (benchmarks' knobs), or `default` when

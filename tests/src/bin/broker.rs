@@ -42,10 +42,71 @@ enum Action {
         #[arg(long)]
         mgmt: bool,
     },
+    /// A cluster of nodes instead (`scripts/cluster`): its own folder, one
+    /// subfolder per node.
+    #[command(subcommand)]
+    Cluster(ClusterAction),
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterAction {
+    /// Start the nodes, join them into one cluster and print their URLs.
+    Start {
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+    },
+    /// Stop every node and remove the cluster's folder.
+    Stop,
+    /// Print the nodes' AMQP URLs, comma-separated (for ACEMQ_URL).
+    Urls,
+}
+
+/// `scripts/cluster start|stop|urls`; `dir` defaults to one per user.
+fn cluster(dir: Option<PathBuf>, action: ClusterAction) -> anyhow::Result<bool> {
+    let dir = dir.unwrap_or_else(dev::default_cluster_dir);
+    match action {
+        ClusterAction::Start { nodes } => {
+            anyhow::ensure!(nodes >= 1, "--nodes must be at least 1");
+            let started = dev::start_cluster(&dir, nodes)?;
+            for (index, node) in started.iter().enumerate() {
+                println!(
+                    "node {index}: {}  management {} (guest / guest)",
+                    node.amqp_url, node.mgmt_url
+                );
+            }
+            println!("folder: {}", dir.display());
+            eprintln!("cluster: running until `scripts/cluster stop`");
+            Ok(true)
+        }
+        ClusterAction::Stop => {
+            let stopped = dev::stop_cluster(&dir)?;
+            match stopped {
+                true => eprintln!("cluster: stopped; {} removed", dir.display()),
+                false => eprintln!("cluster: none was running in {}", dir.display()),
+            }
+            Ok(true)
+        }
+        ClusterAction::Urls => {
+            let nodes = dev::running_cluster(&dir)?;
+            if nodes.is_empty() {
+                eprintln!(
+                    "cluster: none is running in {} (scripts/cluster start starts one)",
+                    dir.display()
+                );
+                return Ok(false);
+            }
+            let urls: Vec<&str> = nodes.iter().map(|n| n.amqp_url.as_str()).collect();
+            println!("{}", urls.join(","));
+            Ok(true)
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Action::Cluster(action) = args.command {
+        return exit(cluster(args.dir, action));
+    }
     let dir = args.dir.unwrap_or_else(dev::default_dir);
     let result = match args.command {
         Action::Start => Broker::start_kept(&dir)
@@ -84,7 +145,12 @@ fn main() -> ExitCode {
                 false
             }
         }),
+        Action::Cluster(_) => unreachable!("handled above"),
     };
+    exit(result)
+}
+
+fn exit(result: anyhow::Result<bool>) -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use super::process::{Cli, EXIT_GRACE, Lifetime, POLL, Ports, STOP_TIMEOUT};
+use super::process::{Cli, EXIT_GRACE, Lifetime, POLL, Ports, STOP_TIMEOUT, new_cookie};
 use super::{Broker, bin_dir};
 
 /// The state file in the node's folder.
@@ -86,6 +86,13 @@ impl Broker {
     /// (see [`Broker::leave_running`]); fails if one already runs there.
     /// A folder left by a node that died is cleared first.
     pub fn start_kept(dir: &Path) -> Result<Broker> {
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let name = format!("acemq-dev-{}@localhost", unsafe { libc::getuid() });
+        Self::start_kept_as(dir, &name, &new_cookie())
+    }
+
+    /// [`Broker::start_kept`] under this Erlang name and cookie.
+    fn start_kept_as(dir: &Path, name: &str, cookie: &str) -> Result<Broker> {
         if let Some(running) = running(dir)? {
             bail!(
                 "a broker already runs in {} at {} (scripts/broker stop stops it)",
@@ -105,9 +112,7 @@ impl Broker {
                 dir.display()
             );
         }
-        // SAFETY: getuid has no preconditions and cannot fail.
-        let name = format!("acemq-dev-{}@localhost", unsafe { libc::getuid() });
-        let broker = Self::start_node(&name, "", &Lifetime::Kept(dir.to_path_buf()))?;
+        let broker = Self::start_node(name, "", &Lifetime::Kept(dir.to_path_buf()), cookie)?;
         let state = {
             let node = broker.lock_node();
             let node = node.as_ref().context("the node is gone")?;
@@ -138,6 +143,78 @@ impl Broker {
         }
         Ok(state)
     }
+}
+
+/// The folder of this user's kept cluster: one per user and machine.
+pub fn default_cluster_dir() -> PathBuf {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    std::env::temp_dir().join(format!("acemq-cluster-{uid}"))
+}
+
+/// The folder of a kept cluster's node.
+fn node_dir(cluster: &Path, index: usize) -> PathBuf {
+    cluster.join(format!("node-{index}"))
+}
+
+/// Starts `size` nodes in `dir` (a folder each), joins them into one
+/// cluster and leaves them running, for `scripts/cluster`; returns their
+/// state, node 0 first. A failed start stops what it started.
+pub fn start_cluster(dir: &Path, size: usize) -> Result<Vec<KeptBroker>> {
+    if !running_cluster(dir)?.is_empty() {
+        bail!(
+            "a cluster already runs in {} (scripts/cluster stop stops it)",
+            dir.display()
+        );
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let cookie = new_cookie();
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let mut nodes = Vec::new();
+    for index in 0..size {
+        let name = format!("acemq-dev-{uid}-{index}@localhost");
+        // Dropping the nodes started so far stops them (a kept node is
+        // stopped like any other until it is left running).
+        nodes.push(Broker::start_kept_as(
+            &node_dir(dir, index),
+            &name,
+            &cookie,
+        )?);
+    }
+    super::cluster::join(&nodes)?;
+    nodes.into_iter().map(Broker::leave_running).collect()
+}
+
+/// The running nodes of the kept cluster in `dir`, node 0 first.
+pub fn running_cluster(dir: &Path) -> Result<Vec<KeptBroker>> {
+    let mut nodes = Vec::new();
+    for index in 0.. {
+        let node = node_dir(dir, index);
+        if !node.exists() {
+            break;
+        }
+        nodes.extend(running(&node)?);
+    }
+    Ok(nodes)
+}
+
+/// Stops every node of the kept cluster in `dir`, the joined ones first,
+/// and removes its folder. `Ok(false)`: none ran.
+pub fn stop_cluster(dir: &Path) -> Result<bool> {
+    let mut folders: Vec<PathBuf> = (0..)
+        .map(|index| node_dir(dir, index))
+        .take_while(|node| node.exists())
+        .collect();
+    folders.reverse();
+    let mut any = false;
+    for node in folders {
+        any |= stop(&node)?;
+    }
+    if dir.exists() {
+        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    Ok(any)
 }
 
 /// The kept node in `dir`, if one runs there.

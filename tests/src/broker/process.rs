@@ -124,6 +124,7 @@ pub(super) struct NodeProcess {
     /// Dropped (deleted) only after the VM is gone.
     dir: NodeDir,
     env: Vec<(&'static str, OsString)>,
+    lifetime: Lifetime,
 }
 
 impl NodeProcess {
@@ -135,6 +136,7 @@ impl NodeProcess {
         may_retry: bool,
         extra_config: &str,
         lifetime: &Lifetime,
+        cookie: &str,
     ) -> Result<NodeProcess, StartFailure> {
         let started = Instant::now();
         let dir = match lifetime {
@@ -151,28 +153,10 @@ impl NodeProcess {
             }
         };
         let ports = Ports::pick().context("picking free ports")?;
-        write_node_files(dir.path(), &ports, extra_config)
+        write_node_files(dir.path(), &ports, extra_config, cookie)
             .context("writing the node's config files")?;
         let env = node_env(dir.path(), name, &ports);
-
-        let out_path = dir.path().join("server.out");
-        let out = File::create(&out_path).context("creating server.out")?;
-        let mut cmd = Command::new(bin_dir.join("rabbitmq-server"));
-        cmd.current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().context("duplicating server.out")?)
-            .stderr(out)
-            // Its own process group: a Ctrl-C on the terminal reaches the
-            // test process, whose death then stops the node (parent-death
-            // signal) cleanly; and leftovers can be killed as one group.
-            .process_group(0);
-        apply_env(&mut cmd, &env);
-        let child = match lifetime {
-            Lifetime::Tied => spawn_tied_to_process(cmd, libc::SIGTERM),
-            Lifetime::Kept(_) => cmd.spawn(),
-        }
-        .with_context(|| format!("spawning {}", bin_dir.join("rabbitmq-server").display()))?;
-
+        let child = spawn_server(bin_dir, dir.path(), &env, lifetime)?;
         let mut node = NodeProcess {
             name: name.to_owned(),
             ports,
@@ -180,6 +164,7 @@ impl NodeProcess {
             pid_file: dir.path().join("node.pid"),
             dir,
             env,
+            lifetime: lifetime.clone(),
         };
         let cli = Cli::for_node(bin_dir.to_owned(), &node);
         match node.wait_until_ready(&cli) {
@@ -197,6 +182,34 @@ impl NodeProcess {
             }
             Err(error) => Err(node.fail(error, may_retry)),
         }
+    }
+
+    /// Starts the node again after it died (a test killed it): the same
+    /// name, ports, folder and data, as a machine that rebooted. Fails if
+    /// it still runs.
+    pub(super) fn restart(&mut self, bin_dir: &Path) -> Result<()> {
+        if self.child.try_wait()?.is_none() {
+            bail!("node {} is still running", self.name);
+        }
+        let started = Instant::now();
+        // The pid file of the dead VM would satisfy `rabbitmqctl wait` at once.
+        let _ = fs::remove_file(&self.pid_file);
+        self.child = spawn_server(bin_dir, self.dir.path(), &self.env, &self.lifetime)?;
+        let cli = Cli::for_node(bin_dir.to_owned(), self);
+        if let Err(error) = self.wait_until_ready(&cli) {
+            self.kill();
+            return Err(error.context(format!(
+                "RabbitMQ node {} did not start again\n{}",
+                self.name,
+                self.log_tails()
+            )));
+        }
+        eprintln!(
+            "acemq-tests: RabbitMQ node {} started again in {:.1} s",
+            self.name,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
     }
 
     /// Kills the node after a failed start and builds the error: log tails,
@@ -332,7 +345,7 @@ impl NodeProcess {
     /// SIGKILLs the start script's process group (script and VM) and reaps
     /// the script. The VM's helpers (erl_child_setup, inet_gethost) exit on
     /// their own when the VM is gone; epmd is shared and deliberately spared.
-    fn kill(&mut self) {
+    pub(super) fn kill(&mut self) {
         if let Ok(pgid) = libc::pid_t::try_from(self.child.id()) {
             // SAFETY: plain syscall; the group is the one we created at spawn.
             unsafe {
@@ -499,8 +512,48 @@ fn wait_for_exit(child: &mut Child, timeout: Duration) -> bool {
     }
 }
 
+/// Spawns `rabbitmq-server` in `dir` with `env`, its output to
+/// `server.out` (appended: a restarted node keeps its first run's).
+fn spawn_server(
+    bin_dir: &Path,
+    dir: &Path,
+    env: &[(&'static str, OsString)],
+    lifetime: &Lifetime,
+) -> Result<Child> {
+    let out = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.out"))
+        .context("opening server.out")?;
+    let mut cmd = Command::new(bin_dir.join("rabbitmq-server"));
+    cmd.current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().context("duplicating server.out")?)
+        .stderr(out)
+        // Its own process group: a Ctrl-C on the terminal reaches the
+        // test process, whose death then stops the node (parent-death
+        // signal) cleanly; and leftovers can be killed as one group.
+        .process_group(0);
+    apply_env(&mut cmd, env);
+    match lifetime {
+        Lifetime::Tied => spawn_tied_to_process(cmd, libc::SIGTERM),
+        Lifetime::Kept(_) => cmd.spawn(),
+    }
+    .with_context(|| format!("spawning {}", bin_dir.join("rabbitmq-server").display()))
+}
+
+/// A fresh Erlang cookie: nodes (and CLI calls) that share it may talk to
+/// each other, so the nodes of one cluster get the same one.
+pub(super) fn new_cookie() -> String {
+    uuid::Uuid::new_v4()
+        .as_bytes()
+        .iter()
+        .map(|b| char::from(b'A' + b % 26))
+        .collect()
+}
+
 /// The node's files: config, plugins, an empty env file, and the cookie.
-fn write_node_files(dir: &Path, ports: &Ports, extra_config: &str) -> io::Result<()> {
+fn write_node_files(dir: &Path, ports: &Ports, extra_config: &str, cookie: &str) -> io::Result<()> {
     for sub in ["mnesia", "log", "home"] {
         fs::create_dir(dir.join(sub))?;
     }
@@ -531,11 +584,6 @@ fn write_node_files(dir: &Path, ports: &Ports, extra_config: &str) -> io::Result
     // Written up front: otherwise the server and the first CLI call race to
     // create ~/.erlang.cookie with different random values. Erlang insists
     // on owner-only permissions.
-    let cookie: String = uuid::Uuid::new_v4()
-        .as_bytes()
-        .iter()
-        .map(|b| char::from(b'A' + b % 26))
-        .collect();
     fs::OpenOptions::new()
         .write(true)
         .create_new(true)
