@@ -105,7 +105,7 @@ fn cluster(dir: Option<PathBuf>, action: ClusterAction) -> anyhow::Result<bool> 
 fn main() -> ExitCode {
     let args = Args::parse();
     if let Action::Cluster(action) = args.command {
-        return exit(cluster(args.dir, action));
+        return exit("cluster", cluster(args.dir, action));
     }
     let dir = args.dir.unwrap_or_else(dev::default_dir);
     let result = match args.command {
@@ -147,15 +147,16 @@ fn main() -> ExitCode {
         }),
         Action::Cluster(_) => unreachable!("handled above"),
     };
-    exit(result)
+    exit("broker", result)
 }
 
-fn exit(result: anyhow::Result<bool>) -> ExitCode {
+/// The exit code of `result`; an error is printed after `program: `.
+fn exit(program: &str, result: anyhow::Result<bool>) -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(error) => {
-            eprintln!("broker: {error:#}");
+            eprintln!("{program}: {error:#}");
             ExitCode::from(1)
         }
     }
