@@ -60,7 +60,7 @@
 //! machine's cores (its load average is printed at the start and the end),
 //! so expect ±20 % between runs; compare the medians.
 
-use acemq_tests::{env_or, median};
+use acemq_tests::{env_or, loadgen_result, median};
 use std::collections::HashMap;
 use std::io::Read as _;
 use std::os::unix::process::ExitStatusExt as _;
@@ -489,7 +489,7 @@ impl Bench {
             "--queue-type",
             &s.queue_type,
         ])?;
-        let publish_rate = field(&published.stdout, "rate")?;
+        let publish_rate = loadgen_result(&published.stdout, "rate")?;
         eprintln!("end_to_end: {queue}: published {messages} at {publish_rate:.0} msg/s");
 
         let prefetch = s.prefetch.to_string();
@@ -546,10 +546,10 @@ impl Bench {
         }
         let out = &consumed.stdout;
         let run = Run {
-            steady_rate: field(out, "steady_rate")?,
-            steady_cpu_us: field(out, "steady_cpu_us_per_msg")?,
-            rate: field(out, "rate")?,
-            cpu_consume_us: field(out, "cpu_us_per_msg")?,
+            steady_rate: loadgen_result(out, "steady_rate")?,
+            steady_cpu_us: loadgen_result(out, "steady_cpu_us_per_msg")?,
+            rate: loadgen_result(out, "rate")?,
+            cpu_consume_us: loadgen_result(out, "cpu_us_per_msg")?,
             cpu_process_us: consumed.cpu.as_secs_f64() * 1e6 / messages as f64,
         };
         eprintln!(
@@ -626,19 +626,6 @@ fn run_measured(mut command: Command) -> Result<Child> {
         wall,
         cpu: time(usage.ru_utime) + time(usage.ru_stime),
     })
-}
-
-/// `key=value` from the `RESULT` line of a loadgen's output.
-fn field(stdout: &str, key: &str) -> Result<f64> {
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("RESULT "))
-        .with_context(|| format!("no RESULT line in:\n{stdout}"))?;
-    let value = line
-        .split_whitespace()
-        .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
-        .with_context(|| format!("no {key}= in {line:?}"))?;
-    value.parse().with_context(|| format!("{key}={value:?}"))
 }
 
 fn cpus() -> usize {

@@ -53,6 +53,21 @@ pub fn median(values: &mut [f64]) -> f64 {
     }
 }
 
+/// `key=value` from the `RESULT` line of a `loadgen` run's output (see
+/// `src/bin/loadgen.rs`), as a number.
+pub fn loadgen_result(stdout: &str, key: &str) -> anyhow::Result<f64> {
+    use anyhow::Context as _;
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .with_context(|| format!("no RESULT line in:\n{stdout}"))?;
+    let value = line
+        .split_whitespace()
+        .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+        .with_context(|| format!("no {key}= in {line:?}"))?;
+    value.parse().with_context(|| format!("{key}={value:?}"))
+}
+
 /// A connected publish link to `broker`, as the host builds one (the
 /// contract's publishing limits, metrics kept in a registry of its own),
 /// for tests of the publisher on its own. Not supervised: nothing
