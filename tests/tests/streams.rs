@@ -561,8 +561,10 @@ async fn when_the_broker_closes_its_connection_a_reader_resumes_and_skips_nothin
     let seen = stamped_until(&scene.output, MESSAGES).await;
     assert_eq!(seen.len(), MESSAGES, "no offset was skipped");
     let again: usize = seen.values().map(|n| n - 1).sum();
-    // What was read but not acked when the connection closed; not the
-    // whole stream again from "first".
+    // What was still being handled when the connection closed (a delivery
+    // handled since, its ack lost, is not read again); not the whole
+    // stream again from "first". Prefetch bounds it whatever the
+    // consumer's concurrency.
     assert!(again <= PREFETCH, "{again} read twice");
     assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
     scene.drop_checkpoint_queue().await;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use lapin::Channel;
 
-use super::stream::StreamPosition;
+use super::stream::SubscriptionPosition;
 use lapin::options::BasicAckOptions;
 use std::sync::Mutex;
 
@@ -59,11 +59,14 @@ impl AckLedger {
         self.unsettled.first_key_value().map(|(_, at)| *at)
     }
 
-    /// The delivery's work is done: it only needs its ack.
-    fn ready(&mut self, tag: u64) {
-        if self.unsettled.remove(&tag).is_some() {
+    /// The delivery's work is done: it only needs its ack. False when it
+    /// was not unsettled (already ready, or forgotten).
+    fn ready(&mut self, tag: u64) -> bool {
+        let unsettled = self.unsettled.remove(&tag).is_some();
+        if unsettled {
             self.ready.insert(tag);
         }
+        unsettled
     }
 
     /// The delivery was settled another way (a nack already written), or
@@ -164,14 +167,14 @@ pub struct AckBatcher {
     /// Ready deliveries that trigger a flush without waiting for the linger.
     batch: usize,
     oldest: Arc<OldestUnsettled>,
-    /// A stream consumer's position, told of every ack sent.
-    stream: Option<Arc<StreamPosition>>,
+    /// A stream consumer's position, told of every delivery done.
+    stream: Option<SubscriptionPosition>,
 }
 
 impl AckBatcher {
     /// `prefetch` sizes the batch: a quarter of the window, so the broker
     /// always has room to deliver while acks wait.
-    pub fn new(channel: Channel, prefetch: u16, stream: Option<Arc<StreamPosition>>) -> Self {
+    pub fn new(channel: Channel, prefetch: u16, stream: Option<SubscriptionPosition>) -> Self {
         Self {
             channel,
             ledger: Mutex::new(AckLedger::default()),
@@ -199,12 +202,15 @@ impl AckBatcher {
 
     /// Marks the delivery done; its ack is sent with the next flush.
     pub async fn ready(&self, tag: u64) {
-        let full = {
+        let (was_unsettled, full) = {
             let mut ledger = self.ledger();
-            ledger.ready(tag);
+            let was_unsettled = ledger.ready(tag);
             self.oldest.set(ledger.oldest());
-            ledger.ready_count() >= self.batch
+            (was_unsettled, ledger.ready_count() >= self.batch)
         };
+        if was_unsettled && let Some(stream) = &self.stream {
+            stream.done(tag);
+        }
         if full {
             self.flush(false).await;
         }
@@ -227,13 +233,7 @@ impl AckBatcher {
             let options = BasicAckOptions {
                 multiple: frame.multiple,
             };
-            let sent = self.channel.basic_ack(frame.delivery_tag, options).await;
-            if sent.is_ok()
-                && let Some(stream) = &self.stream
-            {
-                stream.acked(frame.delivery_tag, frame.multiple);
-            }
-            if let Err(e) = sent {
+            if let Err(e) = self.channel.basic_ack(frame.delivery_tag, options).await {
                 // The channel is gone: the broker requeues what it had not
                 // been told, and it is handled again (at-least-once).
                 if self.channel.status().connected() {

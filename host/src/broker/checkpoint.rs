@@ -2,8 +2,8 @@
 //! in the broker itself.
 //!
 //! The position saved is the offset the consumer resumes from (the lowest
-//! offset not acked; see `stream.rs`). It is saved every so many acks or
-//! seconds, and when a subscription stops, so a crash costs at most
+//! offset whose work is not done; see `stream.rs`). It is saved every so
+//! many deliveries done or seconds, and when a subscription stops, so a crash costs at most
 //! `every` + prefetch messages read again.
 //!
 //! In the broker, the position is the only message of a quorum queue
@@ -30,7 +30,7 @@ use super::offset::StreamOffset;
 /// How often a checkpoint is saved.
 #[derive(Debug, Clone, Copy)]
 pub struct Cadence {
-    /// After this many acks...
+    /// After this many deliveries done...
     pub every: u64,
     /// ...or once this long has passed since the last save.
     pub interval: Duration,

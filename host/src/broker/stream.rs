@@ -2,17 +2,21 @@
 //! subscription ends (a lost connection, a restart of the consumer).
 //!
 //! Where it starts is a [`StreamOffset`] (`offset.rs`). After a
-//! subscription ends, the next one resumes from the lowest offset
-//! whose ack was not sent (or just past the highest one read, when every
-//! ack went out), not from the configured offset: `first` would read the
-//! whole stream again after each lost connection, and `next` would skip
-//! what was appended meanwhile. A checkpoint (`checkpoint.rs`) keeps that
+//! subscription ends, the next one resumes from the lowest offset whose
+//! work is not done (or just past the highest one read, when all of it
+//! is), not from the configured offset: `first` would read the whole
+//! stream again after each lost connection, and `next` would skip what was
+//! appended meanwhile. Done means handled, outputs confirmed: whether its
+//! ack reached the broker does not matter, since a stream keeps every
+//! message whatever its readers ack. So a delivery handled after its
+//! connection died but before the next subscription began is not read
+//! again; one still running then is. A checkpoint (`checkpoint.rs`) keeps that
 //! position across restarts: saved every so many acks, every few seconds
 //! and when the subscription stops, and read when the consumer first
 //! subscribes. It overrides the configured offset once it exists.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lapin::Connection;
@@ -103,19 +107,25 @@ pub struct StreamPosition {
 
 #[derive(Debug, Default)]
 struct PositionState {
-    /// Offsets of deliveries whose ack has not been sent, by delivery tag.
-    unacked: BTreeMap<u64, u64>,
+    /// Counts subscriptions: delivery tags restart with each, so a report
+    /// of an earlier one (a delivery it handled late) must not be taken
+    /// for one of the current one's.
+    generation: u64,
+    /// Offsets of the current subscription's deliveries whose work is not
+    /// done, by delivery tag.
+    pending: BTreeMap<u64, u64>,
     /// One past the highest offset read so far.
     next: Option<u64>,
-    /// Acks since the checkpoint was last saved, and when that was.
-    acks_since_save: u64,
+    /// Deliveries done since the checkpoint was last saved, and when that
+    /// was.
+    done_since_save: u64,
     saved_at: Option<std::time::Instant>,
 }
 
 impl PositionState {
-    /// The lowest offset not acked, else just past the highest read.
+    /// The lowest offset not done, else just past the highest read.
     fn resume(&self) -> Option<u64> {
-        self.unacked.values().min().copied().or(self.next)
+        self.pending.values().min().copied().or(self.next)
     }
 }
 
@@ -169,34 +179,45 @@ impl StreamPosition {
 
     /// Where the next subscription, on `connection`, starts: the checkpoint,
     /// else the configured offset, the first time; afterwards the lowest
-    /// offset not acked, else just past the highest read.
-    pub async fn start(&self, connection: &Connection) -> StreamOffset {
-        let resume = self.begin();
+    /// offset not done, else just past the highest read. With the handle
+    /// through which that subscription reports its deliveries.
+    pub async fn start(
+        self: &Arc<Self>,
+        connection: &Connection,
+    ) -> (StreamOffset, SubscriptionPosition) {
+        let (resume, reports) = self.begin();
         let Some(checkpoint) = &self.checkpoint else {
-            return resume.map_or(self.configured, StreamOffset::At);
+            return (resume.map_or(self.configured, StreamOffset::At), reports);
         };
         checkpoint.attach(connection).await;
         if let Some(offset) = resume {
-            return StreamOffset::At(offset);
+            return (StreamOffset::At(offset), reports);
         }
-        match checkpoint.load(connection).await {
+        let start = match checkpoint.load(connection).await {
             Ok(Some(offset)) => offset,
             Ok(None) => self.configured,
             Err(e) => {
                 tracing::error!(error = %e, offset = ?self.configured, "cannot read the stream checkpoint; starting from the configured offset");
                 self.configured
             }
-        }
+        };
+        (start, reports)
     }
 
     /// A new subscription begins: where this process would resume, if it
-    /// read anything yet. Its delivery tags start again, so the old ones
-    /// are dropped.
-    fn begin(&self) -> Option<u64> {
+    /// read anything yet, and the new subscription's handle. What an
+    /// earlier subscription still has running is read again (its offsets
+    /// count in the resume point); its late reports are ignored.
+    fn begin(self: &Arc<Self>) -> (Option<u64>, SubscriptionPosition) {
         let mut state = self.state.lock().expect("stream position poisoned");
         let resume = state.resume();
-        state.unacked.clear();
-        resume
+        state.pending.clear();
+        state.generation += 1;
+        let reports = SubscriptionPosition {
+            position: self.clone(),
+            generation: state.generation,
+        };
+        (resume, reports)
     }
 
     /// For the metrics: the offset the consumer would resume from now, and
@@ -213,7 +234,7 @@ impl StreamPosition {
     }
 
     /// Saves the position now and waits until it is stored (a
-    /// subscription stops; whatever acks it could send went out).
+    /// subscription stops; whatever it could finish is done).
     pub async fn finish(&self) {
         {
             let mut state = self.state.lock().expect("stream position poisoned");
@@ -230,7 +251,7 @@ impl StreamPosition {
         };
         match checkpoint.save(offset) {
             Ok(()) => {
-                state.acks_since_save = 0;
+                state.done_since_save = 0;
                 state.saved_at = Some(std::time::Instant::now());
             }
             Err(e) => {
@@ -239,28 +260,29 @@ impl StreamPosition {
         }
     }
 
-    /// A delivery at `offset` arrived with `tag`.
-    pub fn received(&self, tag: u64, offset: u64) {
+    /// A delivery of subscription `generation` at `offset` arrived with
+    /// `tag`.
+    fn received(&self, generation: u64, tag: u64, offset: u64) {
         let mut state = self.state.lock().expect("stream position poisoned");
-        state.unacked.insert(tag, offset);
+        if state.generation != generation {
+            return;
+        }
+        state.pending.insert(tag, offset);
         let past = offset.saturating_add(1);
         state.next = Some(state.next.map_or(past, |n| n.max(past)));
     }
 
-    /// Acks for every tag up to `tag` (`multiple`) or for `tag` alone went
-    /// out.
-    pub fn acked(&self, tag: u64, multiple: bool) {
+    /// The work of subscription `generation`'s delivery `tag` is done (its
+    /// ack may still be on its way, or never arrive).
+    fn done(&self, generation: u64, tag: u64) {
         let mut state = self.state.lock().expect("stream position poisoned");
-        let before = state.unacked.len();
-        if multiple {
-            state.unacked = state.unacked.split_off(&(tag + 1));
-        } else {
-            state.unacked.remove(&tag);
+        if state.generation != generation || state.pending.remove(&tag).is_none() {
+            return;
         }
-        state.acks_since_save += (before - state.unacked.len()) as u64;
+        state.done_since_save += 1;
         if let Some(checkpoint) = &self.checkpoint {
             let cadence = checkpoint.cadence();
-            let due = state.acks_since_save >= cadence.every
+            let due = state.done_since_save >= cadence.every
                 || state
                     .saved_at
                     .is_none_or(|at| at.elapsed() >= cadence.interval);
@@ -271,35 +293,62 @@ impl StreamPosition {
     }
 }
 
+/// One subscription's handle on its consumer's [`StreamPosition`]: what
+/// it received and what it finished. Reports through the handle of a
+/// subscription that has been replaced are ignored.
+#[derive(Debug, Clone)]
+pub struct SubscriptionPosition {
+    position: Arc<StreamPosition>,
+    generation: u64,
+}
+
+impl SubscriptionPosition {
+    /// A delivery at `offset` arrived with `tag`.
+    pub fn received(&self, tag: u64, offset: u64) {
+        self.position.received(self.generation, tag, offset);
+    }
+
+    /// The delivery's work is done: handled, its outputs confirmed.
+    pub fn done(&self, tag: u64) {
+        self.position.done(self.generation, tag);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::broker::checkpoint::{Cadence, FileCheckpoint};
 
     #[test]
-    fn a_new_subscription_resumes_at_the_lowest_offset_not_acked() {
-        let position = StreamPosition::new(StreamOffset::First);
-        assert_eq!(
-            position.begin(),
-            None,
-            "nothing read: the configured offset"
-        );
+    fn a_new_subscription_resumes_at_the_lowest_offset_not_done() {
+        let position = Arc::new(StreamPosition::new(StreamOffset::First));
+        let (resume, first) = position.begin();
+        assert_eq!(resume, None, "nothing read: the configured offset");
         for (tag, offset) in [(1, 100), (2, 101), (3, 102), (4, 103)] {
-            position.received(tag, offset);
+            first.received(tag, offset);
         }
-        position.acked(2, true);
-        position.acked(4, false);
-        // 102 was never acked: it is read again, and so is what follows.
-        assert_eq!(position.begin(), Some(102));
-        // Everything of the next subscription acked: just past the highest.
-        position.received(1, 102);
-        position.received(2, 103);
-        position.acked(2, true);
-        assert_eq!(position.begin(), Some(104));
+        first.done(1);
+        first.done(2);
+        first.done(4);
+        // 102 was never done: it is read again, and so is what follows.
+        let (resume, second) = position.begin();
+        assert_eq!(resume, Some(102));
+        second.received(1, 102);
+        second.received(2, 103);
+        // The first subscription finishes 102 late: its tag 3 is not the
+        // second's, and the second's tag 1 (102 again) stays pending.
+        first.done(3);
+        first.done(1);
+        assert_eq!(position.progress().0, Some(102));
+        second.done(1);
+        second.done(2);
+        // Everything of the second subscription done: just past the highest.
+        let (resume, _) = position.begin();
+        assert_eq!(resume, Some(104));
     }
 
     #[test]
-    fn a_checkpoint_is_saved_every_so_many_acks() {
+    fn a_checkpoint_is_saved_every_so_many_deliveries_done() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("orders.checkpoint");
         let cadence = Cadence {
@@ -307,18 +356,20 @@ mod tests {
             interval: Duration::from_secs(3600),
         };
         let file = || FileCheckpoint::new(path.clone(), cadence);
-        let position =
-            StreamPosition::new(StreamOffset::First).with_checkpoint(Checkpoint::File(file()));
+        let position = Arc::new(
+            StreamPosition::new(StreamOffset::First).with_checkpoint(Checkpoint::File(file())),
+        );
+        let (_, reading) = position.begin();
         for (tag, offset) in [(1, 10), (2, 11), (3, 12)] {
-            position.received(tag, offset);
+            reading.received(tag, offset);
         }
-        // The first ack saves (nothing saved yet); then every second ack.
+        // The first done saves (nothing saved yet); then every second one.
         let saved = || file().load().unwrap();
-        position.acked(1, false);
+        reading.done(1);
         assert_eq!(saved(), Some(StreamOffset::At(11)));
-        position.acked(2, false);
+        reading.done(2);
         assert_eq!(saved(), Some(StreamOffset::At(11)));
-        position.acked(3, false);
+        reading.done(3);
         assert_eq!(saved(), Some(StreamOffset::At(13)));
         let (resume, age) = position.progress();
         assert_eq!(resume, Some(13));
@@ -330,13 +381,13 @@ mod tests {
         position.set_newest(19);
         assert_eq!(position.lag(), Some(7));
         // A new version takes over: the checkpoint is saved at once.
-        position.received(4, 13);
+        reading.received(4, 13);
         position.handled_by("v1");
-        position.acked(4, false);
+        reading.done(4);
         std::fs::remove_file(&path).unwrap();
         position.handled_by("v1");
         assert_eq!(saved(), None, "same version: nothing saved");
-        position.received(5, 14);
+        reading.received(5, 14);
         position.handled_by("v2");
         assert_eq!(saved(), Some(StreamOffset::At(14)));
     }

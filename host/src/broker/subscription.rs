@@ -29,7 +29,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckBatcher, OldestUnsettled};
-use super::stream::{OFFSET_ARGUMENT, StreamOffset, StreamPosition};
+use super::stream::{OFFSET_ARGUMENT, StreamOffset, StreamPosition, SubscriptionPosition};
 
 /// What to consume, and how much at once.
 #[derive(Debug, Clone)]
@@ -178,6 +178,7 @@ impl Received {
         delivery: Delivery,
         acks: Arc<AckBatcher>,
         slot: Slot,
+        in_hand: Option<OwnedSemaphorePermit>,
         channel_lost: CancellationToken,
     ) -> Self {
         Self {
@@ -188,6 +189,7 @@ impl Received {
             body: delivery.data,
             receipt: Receipt {
                 tag: delivery.delivery_tag,
+                _in_hand: in_hand,
                 acks,
                 acker: delivery.acker,
                 channel_lost,
@@ -205,6 +207,9 @@ pub struct Slot(#[allow(dead_code)] OwnedSemaphorePermit);
 /// Settles one delivery: an ack (coalesced with others) or a requeue.
 pub struct Receipt {
     tag: u64,
+    /// A stream delivery's place in the subscription's window of
+    /// `prefetch` deliveries in hand, given up when the receipt is dropped.
+    _in_hand: Option<OwnedSemaphorePermit>,
     acks: Arc<AckBatcher>,
     acker: Acker,
     /// Cancelled when the channel it came on fails: it can no longer be
@@ -296,11 +301,13 @@ where
         .clone()
         .unwrap_or_else(|| format!("acemq-host.{}.{}", queue, uuid::Uuid::new_v4().simple()));
     let mut arguments = FieldTable::default();
+    let mut reading = None;
     if let Some(position) = &spec.stream {
         env.board.track_stream(queue, position);
-        let start = position.start(connection).await;
+        let (start, this_subscription) = position.start(connection).await;
         tracing::info!(queue, offset = ?start, "reading the stream");
         arguments.insert(OFFSET_ARGUMENT.into(), start.to_amqp());
+        reading = Some(this_subscription);
     }
     let mut deliveries = channel
         .basic_consume(
@@ -320,7 +327,16 @@ where
     );
 
     let permits = Arc::new(Semaphore::new(spec.concurrency));
-    let subscribed = Subscribed::start(queue, channel, tag, spec.prefetch, spec.stream.clone());
+    // A stream's deliveries in hand (received, their receipt not yet
+    // dropped): at most the prefetch. The broker keeps to the prefetch on
+    // classic and quorum queues, but sends a stream's chunks whole, past
+    // it; without this window a stream consumer would have a chunk's worth
+    // of outputs awaiting confirms, all read again after a crash.
+    let in_hand = spec
+        .stream
+        .is_some()
+        .then(|| Arc::new(Semaphore::new(usize::from(spec.prefetch.max(1)))));
+    let subscribed = Subscribed::start(queue, channel, tag, spec.prefetch, reading.clone());
     let acks = subscribed.acks.clone();
     env.board.track_oldest(queue, Some(acks.oldest()));
     let channel_lost = CancellationToken::new();
@@ -339,15 +355,31 @@ where
         match next {
             Some(Ok(delivery)) => {
                 acks.received(delivery.delivery_tag);
-                if let Some(position) = &spec.stream
+                if let Some(position) = &reading
                     && let Some(offset) =
                         StreamOffset::of_delivery(delivery.properties.headers().as_ref())
                 {
                     position.received(delivery.delivery_tag, offset);
                 }
-                // Wait for a free place. A delivery that shutdown overtakes
-                // never starts: it is left unsettled, and closing the
-                // channel gives it back (see below).
+                // Wait for room in a stream's window, then for a free place.
+                // A delivery that shutdown overtakes never starts: it is
+                // left unsettled, and closing the channel gives it back (see
+                // below). While the window is full no delivery comes to
+                // report a failed channel, so its state is watched too.
+                let held = match &in_hand {
+                    None => None,
+                    Some(window) => tokio::select! {
+                        biased;
+                        _ = env.shutdown.cancelled() => break,
+                        held = window.clone().acquire_owned() => Some(held.expect("semaphore never closed")),
+                        _ = closed(&subscribed.channel) => {
+                            failure = Some(anyhow::anyhow!(
+                                "the subscription to queue '{queue}' failed: its channel closed"
+                            ));
+                            break;
+                        }
+                    },
+                };
                 let permit = tokio::select! {
                     biased;
                     _ = env.shutdown.cancelled() => break,
@@ -357,6 +389,7 @@ where
                     delivery,
                     acks.clone(),
                     Slot(permit),
+                    held,
                     channel_lost.clone(),
                 )));
             }
@@ -394,12 +427,19 @@ where
     subscribed.stop(running, env.drain_timeout).await;
     env.board.track_oldest(queue, None);
     if let Some(position) = &spec.stream {
-        // Every ack that could be sent went out: where the next run resumes.
+        // Every delivery that could finish did: where the next run resumes.
         position.finish().await;
     }
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// Completes once `channel` is no longer open, checked every 100 ms.
+async fn closed(channel: &Channel) {
+    while channel.status().connected() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -424,7 +464,7 @@ impl<'a> Subscribed<'a> {
         channel: Channel,
         consumer_tag: String,
         prefetch: u16,
-        stream: Option<Arc<StreamPosition>>,
+        stream: Option<SubscriptionPosition>,
     ) -> Self {
         let acks = Arc::new(AckBatcher::new(channel.clone(), prefetch, stream));
         let linger_stop = CancellationToken::new();
