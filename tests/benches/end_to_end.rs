@@ -71,6 +71,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use acemq_tests::host::plugin_path;
+use acemq_tests::machine::{cpus, load_average};
 use acemq_tests::{Broker, unique_name};
 
 /// docs/targets.md, Performance.
@@ -626,21 +627,4 @@ fn run_measured(mut command: Command) -> Result<Child> {
         wall,
         cpu: time(usage.ru_utime) + time(usage.ru_stime),
     })
-}
-
-fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// The 1, 5 and 15 minute load averages, from /proc/loadavg.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg").map_or_else(
-        |e| format!("unknown ({e})"),
-        |text| {
-            text.split_whitespace()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" ")
-        },
-    )
 }

@@ -31,9 +31,9 @@
 //! - lost: inputs without an output (by the `input_id` in each stamped
 //!   body). Anything above 0 is a bug: the host acks an input only once its
 //!   outputs are confirmed.
-//! - duplicated: outputs whose message id was seen before. An output's id is
-//!   derived from its input's, so an input handled again (redelivered after
-//!   a loss) publishes the same id again. At-least-once allows these; they
+//! - duplicated: outputs of an input seen before (`stamp-v1` makes one
+//!   output per input, its id derived from the input's), so an input
+//!   handled again (redelivered after a loss) counts once more. At-least-once allows these; they
 //!   are bounded by what was in flight at a loss: the prefetch plus the
 //!   unconfirmed publishes.
 //! - refused: publishes the host declined while its publish connection was
@@ -48,10 +48,7 @@
 //! recovery, from "connection lost; recovering" to the next "consuming"
 //! (its subscription back).
 //!
-//! The host waits `network_recovery_interval = "1s"` before reconnecting,
-//! not the default 5 s, which would add 5 s to every recovery and hide the
-//! reconnecting itself; `recovery_backoff_max = "5s"` caps the waits while
-//! the broker's application is down.
+//! The host's recovery settings are [`Pipeline::host_config`]'s.
 //!
 //! Prints a table and writes the timeline, faults marked, to
 //! `target/fault-tally.svg`, and the host's log beside it. Asserts nothing:
@@ -60,9 +57,6 @@
 use std::ops::Range;
 use std::path::Path;
 use std::process::ExitStatus;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
@@ -70,17 +64,14 @@ use plotters::prelude::*;
 use serde_json::Value;
 use tokio::runtime::Runtime;
 
-use acemq_tests::host::{HostProcess, SUBSCRIBED, free_port, http_get, metric_sum, workspace_root};
-use acemq_tests::stamp::StampConfig;
-use acemq_tests::tally::{HostLog, Tally, count_lines, drain_all, publish_inputs};
-use acemq_tests::{Broker, env_or, median, unique_name};
+use acemq_tests::broker_faults::{BLOCKED, Fault, LOST, Timing, UNBLOCKED};
+use acemq_tests::host::{HostProcess, SUBSCRIBED, metric_sum, workspace_root};
+use acemq_tests::tally::{
+    HostLog, MAX_UNCONFIRMED, PREFETCH, Pipeline, SAMPLE_EVERY, Sample, Sampler, Tally,
+    count_lines, drain_all, publish_inputs,
+};
+use acemq_tests::{Broker, env_or, median};
 
-const PREFETCH: u16 = 100;
-const CONCURRENCY: usize = 4;
-/// Publishes the host keeps waiting for a confirm (its default, spelt out
-/// in the config because the duplicates' bound is made of it).
-const MAX_UNCONFIRMED: usize = 1000;
-const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 /// Work that each fault finds left once it is in effect, in seconds at the
 /// host's usual rate: enough to keep it busy through the fault and its
 /// recovery.
@@ -91,74 +82,6 @@ const MIN_BACKLOG: usize = 2_000;
 const BACK_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long the inputs may take to be done after the last fault.
 const DONE_TIMEOUT: Duration = Duration::from_secs(240);
-const LOST: &str = "connection lost; recovering";
-const BLOCKED: &str = "the broker blocked the connection";
-const UNBLOCKED: &str = "the broker unblocked the connection";
-
-/// A broker fault, injected with `rabbitmqctl`.
-#[derive(Clone, Copy)]
-enum Fault {
-    /// `close_all_connections`: both of the host's connections at once.
-    CloseConnections,
-    /// A memory alarm held this long: the broker blocks publishers.
-    MemoryAlarm(Duration),
-    /// `stop_app`, the application down this long, `start_app`: every
-    /// connection closed and none accepted meanwhile.
-    Restart(Duration),
-}
-
-impl Fault {
-    /// Injects the fault; returns once it is over (the alarm cleared, the
-    /// application started again), not once the host is back.
-    fn inject(self, broker: &Broker) -> Result<Timing> {
-        let called = SystemTime::now();
-        let (first, then): (&[&str], Option<(Duration, &[&str])>) = match self {
-            Fault::CloseConnections => (&["close_all_connections", "fault tally"], None),
-            Fault::MemoryAlarm(held) => (
-                &["set_vm_memory_high_watermark", "0"],
-                Some((held, &["set_vm_memory_high_watermark", "0.4"])),
-            ),
-            Fault::Restart(down) => (&["stop_app"], Some((down, &["start_app"]))),
-        };
-        broker.rabbitmqctl(first)?;
-        let began = SystemTime::now();
-        if let Some((wait, args)) = then {
-            std::thread::sleep(wait);
-            broker.rabbitmqctl(args)?;
-        }
-        Ok(Timing {
-            called,
-            began,
-            ended: SystemTime::now(),
-        })
-    }
-
-    fn cuts_connections(self) -> bool {
-        !matches!(self, Fault::MemoryAlarm(_))
-    }
-
-    /// What the host logs when this fault reaches it.
-    fn felt_as(self) -> &'static str {
-        if self.cuts_connections() {
-            LOST
-        } else {
-            BLOCKED
-        }
-    }
-}
-
-/// When a fault's `rabbitmqctl` calls were made and returned, on the wall
-/// clock (the host's log's).
-#[derive(Clone, Copy)]
-struct Timing {
-    /// The first call was made: the host may log the fault from here on.
-    called: SystemTime,
-    /// The first call returned: the fault is in effect.
-    began: SystemTime,
-    /// The last call returned: the alarm is cleared, the application
-    /// started again (`began` for a fault of one call).
-    ended: SystemTime,
-}
 
 /// One fault of the schedule.
 struct Step {
@@ -218,7 +141,10 @@ fn main() -> Result<()> {
     for step in &SCHEDULE {
         std::thread::sleep(step.settle);
         let seconds = run.cli_latency.as_secs_f64() + BACKLOG_SECONDS;
-        run.top_up(((sampler.usual_rate() * seconds) as usize).max(MIN_BACKLOG))?;
+        run.top_up(
+            ((sampler.usual_rate(Duration::ZERO..Duration::MAX) * seconds) as usize)
+                .max(MIN_BACKLOG),
+        )?;
         injected.push(run.inject(step)?);
     }
     let done = run.wait_until_done()?;
@@ -241,7 +167,7 @@ fn main() -> Result<()> {
 struct Run {
     runtime: Runtime,
     broker: Broker,
-    names: Names,
+    names: Pipeline,
     host: HostProcess,
     /// The bench's clock starts once the host consumes (and the CLI was
     /// timed)...
@@ -265,7 +191,7 @@ impl Run {
             .build()?;
         eprintln!("fault_tally: starting a throwaway RabbitMQ node");
         let broker = Broker::start()?;
-        let names = Names::new();
+        let names = Pipeline::new("tally");
         let host = HostProcess::start(&names.host_config(&broker), 1)?;
         // A harmless call, for a first idea of how long the CLI takes here.
         let probe = Instant::now();
@@ -349,31 +275,22 @@ impl Run {
         false
     }
 
-    /// Waits until every input is handled: none ready or in flight, and at
-    /// least as many outputs as inputs (then a moment more for stragglers).
-    /// Returns when, since the start, or `None` after [`DONE_TIMEOUT`].
+    /// Waits until every input is handled (see
+    /// [`Pipeline::wait_until_handled`]): when, since the start, or `None`
+    /// after [`DONE_TIMEOUT`].
     fn wait_until_done(&self) -> Result<Option<Duration>> {
-        let deadline = Instant::now() + DONE_TIMEOUT;
-        while Instant::now() < deadline {
-            let ready = self.backlog()?;
-            let outputs = self
-                .runtime
-                .block_on(self.broker.message_count(&self.names.output))?;
-            let metrics = self.names.admin_get("/metrics")?;
-            let in_flight = metric_sum(
-                &metrics,
-                "acemq_consume_in_flight",
-                &[("queue", &self.names.input)],
-            );
-            if ready == 0 && in_flight == 0.0 && outputs as usize >= self.published {
-                let done = self.start.elapsed();
-                // Duplicates, if any, arrive with the rest.
-                std::thread::sleep(Duration::from_secs(1));
-                return Ok(Some(done));
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        Ok(None)
+        let outputs = || {
+            let count = self.broker.message_count(&self.names.output);
+            Ok(self.runtime.block_on(count)? as usize)
+        };
+        let done = self.names.wait_until_handled(
+            &self.runtime,
+            &self.broker,
+            self.published,
+            outputs,
+            DONE_TIMEOUT,
+        )?;
+        Ok(done.map(|at| at - self.start))
     }
 
     /// Tallies the outputs and the dead letters, reads the host's metrics
@@ -390,8 +307,9 @@ impl Run {
         let outputs = self
             .runtime
             .block_on(drain_all(&self.broker, &self.names.output))?;
-        let dlq = format!("{}.dlq", self.names.input);
-        let dead_lettered = self.runtime.block_on(self.broker.message_count(&dlq))?;
+        let dead_lettered = self
+            .runtime
+            .block_on(self.broker.message_count(&self.names.dlq()))?;
         let log = HostLog::new(&self.host.log_lines(), self.start_wall);
         let rows = injected
             .iter()
@@ -411,125 +329,6 @@ impl Run {
             done,
         })
     }
-}
-
-/// The queues, the exchange and the admin endpoint of one run.
-struct Names {
-    input: String,
-    output: String,
-    exchange: String,
-    admin: String,
-}
-
-impl Names {
-    fn new() -> Self {
-        Self {
-            input: unique_name("tally.in"),
-            output: unique_name("tally.out"),
-            exchange: unique_name("tally.x"),
-            admin: format!("127.0.0.1:{}", free_port()),
-        }
-    }
-
-    /// The host's config: consume → stamp → confirmed publish. The output
-    /// queue is a quorum queue too, so that the restart keeps its outputs.
-    fn host_config(&self, broker: &Broker) -> String {
-        let broker = format!(
-            "url = \"{}\"\nnetwork_recovery_interval = \"1s\"\nrecovery_backoff_max = \"5s\"\nmax_unconfirmed = {MAX_UNCONFIRMED}",
-            broker.amqp_url()
-        );
-        let host = format!("admin_listen = \"{}\"", self.admin);
-        let consumer = format!("prefetch = {PREFETCH}\nconcurrency = {CONCURRENCY}");
-        StampConfig {
-            broker: &broker,
-            host: &host,
-            input_queue: "type = \"quorum\"\ndead_letter = true",
-            output_queue: "type = \"quorum\"",
-            consumer: &consumer,
-            ..StampConfig::new(&self.input, &self.output, &self.exchange)
-        }
-        .toml()
-    }
-
-    fn admin_get(&self, path: &str) -> Result<String> {
-        let (status, body) = http_get(&format!("http://{}{path}", self.admin))?;
-        anyhow::ensure!(status == 200, "GET {path}: {status}: {body}");
-        Ok(body)
-    }
-}
-
-/// `/metrics` read every [`SAMPLE_EVERY`] on a thread of its own.
-struct Sampler {
-    samples: Arc<Mutex<Vec<Sample>>>,
-    stop: Arc<AtomicBool>,
-    thread: JoinHandle<()>,
-}
-
-#[derive(Clone, Copy)]
-struct Sample {
-    /// Since the bench's start.
-    at: Duration,
-    /// Inputs acked so far.
-    acked: f64,
-}
-
-impl Sampler {
-    fn start(names: &Names, start: Instant) -> Self {
-        let samples = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let url = format!("http://{}/metrics", names.admin);
-        let input = names.input.clone();
-        let thread = std::thread::spawn({
-            let (samples, stop) = (samples.clone(), stop.clone());
-            move || {
-                // On a fixed grid, so that a slow read does not shift the rest.
-                let mut next = start;
-                while !stop.load(Ordering::Relaxed) {
-                    next += SAMPLE_EVERY;
-                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
-                    // A failed read is a gap in the timeline; whether the host
-                    // stayed up is checked on the process itself.
-                    if let Ok((200, body)) = http_get(&url) {
-                        let acked = metric_sum(
-                            &body,
-                            "acemq_consume_total",
-                            &[("queue", &input), ("outcome", "acked")],
-                        );
-                        let at = start.elapsed();
-                        samples.lock().unwrap().push(Sample { at, acked });
-                    }
-                }
-            }
-        });
-        Self {
-            samples,
-            stop,
-            thread,
-        }
-    }
-
-    /// The host's usual rate so far: the median of its rates over 1 s while
-    /// it was handling inputs at all.
-    fn usual_rate(&self) -> f64 {
-        let samples = self.samples.lock().unwrap();
-        let mut busy: Vec<f64> = per_second(&samples).filter(|rate| *rate > 0.0).collect();
-        let rate = median(&mut busy);
-        if rate.is_nan() { 0.0 } else { rate }
-    }
-
-    fn stop(self) -> Vec<Sample> {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = self.thread.join();
-        self.samples.lock().unwrap().clone()
-    }
-}
-
-/// Inputs acked per second over each 1 s window of `samples`.
-fn per_second(samples: &[Sample]) -> impl Iterator<Item = f64> + '_ {
-    let n = (Duration::from_secs(1).as_millis() / SAMPLE_EVERY.as_millis()) as usize;
-    samples
-        .windows(n + 1)
-        .map(move |w| (w[n].acked - w[0].acked) / (w[n].at - w[0].at).as_secs_f64())
 }
 
 /// The host's rate (inputs acked per second) over the second before `at`,

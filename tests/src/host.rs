@@ -266,6 +266,11 @@ impl HostProcess {
         Ok(self.child.try_wait()?)
     }
 
+    /// The host's process id (for its `/proc` entry).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn log_lines(&self) -> Vec<String> {
         self.log.lock().expect("log poisoned").clone()
     }

@@ -16,9 +16,11 @@
 //! ```
 
 pub mod broker;
+pub mod broker_faults;
 pub mod collector;
 pub mod fault_proxy;
 pub mod host;
+pub mod machine;
 pub mod node_faults;
 pub mod raw_amqp;
 pub mod stamp;

@@ -36,13 +36,13 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+use crate::broker_faults::LOST;
 use crate::host::{HostProcess, SUBSCRIBED, free_port, http_get, metric_sum};
 use crate::stamp::StampConfig;
 use crate::tally::{HostLog, Tally, drain_all, publish_inputs_until_confirmed};
 use crate::{Broker, Cluster, unique_name};
 use lapin::options::ConfirmSelectOptions;
 
-const LOST: &str = "connection lost; recovering";
 const RECOVERED: &str = "connection recovered";
 /// The node inputs are published through and outputs drained from: no
 /// fault touches it.
