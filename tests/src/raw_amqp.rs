@@ -27,6 +27,8 @@ pub enum RawValue {
     LongString(Vec<u8>),
     I32(i32),
     I64(i64),
+    /// A nested table ('F'), its names as raw bytes too.
+    Table(Vec<(Vec<u8>, RawValue)>),
 }
 
 /// One message with every short-string field given as raw bytes.
@@ -396,6 +398,10 @@ fn put_table(out: &mut Vec<u8>, entries: &[(Vec<u8>, RawValue)]) -> Result<()> {
             RawValue::I64(n) => {
                 t.push(b'l');
                 t.extend(n.to_be_bytes());
+            }
+            RawValue::Table(entries) => {
+                t.push(b'F');
+                put_table(&mut t, entries)?;
             }
         }
     }

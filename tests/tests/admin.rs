@@ -348,70 +348,152 @@ fn a_cross_origin_post_and_an_oversize_body_are_refused() {
     assert!(answer.error().contains("2048 bytes"), "{answer:?}");
 }
 
-#[test]
-fn connections_over_the_cap_are_closed_at_once_and_idle_ones_time_out() {
-    let (mut host, admin) = Setup::new("").start(None);
-    // Fill the cap with kept-alive connections, each seen to be served.
-    let mut held = Vec::new();
-    for _ in 0..MAX_CONNECTIONS {
-        let mut stream = TcpStream::connect(&admin).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        write!(stream, "GET /health HTTP/1.1\r\nHost: {admin}\r\n\r\n").unwrap();
-        let mut buf = [0u8; 4096];
-        let n = stream.read(&mut buf).unwrap();
-        assert!(
-            buf[..n].starts_with(b"HTTP/1.1 200"),
-            "{:?}",
-            String::from_utf8_lossy(&buf[..n])
-        );
-        held.push(stream);
-    }
-    // One more: closed without an answer (were it served, the answer and
-    // then the end of the stream would come).
-    let mut extra = TcpStream::connect(&admin).unwrap();
-    extra
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+/// `GET /health` on a connection of its own: the status line, and how
+/// long the answer took.
+fn health_within(admin: &str, limit: Duration) -> (String, Duration) {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(admin).unwrap();
+    stream.set_read_timeout(Some(limit)).unwrap();
     let _ = write!(
-        extra,
+        stream,
         "GET /health HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
     );
-    let mut answer = Vec::new();
-    match extra.read_to_end(&mut answer) {
-        Ok(_) => assert!(
-            answer.is_empty(),
-            "answered over the cap: {:?}",
-            String::from_utf8_lossy(&answer)
-        ),
-        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
-    }
-    host.wait_for_log("too many connections", 1, Duration::from_secs(5))
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    let status = text.lines().next().unwrap_or_default().to_string();
+    (status, started.elapsed())
+}
+
+/// Opens a connection that is seen to be served once, then kept alive idle.
+fn served_and_kept(admin: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(admin).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    // Once one closes, a new connection is served again.
-    drop(held.pop());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut stream = TcpStream::connect(&admin).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
-        let _ = write!(
-            stream,
-            "GET /health HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
-        );
-        let mut raw = Vec::new();
-        let _ = stream.read_to_end(&mut raw);
-        if raw.starts_with(b"HTTP/1.1 200") {
-            break;
+    write!(stream, "GET /health HTTP/1.1\r\nHost: {admin}\r\n\r\n").unwrap();
+    let mut buf = [0u8; 4096];
+    let n = stream.read(&mut buf).unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    stream
+}
+
+#[test]
+fn health_is_answered_while_idle_and_slow_connections_hold_every_place() {
+    let (host, admin) = Setup::new("").start(None);
+    // Past the cap: connections that say nothing, kept-alive ones served
+    // once and now idle, and ones that send a request head a byte at a time
+    // (a slowloris).
+    let mut silent = Vec::new();
+    let mut kept = Vec::new();
+    let mut slow = Vec::new();
+    for i in 0..MAX_CONNECTIONS + 36 {
+        match i % 3 {
+            0 => silent.push(TcpStream::connect(&admin).unwrap()),
+            1 => kept.push(served_and_kept(&admin)),
+            _ => {
+                let mut stream = TcpStream::connect(&admin).unwrap();
+                stream.write_all(b"GET /health HTTP/1.1\r\nHo").unwrap();
+                slow.push(stream);
+            }
         }
-        assert!(
-            Instant::now() < deadline,
-            "no connection served after one closed"
-        );
-        std::thread::sleep(Duration::from_millis(100));
     }
+    // The slow ones go on dripping while the probes come.
+    let dripping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let drip = {
+        let dripping = dripping.clone();
+        std::thread::spawn(move || {
+            while dripping.load(std::sync::atomic::Ordering::Relaxed) {
+                for stream in &mut slow {
+                    let _ = stream.write_all(b"x");
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            slow
+        })
+    };
+    for probe in 0..10 {
+        let (status, took) = health_within(&admin, Duration::from_secs(10));
+        assert!(
+            status.starts_with("HTTP/1.1 200"),
+            "probe {probe}: {status:?} after {took:?}"
+        );
+        assert!(took < Duration::from_secs(2), "probe {probe} took {took:?}");
+        // Connections the probes pushed out are replaced, as an attacker would.
+        silent.push(TcpStream::connect(&admin).unwrap());
+    }
+    dripping.store(false, std::sync::atomic::Ordering::Relaxed);
+    let slow = drip.join().unwrap();
+    drop((silent, kept, slow));
+    let status = host.terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn a_client_that_does_not_read_its_answers_is_closed_after_the_write_timeout() {
+    let (host, admin) = Setup::new("").start(None);
+    // Thousands of pipelined requests whose answers are never read: the
+    // socket's buffers fill and the endpoint's writes stop.
+    const REQUESTS: usize = 4000;
+    let mut stream = TcpStream::connect(&admin).unwrap();
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {admin}\r\n\r\n");
+    stream
+        .write_all(request.repeat(REQUESTS).as_bytes())
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(15));
+    // Now read all there is: the endpoint gave up on the connection, so
+    // its answers end well before the last request's.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut raw = Vec::new();
+    let ended = stream.read_to_end(&mut raw);
+    let answers = String::from_utf8_lossy(&raw)
+        .matches("HTTP/1.1 200")
+        .count();
+    assert!(
+        ended.is_ok() || answers < REQUESTS,
+        "{ended:?} after {answers} answers"
+    );
+    assert!(
+        answers < REQUESTS,
+        "every one of {answers} answers was written"
+    );
+    // And the endpoint is still there for others.
+    let (status, _) = health_within(&admin, Duration::from_secs(10));
+    assert!(status.starts_with("HTTP/1.1 200"), "{status:?}");
+    let status = host.terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn when_every_place_is_taken_the_longest_idle_connection_makes_room_and_idle_ones_time_out() {
+    let (mut host, admin) = Setup::new("").start(None);
+    // Fill the cap with kept-alive connections, each seen to be served.
+    let mut held: Vec<TcpStream> = (0..MAX_CONNECTIONS)
+        .map(|_| served_and_kept(&admin))
+        .collect();
+    // One more is served: the connection idle the longest (the first) is
+    // closed to make room for it.
+    let (status, _) = health_within(&admin, Duration::from_secs(10));
+    assert!(status.starts_with("HTTP/1.1 200"), "{status:?}");
+    let mut oldest = held.remove(0);
+    oldest
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut rest = Vec::new();
+    let closed = oldest.read_to_end(&mut rest);
+    assert!(closed.is_ok() && rest.is_empty(), "{closed:?} {rest:?}");
+    host.wait_for_log(
+        "closing the one idle the longest",
+        1,
+        Duration::from_secs(5),
+    )
+    .unwrap();
     // Idle kept-alive connections are closed by the server (10 s without a
     // request head), which frees the cap without the clients' help.
     let mut idle = held.pop().unwrap();

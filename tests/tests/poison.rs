@@ -234,23 +234,28 @@ async fn an_input_over_max_body_bytes_is_parked_before_any_plugin_runs() {
 /// message-id, the routing key) that are not UTF-8.
 const NOT_UTF8: &[u8] = &[0xff, 0xfe];
 
-/// A message lapin cannot parse: the host's connection closes on it, the
-/// host reconnects at once, and the broker delivers it again; the queue's
-/// delivery limit is what ends that, dead-lettering it (the documented
-/// limit). Meanwhile the traffic on this queue and on another consumer
-/// flows, and the host keeps running.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_header_name_message_id_or_routing_key_that_is_not_utf8_is_dead_lettered_by_the_delivery_limit()
- {
+/// Messages lapin could not parse (short strings that are not UTF-8) on a
+/// queue of `queue_type` with no delivery limit, ahead of valid traffic,
+/// while another queue of the same host has traffic of its own: each
+/// poison is parked at its first delivery with its body and a reason
+/// naming what was not UTF-8 and where, the traffic behind it flows, and
+/// no connection of the host is closed for it.
+async fn unreadable_poisons_are_parked_and_nothing_else_is_disturbed(queue_type: &str) {
+    use acemq_tests::host::{free_port, http_get, metric_sum};
     use acemq_tests::raw_amqp::{RawMessage, RawValue, publish_raw};
+    const ORDERS: usize = 200;
     let broker = shared_broker();
     let queue = unique_name("poison.utf8");
     let other = unique_name("poison.utf8.other");
     let fanout = unique_name("poison.utf8.fanout");
+    let admin = format!("127.0.0.1:{}", free_port());
     let config = format!(
         r#"
 [broker]
 url = "{url}"
+
+[host]
+admin_listen = "{admin}"
 
 [[exchanges]]
 name = "{fanout}"
@@ -258,9 +263,8 @@ kind = "fanout"
 
 [[queues]]
 name = "{queue}"
-type = "quorum"
+type = "{queue_type}"
 dead_letter = true
-arguments = {{ "x-delivery-limit" = 3 }}
 
 [[queues]]
 name = "{other}"
@@ -288,20 +292,36 @@ plugin = "{plugin}"
         message_id: Some(b"poison".to_vec()),
         content_type: None,
         headers: Vec::new(),
-        body: b"park:poison".to_vec(),
+        body: b"park:poison, bytes kept \x00\xff".to_vec(),
     };
-    let header_name = RawMessage {
-        headers: vec![(NOT_UTF8.to_vec(), RawValue::LongString(b"x".to_vec()))],
-        ..poison("", queue.as_bytes())
-    };
-    let message_id = RawMessage {
-        message_id: Some(NOT_UTF8.to_vec()),
-        ..poison("", queue.as_bytes())
-    };
-    // The default exchange routes by queue name, which cannot be anything
-    // but UTF-8: the fanout takes any routing key.
-    let routing_key = poison(&fanout, NOT_UTF8);
-    let poisons = [header_name, message_id, routing_key];
+    let to_queue = || poison("", queue.as_bytes());
+    let poisons = [
+        RawMessage {
+            headers: vec![(NOT_UTF8.to_vec(), RawValue::LongString(b"x".to_vec()))],
+            ..to_queue()
+        },
+        RawMessage {
+            headers: vec![(
+                b"outer".to_vec(),
+                RawValue::Table(vec![(NOT_UTF8.to_vec(), RawValue::I32(1))]),
+            )],
+            ..to_queue()
+        },
+        RawMessage {
+            message_id: Some(NOT_UTF8.to_vec()),
+            ..to_queue()
+        },
+        // The default exchange routes by queue name, which cannot be
+        // anything but UTF-8: the fanout takes any routing key.
+        poison(&fanout, NOT_UTF8),
+    ];
+    let reasons = [
+        r#"the header name "\xff\xfe" is not UTF-8"#,
+        r#"the header name "\xff\xfe" in the header "outer" is not UTF-8"#,
+        r#"its message-id property is not UTF-8: "\xff\xfe""#,
+        r#"the routing key is not UTF-8: "\xff\xfe""#,
+    ];
+    // The poison first: the orders wait behind it.
     publish_raw(
         broker.amqp_host(),
         broker.amqp_port(),
@@ -312,32 +332,90 @@ plugin = "{plugin}"
     )
     .await
     .unwrap();
-    let traffic = (0..TRAFFIC).map(|i| (format!("park:traffic {i}").into_bytes(), properties()));
-    broker
-        .publish_many("", &other, traffic.clone())
-        .await
-        .unwrap();
-    broker.publish_many("", &queue, traffic).await.unwrap();
+    let orders = |q: &str| {
+        (0..ORDERS)
+            .map(|i| (format!("park:order {q} {i}").into_bytes(), properties()))
+            .collect::<Vec<_>>()
+    };
+    let (_, _) = tokio::join!(
+        async {
+            broker
+                .publish_many("", &other, orders(&other))
+                .await
+                .unwrap()
+        },
+        async {
+            broker
+                .publish_many("", &queue, orders(&queue))
+                .await
+                .unwrap()
+        },
+    );
 
-    // Counted, not read: their copies in the .dlq hold the same bytes,
-    // which lapin (this test's client too) cannot parse.
-    let dlq = format!("{queue}.dlq");
-    let dead = broker.wait_for_message_count(&dlq, 3, WAIT).await.unwrap();
-    assert_eq!(dead, 3, "every poison is dead-lettered");
     let parked = broker
-        .drain(&format!("{queue}.parked"), TRAFFIC, WAIT)
+        .drain(&format!("{queue}.parked"), ORDERS + poisons.len(), WAIT)
         .await
         .unwrap();
-    assert_eq!(parked.len(), TRAFFIC, "the poison's queue stopped");
+    let (set_aside, handled): (Vec<_>, Vec<_>) = parked
+        .into_iter()
+        .partition(|m| m.body.starts_with(b"park:poison"));
+    assert_eq!(handled.len(), ORDERS, "the orders behind the poison");
+    let mut errors: Vec<String> = set_aside.iter().map(|m| m.acemq_error()).collect();
+    errors.sort();
+    let mut expected: Vec<String> = reasons
+        .iter()
+        .map(|r| format!("it could not be read as it was sent: {r}"))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        errors, expected,
+        "each poison parked once, saying what and where"
+    );
+    for copy in &set_aside {
+        assert_eq!(copy.body, poisons[0].body, "the body is kept byte for byte");
+    }
     let others = broker
-        .drain(&format!("{other}.parked"), TRAFFIC, WAIT)
+        .drain(&format!("{other}.parked"), ORDERS, WAIT)
         .await
         .unwrap();
-    assert_eq!(others.len(), TRAFFIC, "the other consumer stopped");
-    assert_eq!(broker.message_count(&queue).await.unwrap(), 0);
+    assert_eq!(others.len(), ORDERS, "the other consumer's traffic");
+    for q in [&queue, &other] {
+        assert_eq!(broker.message_count(q).await.unwrap(), 0, "{q}");
+        assert_eq!(
+            broker.message_count(&format!("{q}.dlq")).await.unwrap(),
+            0,
+            "{q}.dlq"
+        );
+    }
+    // No connection was closed for it: nothing to recover from.
+    let metrics = tokio::task::block_in_place(|| http_get(&format!("http://{admin}/metrics")))
+        .unwrap()
+        .1;
+    for connection in ["consume", "publish"] {
+        assert_eq!(
+            metric_sum(
+                &metrics,
+                "acemq_connection_recoveries_total",
+                &[("connection", connection)]
+            ),
+            0.0,
+            "{connection}"
+        );
+    }
     host.stop()
         .await
         .expect("the host ran until it was stopped");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_header_name_message_id_or_routing_key_that_is_not_utf8_is_parked_from_a_quorum_queue_without_a_delivery_limit()
+ {
+    unreadable_poisons_are_parked_and_nothing_else_is_disturbed("quorum").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_header_name_message_id_or_routing_key_that_is_not_utf8_is_parked_from_a_classic_queue() {
+    unreadable_poisons_are_parked_and_nothing_else_is_disturbed("classic").await;
 }
 
 /// The config of two consumers running the `outcomes` plugin: `queue`,
@@ -489,6 +567,84 @@ routing_key = "full"
         "{error}"
     );
     assert_eq!(broker.message_count(&full).await.unwrap(), 1);
+    host.stop()
+        .await
+        .expect("the host ran until it was stopped");
+}
+
+/// A `traceparent` whose bytes put a character of several bytes across the
+/// edge of one of its fields: the host once sliced it by byte position and
+/// panicked while reading the delivery, before its fault boundary, so the
+/// delivery was requeued and panicked again, in a hot loop. Now it is not
+/// a traceparent: the delivery starts a trace of its own, its handler runs
+/// (it parks it, as its body says), and the traffic behind it flows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_traceparent_holding_characters_of_several_bytes_starts_a_new_trace_and_traffic_flows() {
+    use lapin::types::{AMQPValue, LongString};
+    const BAD: &str = "00-4bf92f3577b34da6a3ce929d0e0e473\u{e9}00f067aa0ba902b7-01";
+    assert_eq!(BAD.len(), 55);
+    let broker = shared_broker();
+    let (queue, other) = (
+        unique_name("poison.trace"),
+        unique_name("poison.trace.other"),
+    );
+    let host = InProcessHost::start(&two_consumers(&queue, &other, "amq.direct", ""))
+        .await
+        .unwrap();
+    let mut headers = properties().headers().clone().unwrap_or_default();
+    headers.insert(
+        "traceparent".into(),
+        AMQPValue::LongString(LongString::from(BAD)),
+    );
+    let bad = properties().with_headers(headers);
+    let traffic = |from: usize| {
+        (from..from + TRAFFIC)
+            .map(|i| (format!("park:traffic {i}").into_bytes(), properties()))
+            .collect::<Vec<_>>()
+    };
+    broker.publish_many("", &other, traffic(0)).await.unwrap();
+    broker.publish_many("", &queue, traffic(0)).await.unwrap();
+    broker
+        .publish("", &queue, b"park:its handler ran", bad)
+        .await
+        .unwrap();
+    broker
+        .publish_many("", &queue, traffic(TRAFFIC))
+        .await
+        .unwrap();
+    let parked = broker
+        .drain(&format!("{queue}.parked"), 2 * TRAFFIC + 1, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(
+        parked.len(),
+        2 * TRAFFIC + 1,
+        "the consumer of {queue} stopped"
+    );
+    let copy = parked
+        .iter()
+        .find(|m| m.body == b"park:its handler ran")
+        .expect("the delivery with the bad traceparent was handled");
+    assert_eq!(copy.acemq_error(), "the handler parked it: its handler ran");
+    // The copy's traceparent is the host's own publish span, of a new trace.
+    let Some(AMQPValue::LongString(written)) = copy.header("traceparent") else {
+        panic!(
+            "no traceparent on the copy: {:?}",
+            copy.header("traceparent")
+        );
+    };
+    let written = String::from_utf8(written.as_bytes().to_vec()).unwrap();
+    let parent = acemq_host::trace::TraceParent::parse(&written).expect("a valid traceparent");
+    assert_ne!(
+        parent.trace_id_hex().to_string(),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    let others = broker
+        .drain(&format!("{other}.parked"), TRAFFIC, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(others.len(), TRAFFIC, "the other consumer stopped");
+    assert_eq!(broker.message_count(&queue).await.unwrap(), 0);
     host.stop()
         .await
         .expect("the host ran until it was stopped");

@@ -20,13 +20,17 @@
 //! admin token configured every request needs `Authorization: Bearer TOKEN`
 //! (401), without one reads are open and POSTs refused (403), so that
 //! orchestrators' health checks need no secret. Request bodies are refused
-//! over [`policy::MAX_BODY_BYTES`] (413), connections over
-//! [`MAX_CONNECTIONS`] are closed at once, and a connection that sends no
-//! request head for [`HEADER_READ_TIMEOUT`] (a new one, or an idle kept-alive
-//! one) is closed.
+//! over [`policy::MAX_BODY_BYTES`] (413); at most [`MAX_CONNECTIONS`]
+//! connections are open at once, a new one taking the place of the one idle
+//! the longest ([`places`]); a connection that sends no request head for
+//! [`HEADER_READ_TIMEOUT`] (a new one, or an idle kept-alive one) is closed,
+//! and so is one whose client reads nothing of an answer for
+//! [`WRITE_TIMEOUT`] ([`write_deadline`]).
 
 pub mod health;
+pub mod places;
 pub mod policy;
+pub mod write_deadline;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -56,9 +60,13 @@ use policy::{Policy, Refusal, TOKEN_ENV, Token};
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open requests may take to finish once the endpoint stops.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
-/// Connections served at once; more are closed as soon as they are accepted.
-/// Orchestrators and scrapers hold a few; this many means something is wrong.
+/// Connections served at once. Orchestrators and scrapers hold a few; this
+/// many means something is wrong. A new connection past it takes the place
+/// of the one idle the longest ([`places`]), so idle or slow clients cannot
+/// keep a health probe out.
 pub const MAX_CONNECTIONS: usize = 64;
+/// How long one write of an answer may wait for the client to read.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// At most one warning per this time about connections closed over the cap.
 const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -216,7 +224,9 @@ pub fn spawn(
     let policy = Arc::new(policy);
     tokio::spawn(async move {
         let mut connections = JoinSet::new();
-        let mut over_cap = Throttle::new(CAP_WARN_EVERY);
+        let places = places::Places::new(MAX_CONNECTIONS);
+        let mut made_room = Throttle::new(CAP_WARN_EVERY);
+        let mut refused = Throttle::new(CAP_WARN_EVERY);
         loop {
             let accepted = tokio::select! {
                 biased;
@@ -233,27 +243,55 @@ pub fn spawn(
                 }
             };
             while connections.try_join_next().is_some() {}
-            if connections.len() >= MAX_CONNECTIONS {
-                drop(stream);
-                if let Some(closed) = over_cap.note(Instant::now()) {
-                    tracing::warn!(
-                        peer = %peer,
-                        closed,
-                        limit = MAX_CONNECTIONS,
-                        "admin endpoint: too many connections; closing new ones at once"
-                    );
+            let place = match places.admit(Instant::now()) {
+                places::Admission::Admitted {
+                    place,
+                    made_room: false,
+                } => place,
+                places::Admission::Admitted {
+                    place,
+                    made_room: true,
+                } => {
+                    if let Some(closed) = made_room.note(Instant::now()) {
+                        tracing::warn!(
+                            peer = %peer,
+                            closed,
+                            limit = MAX_CONNECTIONS,
+                            "admin endpoint: every connection place is taken; closing the one idle the longest for each new one"
+                        );
+                    }
+                    place
                 }
-                continue;
-            }
+                places::Admission::Refused => {
+                    drop(stream);
+                    if let Some(closed) = refused.note(Instant::now()) {
+                        tracing::warn!(
+                            peer = %peer,
+                            closed,
+                            limit = MAX_CONNECTIONS,
+                            "admin endpoint: too many connections, every one answering a request; closing new ones at once"
+                        );
+                    }
+                    continue;
+                }
+            };
             let admin = admin.clone();
             let policy = policy.clone();
             let stop = stop.clone();
             connections.spawn(async move {
+                let activity = place.activity();
                 let service = hyper::service::service_fn(move |request| {
                     let admin = admin.clone();
                     let policy = policy.clone();
-                    async move { Ok::<_, Infallible>(admin.serve(&policy, request).await) }
+                    // Busy while answering: not the one to close for a newcomer.
+                    let busy = activity.busy();
+                    async move {
+                        let response = admin.serve(&policy, request).await;
+                        drop(busy);
+                        Ok::<_, Infallible>(response)
+                    }
                 });
+                let stream = write_deadline::WriteDeadline::new(stream, WRITE_TIMEOUT);
                 let connection = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
                     .header_read_timeout(HEADER_READ_TIMEOUT)
@@ -261,6 +299,8 @@ pub fn spawn(
                 tokio::pin!(connection);
                 let served = tokio::select! {
                     served = connection.as_mut() => served,
+                    // Another connection took its place: close it now.
+                    _ = place.close.cancelled() => Ok(()),
                     _ = stop.cancelled() => {
                         // Finish the request in progress, then close.
                         connection.as_mut().graceful_shutdown();
@@ -270,6 +310,7 @@ pub fn spawn(
                 if let Err(e) = served {
                     tracing::debug!(error = %e, "admin endpoint connection");
                 }
+                drop(place);
             });
         }
         drop(listener);

@@ -5,9 +5,12 @@
 
 use std::time::Duration;
 
+use lapin::tcp::AsyncTcpStream;
+use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Connection, ConnectionProperties, ErrorKind};
 
 use super::BrokerUrl;
+use super::frame_guard::transport::GuardedReactor;
 use super::tls::Tls;
 
 /// Heartbeat asked for when the URL names none: a blackholed connection is
@@ -120,12 +123,7 @@ impl Addresses {
         let properties =
             ConnectionProperties::default().with_connection_name(self.name.clone().into());
         // The parsed URI, never the text: lapin's parse errors repeat the URL.
-        let attempt = async {
-            match &self.tls {
-                Some(tls) => tls.connect(uri, properties).await,
-                None => Connection::connect_uri(uri, properties).await,
-            }
-        };
+        let attempt = open_guarded(uri, properties, self.tls.clone());
         let result = match tokio::time::timeout(timeout, attempt).await {
             Ok(result) => result,
             Err(_) => {
@@ -147,6 +145,42 @@ impl Addresses {
             }
         })
     }
+}
+
+/// Opens a connection whose inbound bytes pass through the frame guard
+/// (`frame_guard`): TCP, then TLS for `amqps://`, then the guard, so that no
+/// producer's bytes in a delivery can make lapin close the connection.
+/// lapin calls the closure again for each reconnection of its own.
+async fn open_guarded(
+    uri: AMQPUri,
+    properties: ConnectionProperties,
+    tls: Option<Tls>,
+) -> lapin::Result<Connection> {
+    let reactor = GuardedReactor::new(uri.query.frame_max.unwrap_or(0));
+    let runtime = reactor.runtime();
+    Connection::connector(
+        uri,
+        runtime,
+        async move |uri: AMQPUri, _runtime| {
+            let tokio = async_rs::Runtime::new(reactor.tokio().clone());
+            let host = uri.authority.host.clone();
+            let addresses = tokio.to_socket_addrs((host.clone(), uri.authority.port));
+            let stream = AsyncTcpStream::connect(&tokio, addresses).await?;
+            let stream = match uri.scheme {
+                AMQPScheme::AMQP => stream,
+                AMQPScheme::AMQPS => {
+                    let tls = match &tls {
+                        Some(tls) => tls.clone(),
+                        None => Tls::defaults().map_err(std::io::Error::other)?,
+                    };
+                    tls.handshake(stream, &host).await?
+                }
+            };
+            Ok(AsyncTcpStream::Plain(reactor.guard(stream)))
+        },
+        properties,
+    )
+    .await
 }
 
 /// The broker refused the login (403 ACCESS_REFUSED) or the vhost (530

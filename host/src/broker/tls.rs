@@ -11,11 +11,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use lapin::tcp::{AsyncTcpStream, RustlsConnector, RustlsConnectorConfig};
-use lapin::uri::{AMQPScheme, AMQPUri};
-use lapin::{Connection, ConnectionProperties};
+use lapin::tcp::{RustlsConnector, RustlsConnectorConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use super::frame_guard::transport::Inner;
 
 /// `[broker.tls]`, with paths already resolved.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -92,33 +92,17 @@ impl Tls {
         })
     }
 
-    /// Opens a connection to `uri`: TLS for `amqps://`, plain for `amqp://`.
-    pub async fn connect(
-        &self,
-        uri: AMQPUri,
-        properties: ConnectionProperties,
-    ) -> lapin::Result<Connection> {
-        let runtime = lapin::runtime::default_runtime()?;
-        let connector = self.connector.clone();
-        let server_name = self.server_name.clone();
-        Connection::connector(
-            uri,
-            runtime,
-            async move |uri, runtime| {
-                let host = uri.authority.host.clone();
-                let addresses = runtime.to_socket_addrs((host.clone(), uri.authority.port));
-                let stream = AsyncTcpStream::connect(&runtime, addresses).await?;
-                match uri.scheme {
-                    AMQPScheme::AMQP => Ok(stream),
-                    AMQPScheme::AMQPS => {
-                        let name = server_name.as_deref().unwrap_or(&host);
-                        Ok(stream.into_rustls(&connector, name).await?)
-                    }
-                }
-            },
-            properties,
-        )
-        .await
+    /// The TLS of lapin's defaults: the built-in roots, no client
+    /// certificate, the URL's host as the name.
+    pub fn defaults() -> Result<Self, TlsError> {
+        Self::new(&TlsSettings::default())
+    }
+
+    /// Shakes hands over a connected stream, checking the broker's
+    /// certificate against the configured name or else `host`.
+    pub async fn handshake(&self, stream: Inner, host: &str) -> std::io::Result<Inner> {
+        let name = self.server_name.as_deref().unwrap_or(host);
+        stream.into_rustls(&self.connector, name).await
     }
 }
 

@@ -161,7 +161,7 @@ impl Settlement {
     /// [`envelope::MAX_REASON_BYTES`]: a reason may quote a plugin (a
     /// panic text, a reject reason holding a whole order id) and is
     /// written into `x-acemq-error` and logs, which must stay small.
-    fn with_bounded_reason(mut self) -> Self {
+    pub(crate) fn with_bounded_reason(mut self) -> Self {
         match &mut self {
             Settlement::Accept { .. } => {}
             Settlement::RetryInConsumer { reason, .. }
@@ -188,6 +188,21 @@ pub fn refuse_oversized(queue: &str, body_len: usize, max_body_bytes: usize) -> 
             "its body is {body_len} bytes, more than the {max_body_bytes} bytes this consumer \
              accepts (max_body_bytes)"
         ),
+    })
+}
+
+/// The set-aside of a delivery the host had to make readable (the frame
+/// guard's note, `broker::frame_guard`: bytes that are not UTF-8 where AMQP
+/// wants text, a header table that cannot be read): parked before any
+/// plugin runs, never retried (it would be as unreadable the next time),
+/// the note saying what was wrong and where. `None` for a readable one.
+pub fn refuse_unreadable(queue: &str, note: Option<&str>) -> Option<Settlement> {
+    note.map(|note| {
+        Settlement::Park {
+            queue: naming::parked_queue(queue),
+            reason: format!("it could not be read as it was sent: {note}"),
+        }
+        .with_bounded_reason()
     })
 }
 
@@ -794,6 +809,23 @@ mod tests {
         );
         assert!(
             matches!(&s, Settlement::Requeue { why } if why.len() <= envelope::MAX_REASON_BYTES)
+        );
+    }
+
+    #[test]
+    fn an_unreadable_delivery_is_parked_with_the_guards_note() {
+        assert_eq!(refuse_unreadable("orders.new", None), None);
+        assert_eq!(
+            refuse_unreadable(
+                "orders.new",
+                Some("the routing key is not UTF-8: \"\\xff\"")
+            ),
+            Some(Settlement::Park {
+                queue: "orders.new.parked".into(),
+                reason:
+                    "it could not be read as it was sent: the routing key is not UTF-8: \"\\xff\""
+                        .into()
+            })
         );
     }
 

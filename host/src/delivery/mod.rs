@@ -126,14 +126,41 @@ impl Pipeline {
             receipt,
             slot,
         } = received;
-        let envelope = Arc::new(Envelope::read(
-            &properties,
-            routing_key.as_str(),
-            envelope::now_ms(),
-        ));
-        let trace = DeliveryTrace::start(&self.tracer, properties.headers().as_ref());
         // Shared with the handler call and with any republish, never copied.
         let body = Bytes::from(body);
+        // Reading is inside the fault boundary too: a panic there (in code
+        // that reads what a producer wrote) would otherwise drop the
+        // receipt, requeue the delivery and meet the same panic again, for
+        // ever. It sets that one delivery aside instead.
+        let read = read_within_boundary(queue, || {
+            self.read(
+                &properties,
+                exchange.as_str(),
+                routing_key.as_str(),
+                redelivered,
+                &body,
+            )
+        });
+        let Read {
+            envelope,
+            trace,
+            input,
+        } = match read {
+            Ok(read) => read,
+            Err(set_aside) => {
+                drop(slot);
+                self.set_aside_unread(
+                    &properties,
+                    routing_key.as_str(),
+                    &receipt,
+                    &body,
+                    set_aside,
+                    arrived,
+                )
+                .await;
+                return;
+            }
+        };
         let delivery = Delivery {
             envelope: &envelope,
             properties: &properties,
@@ -142,22 +169,15 @@ impl Pipeline {
             trace: &trace,
             arrived,
         };
-        if let Some(refusal) =
-            decide::refuse_oversized(queue, body.len(), self.rules.max_body_bytes)
-        {
-            // Never handed to a plugin: the concurrency slot is not needed.
-            drop(slot);
-            self.settle(delivery, refusal).await;
-            return;
-        }
-        let mut input = handler_input(
-            envelope.clone(),
-            &properties,
-            exchange.as_str(),
-            routing_key.as_str(),
-            redelivered,
-            body.clone(),
-        );
+        let mut input = match input {
+            Ok(input) => input,
+            Err(refusal) => {
+                // Never handed to a plugin: the concurrency slot is not needed.
+                drop(slot);
+                self.settle(delivery, refusal).await;
+                return;
+            }
+        };
         input.trace_id = Some(trace.trace_id());
 
         // On this task: the calls yield between epoch ticks (plugin/pool.rs),
@@ -200,6 +220,80 @@ impl Pipeline {
         };
         let settlement = decide::decide(facts, run, &self.rules.policy);
         self.settle(delivery, settlement).await;
+    }
+
+    /// The reading stage: the envelope, the trace context and the
+    /// handler's input, all taken from the delivery before any plugin runs;
+    /// or, instead of the input, the set-aside of a delivery no plugin
+    /// should see (unreadable as sent, or a body over `max_body_bytes`).
+    fn read(
+        &self,
+        properties: &BasicProperties,
+        exchange: &str,
+        routing_key: &str,
+        redelivered: bool,
+        body: &Bytes,
+    ) -> Read {
+        let envelope = Arc::new(Envelope::read(properties, routing_key, envelope::now_ms()));
+        let trace = DeliveryTrace::start(&self.tracer, properties.headers().as_ref());
+        let refusal =
+            decide::refuse_unreadable(&self.queue, unreadable_note(properties).as_deref()).or_else(
+                || decide::refuse_oversized(&self.queue, body.len(), self.rules.max_body_bytes),
+            );
+        let input = match refusal {
+            Some(refusal) => Err(refusal),
+            None => Ok(handler_input(
+                envelope.clone(),
+                properties,
+                exchange,
+                routing_key,
+                redelivered,
+                body.clone(),
+            )),
+        };
+        Read {
+            envelope,
+            trace,
+            input,
+        }
+    }
+
+    /// Carries out `set_aside` for a delivery whose reading panicked, under
+    /// an envelope of defaults (the delivery's own could not be read).
+    /// Should that panic as well, the copy goes without the delivery's
+    /// properties, which are then all that can be wrong.
+    async fn set_aside_unread(
+        &self,
+        properties: &BasicProperties,
+        routing_key: &str,
+        receipt: &Receipt,
+        body: &Bytes,
+        set_aside: Settlement,
+        arrived: Instant,
+    ) {
+        let queue = self.queue.as_str();
+        let envelope = Envelope::from_headers(None, None, routing_key, envelope::now_ms());
+        let trace = DeliveryTrace::start(&self.tracer, None);
+        let bare = BasicProperties::default();
+        for properties in [properties, &bare] {
+            let delivery = Delivery {
+                envelope: &envelope,
+                properties,
+                receipt,
+                body,
+                trace: &trace,
+                arrived,
+            };
+            let settled = AssertUnwindSafe(self.settle(delivery, set_aside.clone()))
+                .catch_unwind()
+                .await;
+            match settled {
+                Ok(()) => return,
+                Err(panic) => {
+                    tracing::error!(queue, error = %envelope::bound_reason(&panic_message(panic.as_ref())), "setting aside an unreadable delivery panicked")
+                }
+            }
+        }
     }
 
     /// Carries `settlement` out on the broker, then counts how it ended and
@@ -254,6 +348,46 @@ impl Pipeline {
                 retry_delay,
             });
         }
+    }
+}
+
+/// Runs the reading stage inside the fault boundary: what it read, or, if
+/// it panicked, the delivery's set-aside (parked, the panic its reason:
+/// reading it again would panic again, so it is never retried).
+fn read_within_boundary(queue: &str, read: impl FnOnce() -> Read) -> Result<Read, Settlement> {
+    std::panic::catch_unwind(AssertUnwindSafe(read)).map_err(|panic| {
+        let reason = format!(
+            "the host could not read it: {}",
+            panic_message(panic.as_ref())
+        );
+        tracing::error!(queue, error = %envelope::bound_reason(&reason), "a delivery could not be read; parking it");
+        Settlement::Park {
+            queue: crate::topology::naming::parked_queue(queue),
+            reason,
+        }
+        .with_bounded_reason()
+    })
+}
+
+/// What the reading stage took from a delivery.
+struct Read {
+    envelope: Arc<Envelope>,
+    trace: DeliveryTrace,
+    /// The handler's input, or the delivery's set-aside instead.
+    input: Result<Input, Settlement>,
+}
+
+/// What the frame guard wrote on a delivery it had to make readable
+/// (`broker::frame_guard`): which of its bytes were not as AMQP reads them.
+fn unreadable_note(properties: &BasicProperties) -> Option<String> {
+    use lapin::types::AMQPValue;
+    let headers = properties.headers().as_ref()?;
+    match headers
+        .inner()
+        .get(crate::broker::frame_guard::UNREADABLE_HEADER)?
+    {
+        AMQPValue::LongString(note) => Some(String::from_utf8_lossy(note.as_bytes()).into_owned()),
+        _ => Some("(no note)".to_string()),
     }
 }
 
@@ -428,10 +562,67 @@ impl BrokerPort for OnBroker<'_> {
 
 /// What a panic said, for the delivery's reason.
 fn panic_text(panic: &(dyn Any + Send)) -> String {
-    let text = panic
+    format!(
+        "the host panicked while running the plugins: {}",
+        panic_message(panic)
+    )
+}
+
+/// A panic's message, or that it had none.
+fn panic_message(panic: &(dyn Any + Send)) -> &str {
+    panic
         .downcast_ref::<&str>()
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("no message");
-    format!("the host panicked while running the plugins: {text}")
+        .unwrap_or("a panic with no message")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_while_reading_parks_the_delivery_with_the_panic_as_its_reason() {
+        let set_aside =
+            read_within_boundary("orders.new", || panic!("index 54 is not a char boundary"))
+                .err()
+                .expect("the panic is caught");
+        assert_eq!(
+            set_aside,
+            Settlement::Park {
+                queue: "orders.new.parked".into(),
+                reason: "the host could not read it: index 54 is not a char boundary".into(),
+            }
+        );
+        let long = "x".repeat(100_000);
+        let Err(Settlement::Park { reason, .. }) =
+            read_within_boundary("q", || std::panic::panic_any(long.clone()))
+        else {
+            panic!("not parked");
+        };
+        assert!(
+            reason.len() <= envelope::MAX_REASON_BYTES,
+            "{}",
+            reason.len()
+        );
+    }
+
+    #[test]
+    fn the_frame_guards_note_is_what_marks_a_delivery_unreadable() {
+        use lapin::types::{AMQPValue, FieldTable, LongString};
+        let mut headers = FieldTable::default();
+        assert_eq!(unreadable_note(&BasicProperties::default()), None);
+        headers.insert("x-acemq-id".into(), AMQPValue::LongString("id".into()));
+        let plain = BasicProperties::default().with_headers(headers.clone());
+        assert_eq!(unreadable_note(&plain), None);
+        headers.insert(
+            crate::broker::frame_guard::UNREADABLE_HEADER.into(),
+            AMQPValue::LongString(LongString::from("the routing key is not UTF-8: \"\\xff\"")),
+        );
+        let marked = BasicProperties::default().with_headers(headers);
+        assert_eq!(
+            unreadable_note(&marked).as_deref(),
+            Some("the routing key is not UTF-8: \"\\xff\"")
+        );
+    }
 }

@@ -22,15 +22,23 @@ impl TraceParent {
     /// version `ff` invalid. A later version is read by its first four
     /// fields when what follows them starts with `-`. `None` when the value
     /// is not one: the delivery then starts a trace of its own.
+    ///
+    /// Read as bytes, by position: any text a producer sends (a character
+    /// of several bytes where a digit belongs, say) is simply not one.
     pub fn parse(text: &str) -> Option<Self> {
-        let text = text.trim();
-        let bytes = text.as_bytes();
-        if bytes.len() < 55 || (bytes.len() > 55 && (&text[0..2] == "00" || bytes[55] != b'-')) {
+        Self::parse_bytes(text.trim().as_bytes())
+    }
+
+    /// [`TraceParent::parse`] over the header's bytes (already trimmed).
+    pub fn parse_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() < 55 {
             return None;
         }
-        let (version, trace, span, flags) =
-            (&text[0..2], &text[3..35], &text[36..52], &text[53..55]);
-        if bytes[2] != b'-' || bytes[35] != b'-' || bytes[52] != b'-' || version == "ff" {
+        let version = &bytes[0..2];
+        if bytes.len() > 55 && (version == b"00" || bytes[55] != b'-') {
+            return None;
+        }
+        if bytes[2] != b'-' || bytes[35] != b'-' || bytes[52] != b'-' || version == b"ff" {
             return None;
         }
         let mut trace_id = [0u8; 16];
@@ -38,9 +46,9 @@ impl TraceParent {
         let mut flag = [0u8; 1];
         let mut version_byte = [0u8; 1];
         lower_hex(version, &mut version_byte)?;
-        lower_hex(trace, &mut trace_id)?;
-        lower_hex(span, &mut span_id)?;
-        lower_hex(flags, &mut flag)?;
+        lower_hex(&bytes[3..35], &mut trace_id)?;
+        lower_hex(&bytes[36..52], &mut span_id)?;
+        lower_hex(&bytes[53..55], &mut flag)?;
         if trace_id == [0; 16] || span_id == [0; 8] {
             return None;
         }
@@ -93,11 +101,11 @@ impl TraceParent {
 
 /// Decodes lowercase hex of exactly `out`'s length (the W3C format allows
 /// no uppercase).
-fn lower_hex(text: &str, out: &mut [u8]) -> Option<()> {
-    if text.len() != out.len() * 2 || text.bytes().any(|b| b.is_ascii_uppercase()) {
+fn lower_hex(digits: &[u8], out: &mut [u8]) -> Option<()> {
+    if digits.len() != out.len() * 2 || digits.iter().any(u8::is_ascii_uppercase) {
         return None;
     }
-    hex::decode_to_slice(text, out).ok()
+    hex::decode_to_slice(digits, out).ok()
 }
 
 /// Random ids are never all zeros (an invalid id); one draw in 2^64 retries.
@@ -143,6 +151,52 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e473x-00f067aa0ba902b7-01",
         ] {
             assert_eq!(TraceParent::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn characters_of_several_bytes_anywhere_are_not_a_traceparent() {
+        // Where the old reader sliced text by byte position and panicked.
+        // 55 bytes each, a two-byte character across a field's edge.
+        for bad in [
+            "0é4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473é00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902bé01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-é",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\u{1F600}",
+        ] {
+            assert_eq!(TraceParent::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// No text panics the reader; what it reads writes back the same.
+        #[test]
+        fn any_text_is_read_without_panicking(text in "\\PC{0,70}", bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..70)) {
+            if let Some(parent) = TraceParent::parse(&text) {
+                proptest::prop_assert_eq!(TraceParent::parse(&parent.header()), Some(parent));
+            }
+            let _ = TraceParent::parse_bytes(&bytes);
+        }
+
+        /// A valid header with any characters in place of some of its own
+        /// is read or refused, never a panic (the same length in bytes
+        /// puts a character across every field edge in turn).
+        #[test]
+        fn a_valid_header_with_characters_replaced_never_panics(
+            at in 0usize..55,
+            c in proptest::prelude::any::<char>(),
+        ) {
+            let width = c.len_utf8().min(55 - at);
+            let mut text = EXAMPLE.as_bytes().to_vec();
+            let mut encoded = [0u8; 4];
+            let encoded = c.encode_utf8(&mut encoded).as_bytes();
+            if width == encoded.len() {
+                text.splice(at..at + width, encoded.iter().copied());
+            }
+            if let Ok(text) = String::from_utf8(text) {
+                let _ = TraceParent::parse(&text);
+            }
         }
     }
 
