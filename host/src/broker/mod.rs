@@ -10,6 +10,7 @@ pub mod acks;
 pub mod address;
 pub mod checkpoint;
 pub mod connection;
+pub mod lease;
 pub mod link;
 pub mod offset;
 pub mod publisher;
