@@ -4,9 +4,10 @@
 //! message. Two hosts running a consumer of the same `consumer_name` would
 //! each handle the whole stream and overwrite each other's checkpoint.
 //! RabbitMQ 3.10 has no single active consumer for a stream read over AMQP
-//! 0-9-1 (3.11 added it for the stream protocol only; a stream declared
-//! with `x-single-active-consumer` gives every consumer every message, see
-//! `tests/tests/streams.rs`), so the host takes a lease instead: an
+//! 0-9-1: it refuses `x-single-active-consumer` on a stream (`invalid arg
+//! ... of queue type rabbit_stream_queue`, see `tests/tests/streams.rs`;
+//! 3.11 added it for the stream protocol only). So the host takes a lease
+//! instead: an
 //! exclusive queue `acemq.lease.{consumer_name}`, declared on the
 //! connection the consumer reads on. The broker lets one connection hold an
 //! exclusive queue of a name and refuses the others (`RESOURCE_LOCKED`),

@@ -40,38 +40,67 @@ pub use super::offset::{OFFSET_ARGUMENT, StreamOffset};
 /// `last` (the newest chunk) until nothing more comes for a moment, and the
 /// highest offset it saw is the answer. `None` for an empty stream. It acks
 /// nothing it must not: a stream keeps every message whatever its readers do.
+///
+/// Bounded: on a stream appended to faster than the quiet moment, "until
+/// nothing more comes" would never come, so it reads for at most
+/// [`PROBE_LIMIT`] and answers with the highest offset seen by then; each
+/// step with the broker is bounded too.
 pub async fn newest_offset(connection: &Connection, stream: &str) -> lapin::Result<Option<u64>> {
     use futures::StreamExt as _;
     use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
-    let channel = connection.create_channel().await?;
-    channel
-        .basic_qos(1000, BasicQosOptions { global: false })
-        .await?;
-    let mut arguments = lapin::types::FieldTable::default();
-    arguments.insert(OFFSET_ARGUMENT.into(), StreamOffset::Last.to_amqp());
-    let tag = format!("acemq-host.probe.{}", uuid::Uuid::new_v4().simple());
-    let mut deliveries = channel
-        .basic_consume(
-            stream.into(),
-            tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            arguments,
-        )
-        .await?;
+    let timed_out = || lapin::Error::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+    let channel = tokio::time::timeout(PROBE_LIMIT, connection.create_channel())
+        .await
+        .map_err(|_| timed_out())??;
+    let consuming = async {
+        channel
+            .basic_qos(1000, BasicQosOptions { global: false })
+            .await?;
+        let mut arguments = lapin::types::FieldTable::default();
+        arguments.insert(OFFSET_ARGUMENT.into(), StreamOffset::Last.to_amqp());
+        let tag = format!("acemq-host.probe.{}", uuid::Uuid::new_v4().simple());
+        let deliveries = channel
+            .basic_consume(
+                stream.into(),
+                tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                arguments,
+            )
+            .await?;
+        Ok::<_, lapin::Error>((tag, deliveries))
+    };
+    let consumed = tokio::time::timeout(PROBE_LIMIT, consuming)
+        .await
+        .map_err(|_| timed_out())
+        .and_then(|r| r);
+    let (tag, mut deliveries) = match consumed {
+        Ok(consumed) => consumed,
+        Err(e) => {
+            let _ =
+                tokio::time::timeout(PROBE_LIMIT, channel.close(200, "probe failed".into())).await;
+            return Err(e);
+        }
+    };
     let mut newest = None;
-    while let Ok(Some(Ok(delivery))) =
-        tokio::time::timeout(Duration::from_millis(200), deliveries.next()).await
-    {
+    let until = tokio::time::Instant::now() + PROBE_LIMIT;
+    while tokio::time::Instant::now() < until {
+        let quiet = Duration::from_millis(200).min(until - tokio::time::Instant::now());
+        let Ok(Some(Ok(delivery))) = tokio::time::timeout(quiet, deliveries.next()).await else {
+            break;
+        };
         if let Some(offset) = StreamOffset::of_delivery(delivery.properties.headers().as_ref()) {
             newest = Some(newest.map_or(offset, |n: u64| n.max(offset)));
         }
     }
-    let _ = channel
-        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-        .await;
-    let _ = channel.close(200, "probe done".into()).await;
+    let cancel = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default());
+    let _ = tokio::time::timeout(PROBE_LIMIT, cancel).await;
+    let _ = tokio::time::timeout(PROBE_LIMIT, channel.close(200, "probe done".into())).await;
     Ok(newest)
 }
+
+/// The longest the newest-offset probe reads, and the longest each of its
+/// steps with the broker may take.
+pub const PROBE_LIMIT: Duration = Duration::from_secs(5);
 
 /// How often a stream's newest offset is probed for the lag metric.
 pub const PROBE_EVERY: Duration = Duration::from_secs(30);
