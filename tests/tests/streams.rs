@@ -870,6 +870,15 @@ checkpoint_every = 1
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(saved(), "10", "the position passed it, and the rest");
+    // Never requeued (a retried outcome), and nothing read twice: the
+    // subscription never had to start again to get past it.
+    let count = |outcome| host.metrics.consumed_count(&stream, outcome);
+    assert_eq!(
+        (count("retried"), count("rejected"), count("acked")),
+        (0, 1, 9),
+        "{}",
+        host.metrics.render()
+    );
     host.stop().await.unwrap();
     broker.delete_queue(&dlq).await.unwrap();
 }
@@ -1028,4 +1037,61 @@ checkpoint_every = 100
     let (status, log) = stopped.expect("the host stops during the alarm");
     assert!(status.success(), "{}", log.join("\n"));
     broker.stop().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_requeued_stream_delivery_is_not_delivered_again_and_its_channel_is_closed() {
+    // Why a stream delivery is never requeued (delivery/decide.rs): the
+    // broker gives it to no one, and closes the channel, so the
+    // subscription ends and whatever else it had in hand is read again.
+    use futures::StreamExt as _;
+    use lapin::options::{BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+    let stream = unique_name("streams.requeue");
+    declare_stream(&stream).await;
+    append(&stream, &ids("m", 3)).await;
+    let connection = shared_broker().connect().await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .basic_qos(10, BasicQosOptions { global: false })
+        .await
+        .unwrap();
+    let mut offset = FieldTable::default();
+    offset.insert(
+        "x-stream-offset".into(),
+        AMQPValue::LongString("first".into()),
+    );
+    let mut deliveries = channel
+        .basic_consume(
+            stream.as_str().into(),
+            "requeue-probe".into(),
+            BasicConsumeOptions::default(),
+            offset,
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut nacked = false;
+    while let Ok(Some(Ok(delivery))) =
+        tokio::time::timeout(Duration::from_secs(3), deliveries.next()).await
+    {
+        seen.push(String::from_utf8_lossy(&delivery.data).into_owned());
+        if !nacked {
+            nacked = true;
+            let requeue = BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            };
+            delivery.acker.nack(requeue).await.unwrap();
+        }
+    }
+    assert_eq!(
+        seen.iter().filter(|m| *m == "m0").count(),
+        1,
+        "m0 was not delivered again: {seen:?}"
+    );
+    assert!(
+        !channel.status().connected(),
+        "the broker closed the channel"
+    );
+    let _ = connection.close(200, "done".into()).await;
 }

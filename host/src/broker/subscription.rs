@@ -251,8 +251,8 @@ impl Receipt {
     /// Gives the delivery back to its queue now; it comes back as a new
     /// delivery. Only once the nack is written may a `multiple` ack pass
     /// over it (see acks.rs). Not for a stream delivery: the broker does
-    /// not deliver a requeued stream message to the same subscription
-    /// again (see [`Receipt::read_again`]).
+    /// not deliver a requeued stream message again, and closes the channel
+    /// (see [`Receipt::read_again`]).
     pub async fn requeue(&self) {
         self.settled.store(true, Ordering::Relaxed);
         requeue(&self.acker, &self.acks, self.tag).await;

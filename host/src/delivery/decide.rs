@@ -53,10 +53,12 @@ pub enum Settlement {
     /// interrupted a wait. Nothing is lost; the delivery comes back.
     /// Never for a stream delivery (see [`Settlement::ReadAgain`]).
     Requeue { why: String },
-    /// A stream delivery's requeue. The broker does not deliver a requeued
-    /// stream message to the same subscription again, so a requeue would
-    /// leave its offset unfinished for good, pinning the checkpoint behind
-    /// it. Instead it is neither acked nor requeued: its work counts as not
+    /// A stream delivery's requeue. RabbitMQ does not deliver a requeued
+    /// stream message again, and closes the channel (RabbitMQ 3.10; see
+    /// `tests/tests/streams.rs`): a requeue would end the subscription and
+    /// have everything it had in hand read again, or, were the channel
+    /// kept, leave the offset unfinished for good, pinning the checkpoint
+    /// behind it. Instead it is neither acked nor requeued: its work counts as not
     /// done, and the consumer reads it again from its offset (its
     /// subscription starts again there, at once or at the next start).
     ReadAgain { why: String },
