@@ -292,11 +292,15 @@ fn prepare_consumer(
             .into());
     }
     let stream = offset.map(|offset| {
-        let position = StreamPosition::new(offset);
-        Arc::new(match checkpoint {
-            Some(checkpoint) => position.with_checkpoint(checkpoint),
-            None => position,
-        })
+        let mut position = StreamPosition::new(offset);
+        if let Some(checkpoint) = checkpoint {
+            position = position.with_checkpoint(checkpoint);
+        }
+        // A consumer name is one reader: across hosts, one at a time.
+        if let Some(name) = &consumer.consumer_name {
+            position = position.with_lease(name);
+        }
+        Arc::new(position)
     });
     let is_stream = is_stream || stream.is_some();
     let plugin_path = config.resolve(consumer.plugin.get_ref());
@@ -596,6 +600,7 @@ pub async fn run(
         board: board.clone(),
     };
     let mut consumers = JoinSet::new();
+    let mut savers = Vec::new();
     for consumer in prepared.consumers {
         let queue = consumer.subscription.queue.as_str();
         metrics
@@ -610,6 +615,14 @@ pub async fn run(
                 .with_stream(consumer.subscription.stream.clone()),
         );
         if let Some(position) = &consumer.subscription.stream {
+            // One saver per consumer for the life of the host, over the
+            // publish connection; it outlives the consumers, whose last
+            // saves it stores at their stop.
+            if let Some(saver) =
+                position.spawn_saver(Some(publish_link.clone()), links_stop.clone())
+            {
+                savers.push(saver);
+            }
             tokio::spawn(crate::broker::stream::probe_newest(
                 consume_link.clone(),
                 queue.to_string(),
@@ -648,8 +661,8 @@ pub async fn run(
     // Every step below is bounded: a broker that stops answering must not
     // keep the host from exiting.
     let limit = std::time::Duration::from_secs(5);
-    for supervisor in supervisors {
-        let _ = tokio::time::timeout(limit, supervisor).await;
+    for task in supervisors.into_iter().chain(savers) {
+        let _ = tokio::time::timeout(limit, task).await;
     }
     for link in [&consume_link, &publish_link] {
         if let Some(connection) = link.state().connection {

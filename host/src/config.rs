@@ -417,7 +417,7 @@ impl ConsumerConfig {
     /// by projections that expect its order, and its position is the lowest
     /// offset not acked: deliveries finishing out of order would leave
     /// acked ones above it, read again after a crash beyond the
-    /// `checkpoint_every` + `prefetch` the README promises.
+    /// `checkpoint_every` + 2 × `prefetch` the README promises.
     pub fn concurrency_for(&self, stream: bool) -> usize {
         self.concurrency
             .unwrap_or(if stream { 1 } else { defaults::concurrency() })
@@ -770,6 +770,7 @@ impl LoadedConfig {
                 ));
             }
         }
+        found.extend(self.shared_consumer_names());
         for (i, queue) in c.queues.iter().enumerate() {
             if let Some(name) = &queue.retry
                 && !c.retry.contains_key(name.get_ref())
@@ -785,6 +786,38 @@ impl LoadedConfig {
             }
         }
         ConfigError::all(found)
+    }
+
+    /// Consumers that share a `consumer_name`: one stream consumer under
+    /// two entries would read the whole stream twice and each overwrite the
+    /// other's checkpoint. Each later entry is named with the first one.
+    fn shared_consumer_names(&self) -> Vec<ConfigError> {
+        let mut first_of: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut found = Vec::new();
+        let line = |index| {
+            self.line_of_entry(&crate::topology::Entry::Item {
+                table: "consumers",
+                index,
+            })
+        };
+        for (i, consumer) in self.config.consumers.iter().enumerate() {
+            let Some(name) = consumer.consumer_name.as_deref() else {
+                continue;
+            };
+            let Some(&first) = first_of.get(name) else {
+                first_of.insert(name, i);
+                continue;
+            };
+            let first_line = line(first).map_or(String::new(), |l| format!(" (line {l})"));
+            found.push(ConfigError {
+                file: self.path.clone(),
+                line: line(i),
+                message: format!(
+                    "consumers[{i}].consumer_name: '{name}' is already the name of consumers[{first}]{first_line}; two consumers of one name would each read the whole stream and overwrite each other's checkpoint: give each its own consumer_name"
+                ),
+            });
+        }
+        found
     }
 
     /// The admin endpoint's keys; the token itself is read at start (see
@@ -872,6 +905,31 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("host.toml:11: "), "the binding: {shown}");
+    }
+
+    #[test]
+    fn two_consumers_of_one_consumer_name_are_refused_naming_both() {
+        let consumer = |queue: &str, name: &str| {
+            format!(
+                "[[consumers]]\nqueue = \"{queue}\"\nplugin = \"p.wasm\"\nconsumer_name = \"{name}\"\n\n"
+            )
+        };
+        let text = [
+            consumer("orders.log", "projection"),
+            consumer("orders.log", "other"),
+            consumer("orders.log", "projection"),
+        ]
+        .concat();
+        let err = parse(&text).unwrap_err();
+        assert_eq!(err.line, Some(11), "the second of the two: {err}");
+        let shown = err.to_string();
+        assert!(
+            shown.contains(
+                "consumers[2].consumer_name: 'projection' is already the name of consumers[0] (line 1)"
+            ),
+            "{shown}"
+        );
+        assert!(parse(&[consumer("a", "one"), consumer("b", "two")].concat()).is_ok());
     }
 
     #[test]

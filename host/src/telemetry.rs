@@ -202,6 +202,9 @@ pub struct Metrics {
     pub stream_lag: Family<QueueLabel, Gauge>,
     /// Seconds since each stream consumer's checkpoint was last saved.
     pub stream_checkpoint_age_seconds: Family<QueueLabel, Gauge<f64, AtomicU64>>,
+    /// Stream checkpoint reads and saves that failed (a consumer that
+    /// cannot read its checkpoint does not start), per consumer queue.
+    pub stream_checkpoint_failures: Family<QueueLabel, Counter>,
     /// When each blocked connection was blocked.
     blocked_since: Mutex<HashMap<String, Instant>>,
     /// `publish_total`'s series by exchange, routing key and outcome, found
@@ -285,6 +288,7 @@ impl Metrics {
             stream_position: Family::default(),
             stream_lag: Family::default(),
             stream_checkpoint_age_seconds: Family::default(),
+            stream_checkpoint_failures: Family::default(),
             blocked_since: Mutex::new(HashMap::new()),
             publish_series: Mutex::new(HashMap::new()),
             sample_names: BTreeSet::new(),
@@ -418,6 +422,11 @@ impl Metrics {
                 "acemq_stream_checkpoint_age_seconds",
                 "Seconds since a stream consumer's checkpoint was last saved",
                 metrics.stream_checkpoint_age_seconds.clone(),
+            );
+            r.register(
+                "acemq_stream_checkpoint_failures",
+                "Stream checkpoint reads and saves that failed",
+                metrics.stream_checkpoint_failures.clone(),
             );
             r.register(
                 "acemq_consume_oldest_unacked_seconds",

@@ -399,6 +399,14 @@ impl Admin {
                             .get_or_create(&label)
                             .set(count(lag));
                     }
+                    let failures = self
+                        .metrics
+                        .stream_checkpoint_failures
+                        .get_or_create(&label);
+                    let counted = failures.get();
+                    if progress.checkpoint_failures > counted {
+                        failures.inc_by(progress.checkpoint_failures - counted);
+                    }
                     if let Some(age) = progress.checkpoint_age {
                         self.metrics
                             .stream_checkpoint_age_seconds

@@ -11,6 +11,7 @@ pub mod address;
 pub mod checkpoint;
 pub mod connection;
 pub mod frame_guard;
+pub mod lease;
 pub mod link;
 pub mod offset;
 pub mod publisher;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::link::{Backoff, Link, OnConnected};
+use super::stream::StartError;
 use super::subscription::{self, Reading, Received, SubscriptionEnv, SubscriptionSpec};
 
 /// First and longest wait before a consumer that failed alone restarts.
@@ -23,6 +24,9 @@ const LONGEST_RESTART: Duration = Duration::from_secs(30);
 /// A subscription that ran this long before failing starts its backoff
 /// again from the first wait.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
+/// How often a stream consumer standing by (another host holds its lease)
+/// asks for the lease again, give or take half.
+const STANDBY_RETRY: Duration = Duration::from_secs(2);
 
 /// Subscribes on `link`'s connection and keeps subscribing until shutdown.
 pub async fn keep_subscribed<H, F>(
@@ -40,6 +44,8 @@ pub async fn keep_subscribed<H, F>(
     let mut needs_repair = false;
     // The generation of the connection the last subscription died with.
     let mut lost_generation = None;
+    // Another host holds this stream consumer's lease (logged once).
+    let mut standing_by = false;
     loop {
         if let Some(detail) = link.phase().detail() {
             env.board.set(&queue, Reading::Stopped { reason: detail });
@@ -77,11 +83,33 @@ pub async fn keep_subscribed<H, F>(
             lost_generation = Some(generation);
             continue;
         }
+        if let Some(StartError::StandBy(why)) = failure.downcast_ref::<StartError>() {
+            // Another host reads under this consumer name: not a failure of
+            // this one, and nothing to repair. Asked again soon, so that a
+            // stop of that host is followed within seconds.
+            if !standing_by {
+                tracing::info!(queue = %queue, reason = %why, "standing by");
+                standing_by = true;
+            }
+            let wait = STANDBY_RETRY.mul_f64(0.5 + rand::random::<f64>());
+            tokio::select! {
+                biased;
+                _ = env.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            continue;
+        }
+        if standing_by {
+            tracing::info!(queue = %queue, "no longer standing by: the lease was free");
+            standing_by = false;
+        }
         if started.elapsed() >= HEALTHY_RUN {
             backoff = Backoff::new(FIRST_RESTART, LONGEST_RESTART);
         }
         tracing::error!(queue = %queue, error = %format!("{failure:#}"), "consumer stopped; restarting it alone");
-        needs_repair = true;
+        // A stream's start that failed (its checkpoint unreadable) has
+        // nothing of the topology to repair.
+        needs_repair = failure.downcast_ref::<StartError>().is_none();
         if !pause(&mut backoff, &env.shutdown, &queue).await {
             return;
         }

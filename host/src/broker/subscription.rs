@@ -82,6 +82,8 @@ pub struct StreamProgress {
     pub checkpoint_age: Option<Duration>,
     /// Messages between its position and the newest probed.
     pub lag: Option<u64>,
+    /// Checkpoint reads and saves that failed.
+    pub checkpoint_failures: u64,
 }
 
 /// One subscription's state on the [`Board`].
@@ -132,6 +134,7 @@ impl Board {
                     position,
                     checkpoint_age,
                     lag: p.lag(),
+                    checkpoint_failures: p.checkpoint_failures(),
                 }
             })
             .collect()
@@ -179,6 +182,7 @@ impl Received {
         acks: Arc<AckBatcher>,
         slot: Slot,
         in_hand: Option<OwnedSemaphorePermit>,
+        read_again: Option<CancellationToken>,
         channel_lost: CancellationToken,
     ) -> Self {
         Self {
@@ -190,6 +194,7 @@ impl Received {
             receipt: Receipt {
                 tag: delivery.delivery_tag,
                 _in_hand: in_hand,
+                read_again,
                 acks,
                 acker: delivery.acker,
                 channel_lost,
@@ -210,14 +215,19 @@ pub struct Receipt {
     /// A stream delivery's place in the subscription's window of
     /// `prefetch` deliveries in hand, given up when the receipt is dropped.
     _in_hand: Option<OwnedSemaphorePermit>,
+    /// For a stream delivery: its subscription's signal that a delivery is
+    /// to be read again ([`Receipt::read_again`]).
+    read_again: Option<CancellationToken>,
     acks: Arc<AckBatcher>,
     acker: Acker,
     /// Cancelled when the channel it came on fails: it can no longer be
     /// settled, and the broker delivers it again.
     channel_lost: CancellationToken,
-    /// Acked or requeued. A receipt dropped unsettled (the work around it
-    /// panicked, or was cancelled) requeues its delivery: otherwise it would
-    /// stay unacknowledged, and hold back every `multiple` ack above it.
+    /// Acked, requeued or left to be read again. A receipt dropped
+    /// unsettled (the work around it panicked, or was cancelled) requeues
+    /// its delivery (a stream delivery: leaves it to be read again):
+    /// otherwise it would stay unacknowledged, and hold back every
+    /// `multiple` ack above it.
     settled: AtomicBool,
 }
 
@@ -240,16 +250,46 @@ impl Receipt {
 
     /// Gives the delivery back to its queue now; it comes back as a new
     /// delivery. Only once the nack is written may a `multiple` ack pass
-    /// over it (see acks.rs).
+    /// over it (see acks.rs). Not for a stream delivery: the broker does
+    /// not deliver a requeued stream message again, and closes the channel
+    /// (see [`Receipt::read_again`]).
     pub async fn requeue(&self) {
         self.settled.store(true, Ordering::Relaxed);
         requeue(&self.acker, &self.acks, self.tag).await;
+    }
+
+    /// Whether it came from a stream.
+    pub fn is_stream(&self) -> bool {
+        self.read_again.is_some()
+    }
+
+    /// A stream delivery's way back: neither acked nor requeued, its work
+    /// counts as not done, so the stream's position stays at or below its
+    /// offset. Its subscription ends (unless it is ending already, at
+    /// shutdown or with its channel) and the next one starts reading at
+    /// the lowest offset not done: this one again.
+    pub fn read_again(&self) {
+        self.settled.store(true, Ordering::Relaxed);
+        // Never acked now, and never to be nacked: no `multiple` ack may
+        // wait for it (a stream's acks only give the broker credit).
+        self.acks.forget(self.tag);
+        if let Some(read_again) = &self.read_again {
+            read_again.cancel();
+        }
     }
 }
 
 impl Drop for Receipt {
     fn drop(&mut self) {
         if self.settled.load(Ordering::Relaxed) || self.channel_lost.is_cancelled() {
+            return;
+        }
+        if self.is_stream() {
+            tracing::error!(
+                delivery_tag = self.tag,
+                "a stream delivery was dropped unsettled (its handling panicked or was cancelled); it is read again"
+            );
+            self.read_again();
             return;
         }
         tracing::error!(
@@ -280,6 +320,12 @@ async fn requeue(acker: &Acker, acks: &AckBatcher, tag: u64) {
 
 /// Subscribes and hands every delivery to `handle` until shutdown or until
 /// the subscription fails; then stops without losing a settlement.
+///
+/// A stream subscription first finds where to start (its lease, its
+/// checkpoint; see `stream.rs`): when that fails, nothing is opened and
+/// the error is a [`StartError`] (a standby, or a checkpoint that cannot be
+/// read). Whatever way it ends, its position is saved and its lease given
+/// up before this returns.
 pub async fn run<H, F>(
     connection: &Connection,
     spec: SubscriptionSpec,
@@ -290,34 +336,84 @@ where
     H: Fn(Received) -> F,
     F: Future<Output = ()> + Send + 'static,
 {
+    let Some(position) = spec.stream.clone() else {
+        return consume(connection, spec, env, handle, None).await;
+    };
+    let queue = spec.queue.as_str();
+    env.board.track_stream(queue, &position);
+    let (start, reading) = match position.start(connection).await {
+        Ok(started) => started,
+        Err(e) => {
+            env.board.set(
+                queue,
+                Reading::Stopped {
+                    reason: e.to_string(),
+                },
+            );
+            return Err(e.into());
+        }
+    };
+    tracing::info!(queue, offset = ?start, "reading the stream");
+    let result = consume(connection, spec, env, handle, Some((start, reading))).await;
+    // Every delivery that could finish did: where the next run resumes.
+    position.finish().await;
+    result
+}
+
+/// [`run`] once the start is known: `stream` is where a stream subscription
+/// starts and its handle on the position.
+async fn consume<H, F>(
+    connection: &Connection,
+    spec: SubscriptionSpec,
+    env: SubscriptionEnv,
+    handle: &H,
+    stream: Option<(StreamOffset, SubscriptionPosition)>,
+) -> anyhow::Result<()>
+where
+    H: Fn(Received) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
     let queue = spec.queue.as_str();
     let channel = connection.create_channel().await?;
     // Quorum queues and streams refuse global QoS: prefetch is per consumer.
-    channel
+    if let Err(e) = channel
         .basic_qos(spec.prefetch, BasicQosOptions { global: false })
-        .await?;
+        .await
+    {
+        let _ = tokio::time::timeout(STEP_LIMIT, channel.close(200, "qos refused".into())).await;
+        return Err(e.into());
+    }
     let tag = spec
         .consumer_tag
         .clone()
         .unwrap_or_else(|| format!("acemq-host.{}.{}", queue, uuid::Uuid::new_v4().simple()));
     let mut arguments = FieldTable::default();
     let mut reading = None;
-    if let Some(position) = &spec.stream {
-        env.board.track_stream(queue, position);
-        let (start, this_subscription) = position.start(connection).await;
-        tracing::info!(queue, offset = ?start, "reading the stream");
+    if let Some((start, this_subscription)) = stream {
         arguments.insert(OFFSET_ARGUMENT.into(), start.to_amqp());
         reading = Some(this_subscription);
     }
-    let mut deliveries = channel
+    let consumed = channel
         .basic_consume(
             queue.into(),
             tag.as_str().into(),
             BasicConsumeOptions::default(),
             arguments,
         )
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot consume from queue '{queue}': {e}"))?;
+        .await;
+    let mut deliveries = match consumed {
+        Ok(deliveries) => deliveries,
+        Err(e) => {
+            // A refused consume closes the channel; one that failed another
+            // way must not leave it open.
+            if channel.status().connected() {
+                let _ =
+                    tokio::time::timeout(STEP_LIMIT, channel.close(200, "consume failed".into()))
+                        .await;
+            }
+            anyhow::bail!("cannot consume from queue '{queue}': {e}");
+        }
+    };
     env.board.set(queue, Reading::Consuming);
     tracing::info!(
         queue,
@@ -340,6 +436,10 @@ where
     let acks = subscribed.acks.clone();
     env.board.track_oldest(queue, Some(acks.oldest()));
     let channel_lost = CancellationToken::new();
+    // Cancelled when a stream delivery is left to be read again (see
+    // Receipt::read_again): the subscription ends, and the next one starts
+    // at the lowest offset not done.
+    let read_again = CancellationToken::new();
     let mut running = JoinSet::new();
     let mut failure = None;
 
@@ -350,6 +450,13 @@ where
             biased;
             _ = env.shutdown.cancelled() => break,
             _ = &mut time_up => break,
+            _ = read_again.cancelled() => {
+                failure = Some(anyhow::anyhow!(
+                    "a delivery of the stream '{queue}' is to be read again; resubscribing from offset {:?}, the lowest not done",
+                    reading.as_ref().and_then(SubscriptionPosition::resume)
+                ));
+                break;
+            }
             next = deliveries.next() => next,
         };
         match next {
@@ -385,11 +492,13 @@ where
                     _ = env.shutdown.cancelled() => break,
                     permit = permits.clone().acquire_owned() => permit.expect("semaphore never closed"),
                 };
+                let stream = reading.as_ref().map(|_| read_again.clone());
                 running.spawn(handle(Received::new(
                     delivery,
                     acks.clone(),
                     Slot(permit),
                     held,
+                    stream,
                     channel_lost.clone(),
                 )));
             }
@@ -426,10 +535,6 @@ where
     }
     subscribed.stop(running, env.drain_timeout).await;
     env.board.track_oldest(queue, None);
-    if let Some(position) = &spec.stream {
-        // Every delivery that could finish did: where the next run resumes.
-        position.finish().await;
-    }
     match failure {
         Some(e) => Err(e),
         None => Ok(()),

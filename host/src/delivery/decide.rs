@@ -51,7 +51,17 @@ pub enum Settlement {
     /// Give the delivery back to its queue now, attempt unchanged: what is
     /// left when a retry or set-aside could not be published, or shutdown
     /// interrupted a wait. Nothing is lost; the delivery comes back.
+    /// Never for a stream delivery (see [`Settlement::ReadAgain`]).
     Requeue { why: String },
+    /// A stream delivery's requeue. RabbitMQ does not deliver a requeued
+    /// stream message again, and closes the channel (RabbitMQ 3.10; see
+    /// `tests/tests/streams.rs`): a requeue would end the subscription and
+    /// have everything it had in hand read again, or, were the channel
+    /// kept, leave the offset unfinished for good, pinning the checkpoint
+    /// behind it. Instead it is neither acked nor requeued: its work counts as not
+    /// done, and the consumer reads it again from its offset (its
+    /// subscription starts again there, at once or at the next start).
+    ReadAgain { why: String },
 }
 
 /// The contract's settlement outcome words: the `outcome` label of
@@ -97,7 +107,7 @@ impl Settlement {
             | Settlement::RetryInBroker { reason, .. }
             | Settlement::DeadLetter { reason, .. }
             | Settlement::Park { reason, .. } => Some(reason),
-            Settlement::Requeue { why } => Some(why),
+            Settlement::Requeue { why } | Settlement::ReadAgain { why } => Some(why),
         }
     }
 
@@ -115,7 +125,8 @@ impl Settlement {
             Settlement::Accept { .. } => Outcome::Acked,
             Settlement::RetryInConsumer { .. }
             | Settlement::RetryInBroker { .. }
-            | Settlement::Requeue { .. } => Outcome::Retried,
+            | Settlement::Requeue { .. }
+            | Settlement::ReadAgain { .. } => Outcome::Retried,
             Settlement::DeadLetter { outcome, .. } => *outcome,
             Settlement::Park { .. } => Outcome::Parked,
         }
@@ -168,7 +179,8 @@ impl Settlement {
             | Settlement::RetryInBroker { reason, .. }
             | Settlement::DeadLetter { reason, .. }
             | Settlement::Park { reason, .. }
-            | Settlement::Requeue { why: reason } => {
+            | Settlement::Requeue { why: reason }
+            | Settlement::ReadAgain { why: reason } => {
                 if let Cow::Owned(cut) = envelope::bound_reason(reason) {
                     *reason = cut;
                 }
@@ -302,14 +314,54 @@ pub enum Setback {
 ///
 /// Each answer settles the delivery another way and never as an accept, so
 /// a chain of setbacks ends: at the latest in a requeue, which cannot fail
-/// (a lost nack is a redelivery).
+/// (a lost nack is a redelivery). A stream delivery is never requeued (see
+/// [`after_on_a_stream`]); its chain ends in a set-aside or a read again.
 pub fn follow_up(
     facts: DeliveryFacts<'_>,
     failed: &Settlement,
     setback: Setback,
     policy: &RetryPolicy,
 ) -> Settlement {
-    next_after(facts, failed, setback, policy).with_bounded_reason()
+    let next = if facts.from_stream {
+        after_on_a_stream(facts, failed, setback)
+    } else {
+        next_after(facts, failed, setback, policy)
+    };
+    next.with_bounded_reason()
+}
+
+/// [`follow_up`] for a stream delivery, by the stream rules (contract §7:
+/// never a retry, the log never touched). A set-aside whose copy was not
+/// confirmed is tried again in place (after the settlement's pause): the
+/// delivery holds its place, and with it the stream's position, until its
+/// copy is in `.dlq` or `.parked`. Outputs that failed are a failure, so
+/// the delivery is dead-lettered. What a requeue answers on a queue
+/// (broker trouble at shutdown, a channel that closed) is a read again.
+fn after_on_a_stream(
+    facts: DeliveryFacts<'_>,
+    failed: &Settlement,
+    setback: Setback,
+) -> Settlement {
+    match setback {
+        Setback::SetAsideFailed(_)
+            if matches!(
+                failed,
+                Settlement::DeadLetter { .. } | Settlement::Park { .. }
+            ) =>
+        {
+            failed.clone()
+        }
+        Setback::OutputsFailed(_) | Setback::RetryTooLarge(_) => {
+            next_after(facts, failed, setback, &RetryPolicy::none())
+        }
+        other => Settlement::ReadAgain {
+            why: match next_after(facts, failed, other, &RetryPolicy::none()) {
+                Settlement::Requeue { why } => why,
+                // Never reached: the other setbacks end in a requeue.
+                settlement => format!("{settlement:?}"),
+            },
+        },
+    }
 }
 
 fn next_after(
@@ -471,6 +523,58 @@ mod tests {
         };
         assert!(matches!(
             decide(stream_facts(), host, &two_minutes_of_tries()),
+            Settlement::DeadLetter { .. }
+        ));
+    }
+
+    #[test]
+    fn a_stream_delivery_is_never_requeued_after_a_setback() {
+        let e = envelope(1, 0);
+        let on_a_stream = DeliveryFacts {
+            from_stream: true,
+            ..facts(&e, 0)
+        };
+        let policy = two_minutes_of_tries();
+        let dead_letter = Settlement::DeadLetter {
+            queue: "orders.new.dlq".into(),
+            reason: "the handler rejected it: bad".into(),
+            outcome: Outcome::Rejected,
+        };
+        // A set-aside whose copy was not confirmed is tried again in place;
+        // on a queue it is requeued.
+        let unconfirmed = || Setback::SetAsideFailed("reached no queue".into());
+        assert_eq!(
+            follow_up(on_a_stream, &dead_letter, unconfirmed(), &policy),
+            dead_letter
+        );
+        assert!(matches!(
+            follow_up(facts(&e, 0), &dead_letter, unconfirmed(), &policy),
+            Settlement::Requeue { .. }
+        ));
+        // Broker trouble (at shutdown, or with its channel gone) and a
+        // shutdown during a wait: read again, never requeued.
+        let accept = Settlement::Accept {
+            outputs: vec![],
+            version: Arc::from("v1"),
+        };
+        for setback in [
+            Setback::BrokerTrouble("the connection was lost".into()),
+            Setback::ShutdownDuringWait,
+            Setback::RetryNotPublished("refused".into()),
+        ] {
+            match follow_up(on_a_stream, &accept, setback.clone(), &policy) {
+                Settlement::ReadAgain { why } => assert!(!why.is_empty()),
+                other => panic!("{setback:?}: read again, not {other:?}"),
+            }
+        }
+        // Outputs that failed are a failure: dead-lettered at once.
+        assert!(matches!(
+            follow_up(
+                on_a_stream,
+                &accept,
+                Setback::OutputsFailed("unroutable".into()),
+                &policy
+            ),
             Settlement::DeadLetter { .. }
         ));
     }

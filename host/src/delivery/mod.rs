@@ -456,9 +456,17 @@ impl OnBroker<'_> {
     /// The hold ends early when the delivery's own channel is gone (the
     /// broker redelivers it; publishing now would only duplicate), at
     /// shutdown, or after [`HOLD_AT_MOST`], well inside the broker's
-    /// consumer timeout; the caller then requeues it.
+    /// consumer timeout; the caller then requeues it. A stream delivery is
+    /// held without that limit: a requeue would not bring it back (it is
+    /// read again instead), and should the broker's consumer timeout close
+    /// its channel, the next subscription reads it again from its offset.
     async fn publish_holding(&self, publications: &[Publication]) -> Result<(), PublishError> {
         let started = tokio::time::Instant::now();
+        let hold_at_most = if self.receipt.is_stream() {
+            Duration::MAX / 4
+        } else {
+            HOLD_AT_MOST
+        };
         loop {
             if self.receipt.is_lost() {
                 return Err(delivery_lost(&publications[0]));
@@ -467,7 +475,7 @@ impl OnBroker<'_> {
                 Err(e) if e.is_broker_trouble() => e,
                 done => return done,
             };
-            let give_up = started + HOLD_AT_MOST;
+            let give_up = started + hold_at_most;
             tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => return Err(error),
@@ -535,6 +543,10 @@ impl BrokerPort for OnBroker<'_> {
 
     async fn requeue(&self) {
         self.receipt.requeue().await;
+    }
+
+    fn read_again(&self) {
+        self.receipt.read_again();
     }
 
     async fn wait(&self, wait: Duration) -> Waited {

@@ -41,6 +41,9 @@ pub(crate) trait BrokerPort {
     async fn ack(&self);
     /// Gives the delivery back to its queue.
     async fn requeue(&self);
+    /// A stream delivery's requeue: neither acked nor requeued, it is read
+    /// again from its offset (see `Settlement::ReadAgain`).
+    fn read_again(&self);
     /// Waits `wait`, unless shutdown begins first.
     async fn wait(&self, wait: Duration) -> Waited;
     /// Milliseconds since the Unix epoch.
@@ -85,13 +88,16 @@ pub enum RetryPlace {
     Broker,
     /// Given back to its queue at once, attempt unchanged.
     Requeued,
+    /// A stream delivery left to be read again from its offset.
+    ReadAgain,
 }
 
 impl RetryPlace {
-    pub const ALL: [RetryPlace; 3] = [
+    pub const ALL: [RetryPlace; 4] = [
         RetryPlace::Consumer,
         RetryPlace::Broker,
         RetryPlace::Requeued,
+        RetryPlace::ReadAgain,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -99,6 +105,7 @@ impl RetryPlace {
             RetryPlace::Consumer => "consumer",
             RetryPlace::Broker => "broker",
             RetryPlace::Requeued => "requeued",
+            RetryPlace::ReadAgain => "read_again",
         }
     }
 }
@@ -132,8 +139,11 @@ impl Report {
 }
 
 /// How long a delivery whose retry or set-aside copy failed waits before it
-/// is requeued.
+/// is requeued (or, from a stream, before the copy is tried again).
 pub const PAUSE_BEFORE_REQUEUE: Duration = Duration::from_secs(1);
+/// The longest pause between tries of a stream delivery's set-aside: each
+/// failure in a row doubles the pause up to this.
+pub const LONGEST_PAUSE: Duration = Duration::from_secs(30);
 
 /// A step that settled the delivery, and what it adds to the report.
 enum Done {
@@ -152,6 +162,7 @@ pub(crate) async fn settle(
 ) -> Report {
     let mut report = Report::new(settlement.outcome());
     let mut settlement = settlement;
+    let mut pause = PAUSE_BEFORE_REQUEUE;
     loop {
         match carry_out(port, subject, &mut settlement).await {
             Ok(done) => {
@@ -164,16 +175,6 @@ pub(crate) async fn settle(
                 return report;
             }
             Err(setback) => {
-                if matches!(
-                    setback,
-                    Setback::SetAsideFailed(_) | Setback::RetryNotPublished(_)
-                ) {
-                    // A copy the broker did not take (a deleted `.dlq`, a
-                    // rung that refuses it) will likely fail again at once:
-                    // the delivery pauses before it is requeued, so that it
-                    // does not spin through its queue.
-                    let _ = port.wait(PAUSE_BEFORE_REQUEUE).await;
-                }
                 match (&setback, &settlement) {
                     (Setback::RungMissing, Settlement::RetryInBroker { rung, .. }) => {
                         report.rung_missing = Some(rung.clone());
@@ -184,6 +185,26 @@ pub(crate) async fn settle(
                     }
                     _ => {}
                 }
+                let setback = if matches!(
+                    setback,
+                    Setback::SetAsideFailed(_) | Setback::RetryNotPublished(_)
+                ) {
+                    // A copy the broker did not take (a deleted `.dlq`, a
+                    // rung that refuses it) will likely fail again at once:
+                    // the delivery pauses before it is requeued (or, from a
+                    // stream, tried again), so that it does not spin.
+                    let waited = port.wait(pause).await;
+                    pause = (pause * 2).min(LONGEST_PAUSE);
+                    match waited {
+                        Waited::Elapsed => setback,
+                        Waited::ShutDown => Setback::ShutdownDuringWait,
+                        Waited::ChannelLost => Setback::BrokerTrouble(
+                            "its channel closed while it waited to be set aside again".to_string(),
+                        ),
+                    }
+                } else {
+                    setback
+                };
                 let facts = DeliveryFacts {
                     queue: subject.queue,
                     envelope: subject.envelope,
@@ -311,7 +332,14 @@ async fn carry_out(
             tracing::warn!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, reason = %reason, "set aside");
             Ok(Done::SetAside)
         }
-        Settlement::Requeue { why } => {
+        // Decided for queues only (see decide::follow_up); a stream
+        // delivery that got here anyway is read again, never requeued.
+        Settlement::Requeue { why } | Settlement::ReadAgain { why } if subject.from_stream => {
+            port.read_again();
+            tracing::info!(queue, message_id = id, why = %why, "left to be read again from its stream offset");
+            Ok(Done::Retried(RetryPlace::ReadAgain))
+        }
+        Settlement::Requeue { why } | Settlement::ReadAgain { why } => {
             port.requeue().await;
             tracing::debug!(queue, message_id = id, why = %why, "requeued");
             Ok(Done::Retried(RetryPlace::Requeued))
@@ -464,6 +492,7 @@ mod tests {
         Republish(String, Box<Envelope>),
         Ack,
         Requeue,
+        ReadAgain,
         Wait(Duration),
     }
 
@@ -475,6 +504,8 @@ mod tests {
         publish_fails: Option<PublishError>,
         /// Republishes to these queues fail with these.
         republish_fails: BTreeMap<String, PublishError>,
+        /// When set, only this many republishes fail (then they land).
+        republish_fails_times: Option<Mutex<usize>>,
         /// Shutdown begins during any wait.
         shutting_down: bool,
         /// The broker's frame size; RabbitMQ's default when unset.
@@ -527,6 +558,13 @@ mod tests {
                 queue.to_string(),
                 Box::new(read_back(&properties)),
             ));
+            if let Some(left) = &self.republish_fails_times {
+                let mut left = left.lock().unwrap();
+                if *left == 0 {
+                    return Ok(());
+                }
+                *left -= 1;
+            }
             self.republish_fails.get(queue).cloned().map_or(Ok(()), Err)
         }
 
@@ -536,6 +574,10 @@ mod tests {
 
         async fn requeue(&self) {
             self.record(Call::Requeue);
+        }
+
+        fn read_again(&self) {
+            self.record(Call::ReadAgain);
         }
 
         async fn wait(&self, wait: Duration) -> Waited {
@@ -643,6 +685,38 @@ mod tests {
             .filter(|c| matches!(c, Call::Ack | Call::Requeue))
             .count();
         assert_eq!(settled, 1, "exactly one ack or requeue: {:?}", port.calls());
+        report
+    }
+
+    /// Like [`run`], for a delivery from a stream: it ends in exactly one
+    /// ack or read again, and is never requeued.
+    async fn run_on_stream(port: &Recorder, plugins: PluginRun) -> Report {
+        let (envelope, properties) = delivered(1);
+        let facts = DeliveryFacts {
+            queue: "orders.new",
+            envelope: &envelope,
+            now_ms: NOW_MS,
+            jitter_sample: 0.5,
+            from_stream: true,
+        };
+        let policy = RetryPolicy::none();
+        let settlement = decide(facts, plugins, &policy);
+        let subject = Subject {
+            queue: "orders.new",
+            envelope: &envelope,
+            properties: &properties,
+            mandatory_outputs: true,
+            from_stream: true,
+            trace: &untraced(),
+        };
+        let report = settle(port, subject, &policy, settlement).await;
+        let calls = port.calls();
+        assert!(!calls.contains(&Call::Requeue), "never requeued: {calls:?}");
+        let settled = calls
+            .iter()
+            .filter(|c| matches!(c, Call::Ack | Call::ReadAgain))
+            .count();
+        assert_eq!(settled, 1, "exactly one ack or read again: {calls:?}");
         report
     }
 
@@ -1023,6 +1097,75 @@ mod tests {
                 Call::Wait(PAUSE_BEFORE_REQUEUE),
                 Call::Requeue
             ]
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_stream_delivery_whose_set_aside_fails_is_tried_again_in_place_not_requeued() {
+        let port = Recorder {
+            republish_fails: [("orders.new.dlq".to_string(), unroutable("orders.new.dlq"))].into(),
+            republish_fails_times: Some(Mutex::new(2)),
+            ..Recorder::default()
+        };
+        let rejected = verdict(Verdict::Reject("bad".into()), vec![]);
+        let r = run_on_stream(&port, rejected).await;
+        assert_eq!(
+            r,
+            Report {
+                set_aside: true,
+                set_aside_failed: Some("orders.new.dlq".into()),
+                ..Report::new(Outcome::Rejected)
+            }
+        );
+        // Each try pauses longer than the one before.
+        let calls = port.calls();
+        assert!(
+            matches!(
+                calls[..],
+                [
+                    Call::Republish(..),
+                    Call::Wait(first),
+                    Call::Republish(..),
+                    Call::Wait(second),
+                    Call::Republish(..),
+                    Call::Ack
+                ] if first == PAUSE_BEFORE_REQUEUE && second == 2 * PAUSE_BEFORE_REQUEUE
+            ),
+            "{calls:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_delivery_that_cannot_be_settled_before_shutdown_is_read_again() {
+        // Its set-aside fails and shutdown interrupts the pause.
+        let port = Recorder {
+            republish_fails: [("orders.new.dlq".to_string(), unroutable("orders.new.dlq"))].into(),
+            shutting_down: true,
+            ..Recorder::default()
+        };
+        let rejected = verdict(Verdict::Reject("bad".into()), vec![]);
+        let r = run_on_stream(&port, rejected).await;
+        assert_eq!(r.retried, Some(RetryPlace::ReadAgain));
+        assert_eq!(
+            port.calls()[1..],
+            [Call::Wait(PAUSE_BEFORE_REQUEUE), Call::ReadAgain]
+        );
+        // Its outputs held back by broker trouble until shutdown.
+        let port = Recorder {
+            publish_fails: Some(PublishError::Declined {
+                id: "m1".into(),
+                exchange: "x".into(),
+                routing_key: "k".into(),
+                reason: crate::broker::publisher::LOST.into(),
+            }),
+            ..Recorder::default()
+        };
+        let accepted = verdict(Verdict::Accept, vec![output("x", "k")]);
+        let r = run_on_stream(&port, accepted).await;
+        assert_eq!(r.retried, Some(RetryPlace::ReadAgain));
+        assert!(matches!(
+            port.calls()[..],
+            [Call::Publish(_), Call::ReadAgain]
         ));
     }
 
