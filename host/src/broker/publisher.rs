@@ -186,9 +186,15 @@ impl PublishOutcome {
 }
 
 /// Where publishing is counted (the metrics endpoint).
+///
+/// By exchange and outcome only: routing keys are chosen by plugins (an
+/// order or tenant id in each), and a metric series per key would grow
+/// memory and `/metrics` without bound. Exchanges are bounded by config
+/// (each consumer's `publish_to`, and the default exchange).
 pub trait PublishObserver: Send + Sync {
-    /// One publish ended in `outcome`, `took` after it was started.
-    fn published(&self, exchange: &str, routing_key: &str, outcome: PublishOutcome, took: Duration);
+    /// One publish to `exchange` ended in `outcome`, `took` after it was
+    /// started.
+    fn published(&self, exchange: &str, outcome: PublishOutcome, took: Duration);
     /// Publishes waiting for a confirm changed by `delta`.
     fn unconfirmed(&self, delta: i64);
 }
@@ -260,12 +266,8 @@ impl PublishLink {
     }
 
     fn count(&self, publication: &Publication, result: &Result<(), PublishError>, took: Duration) {
-        self.observer.published(
-            &publication.exchange,
-            &publication.routing_key,
-            PublishOutcome::of(result),
-            took,
-        );
+        self.observer
+            .published(&publication.exchange, PublishOutcome::of(result), took);
     }
 }
 
