@@ -419,6 +419,10 @@ async fn four_inputs_of_950_outputs_two_at_a_time_are_all_published_exactly_once
         .await
         .unwrap();
     assert_eq!(count as usize, total, "after {:?}", started.elapsed());
+    eprintln!(
+        "{total} outputs of {INPUTS} inputs published in {:?}",
+        started.elapsed()
+    );
     let settled = tokio::time::Instant::now() + Duration::from_secs(30);
     while host.metrics.consumed_count(&queue, "acked") < INPUTS as u64 {
         assert!(
