@@ -342,6 +342,7 @@ pub fn consumer_context(consumer: &ConsumerConfig) -> Arc<ConsumerContext> {
         limits: Limits {
             deadline: consumer.deadline,
             max_memory_bytes: consumer.max_memory_bytes,
+            max_outputs: consumer.max_outputs(),
             isolation: consumer.isolation,
             ..Limits::default()
         },

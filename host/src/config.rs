@@ -370,6 +370,12 @@ pub struct ConsumerConfig {
     /// plugin runs.
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: usize,
+    /// Most outputs one handler call may publish; see
+    /// [`ConsumerConfig::max_outputs`] for the default. At most
+    /// `[broker] max_unconfirmed`: a call's outputs take their places among
+    /// the unconfirmed publishes in one step.
+    #[serde(rename = "max_outputs")]
+    pub max_outputs_setting: Option<Spanned<usize>>,
     /// Whether a plugin output must reach a queue when the plugin does not
     /// say (`publish(..).mandatory(b)` in the guest SDK). True: an
     /// unroutable output fails the input, which is retried or set aside, as
@@ -405,6 +411,13 @@ impl OffsetSetting {
 }
 
 impl ConsumerConfig {
+    /// Most outputs one handler call may publish: as configured, else 1000.
+    pub fn max_outputs(&self) -> usize {
+        self.max_outputs_setting
+            .as_ref()
+            .map_or(defaults::max_outputs(), |m| *m.get_ref())
+    }
+
     /// The prefetch: as configured, else the contract's defaults: 10 for a
     /// stream (Python's and Go's), 20 for a queue.
     pub fn prefetch_for(&self, stream: bool) -> u16 {
@@ -460,6 +473,9 @@ mod defaults {
     }
     pub fn max_unconfirmed() -> usize {
         // The contract's bound on outstanding publishes per connection.
+        1000
+    }
+    pub fn max_outputs() -> usize {
         1000
     }
     pub fn confirm_timeout() -> Duration {
@@ -730,7 +746,16 @@ impl LoadedConfig {
                 "host.plugin_cache_key_file: there is no [host] plugin_cache_dir for this key to protect",
             ));
         }
+        if c.broker.max_unconfirmed == 0 {
+            found.push(self.error_at(
+                None,
+                "broker.max_unconfirmed: must be at least 1: no output, retry or set-aside could be published",
+            ));
+        }
         for (i, consumer) in c.consumers.iter().enumerate() {
+            if let Some(problem) = self.outputs_beyond_unconfirmed(i, consumer) {
+                found.push(problem);
+            }
             if let Some(name) = &consumer.retry
                 && !c.retry.contains_key(name.get_ref())
             {
@@ -818,6 +843,33 @@ impl LoadedConfig {
             });
         }
         found
+    }
+
+    /// A consumer whose calls may publish more outputs than may wait for a
+    /// confirm at once: such a batch could never take its places.
+    fn outputs_beyond_unconfirmed(
+        &self,
+        index: usize,
+        consumer: &ConsumerConfig,
+    ) -> Option<ConfigError> {
+        let unconfirmed = self.config.broker.max_unconfirmed;
+        let outputs = consumer.max_outputs();
+        if unconfirmed == 0 || outputs <= unconfirmed {
+            return None;
+        }
+        let (at, set) = match &consumer.max_outputs_setting {
+            Some(setting) => (setting.span().start, ""),
+            None => (consumer.queue.span().start, " (the default)"),
+        };
+        Some(self.error_at(
+            Some(at),
+            format!(
+                "consumers[{index}].max_outputs: {outputs}{set} is more than broker.max_unconfirmed = {unconfirmed}. \
+                 A handler call's outputs are published as one batch, which takes its places among the \
+                 unconfirmed publishes in one step, so a call with more outputs than that could never be \
+                 published. Set max_outputs to at most {unconfirmed}, or raise max_unconfirmed"
+            ),
+        ))
     }
 
     /// The admin endpoint's keys; the token itself is read at start (see
@@ -930,6 +982,48 @@ mod tests {
             "{shown}"
         );
         assert!(parse(&[consumer("a", "one"), consumer("b", "two")].concat()).is_ok());
+    }
+
+    #[test]
+    fn max_outputs_above_max_unconfirmed_is_refused_naming_both_keys() {
+        // The default max_outputs (1000) against a lowered max_unconfirmed.
+        let err = parse(
+            "[broker]\nmax_unconfirmed = 500\n\n[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\n",
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "host.toml:5: consumers[0].max_outputs: 1000 (the default) is more than broker.max_unconfirmed = 500."
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("Set max_outputs to at most 500, or raise max_unconfirmed"),
+            "{text}"
+        );
+        // Set explicitly: its own line.
+        let err = parse(
+            "[broker]\nmax_unconfirmed = 500\n\n[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nmax_outputs = 501\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("host.toml:7: consumers[0].max_outputs: 501 is more than broker.max_unconfirmed = 500."),
+            "{err}"
+        );
+        // Equal is enough, and the limit reaches the plugin's limits.
+        let loaded = parse(
+            "[broker]\nmax_unconfirmed = 500\n\n[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nmax_outputs = 500\n",
+        )
+        .unwrap();
+        assert_eq!(loaded.config.consumers[0].max_outputs(), 500);
+        assert!(
+            parse("[broker]\nmax_unconfirmed = 0\n")
+                .unwrap_err()
+                .to_string()
+                .contains("broker.max_unconfirmed: must be at least 1")
+        );
     }
 
     #[test]

@@ -84,10 +84,13 @@ pub struct PluginVersionLabels {
     pub sha256: String,
 }
 
+/// A publish's labels. No routing key: plugins choose those (an order or a
+/// tenant id in each), and a series per key would grow without bound. The
+/// exchange is bounded by config: a consumer's `publish_to`, or the
+/// default exchange `""` (retries, set-asides).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PublishLabels {
     pub exchange: String,
-    pub routing_key: String,
     /// confirmed, unroutable, failed or refused.
     pub outcome: String,
 }
@@ -178,10 +181,11 @@ pub struct Metrics {
     /// Host-specific: fuel of each handler call, by plugin version, when
     /// metering is on.
     pub plugin_call_fuel: Histograms<PluginVersionLabels>,
-    /// `acemq.publish.total{exchange,routing.key,outcome}`.
+    /// `acemq.publish.total{exchange,outcome}` (the contract's
+    /// `routing.key` label is left out: see [`PublishLabels`]).
     pub publish_total: Family<PublishLabels, Counter>,
-    /// `acemq.publish.duration{exchange,routing.key,outcome}`: from the
-    /// publish to its confirm (or failure), in seconds.
+    /// `acemq.publish.duration{exchange,outcome}`: from the publish to its
+    /// confirm (or failure), in seconds.
     pub publish_duration: Histograms<PublishLabels>,
     /// Publishes waiting for a broker confirm.
     pub publish_unconfirmed: Gauge,
@@ -207,22 +211,48 @@ pub struct Metrics {
     pub stream_checkpoint_failures: Family<QueueLabel, Counter>,
     /// When each blocked connection was blocked.
     blocked_since: Mutex<HashMap<String, Instant>>,
-    /// `publish_total`'s series by exchange, routing key and outcome, found
-    /// without building a label set (three strings) for every publish.
-    publish_series: Mutex<HashMap<String, HashMap<String, OutcomeSeries>>>,
+    /// `publish_total`'s series by exchange and outcome, found without
+    /// building a label set (two strings) for every publish.
+    publish_series: Mutex<HashMap<String, OutcomeSeries>>,
     /// See [`Metrics::sample_names`].
     sample_names: BTreeSet<String>,
+    /// See [`Metrics::catalogue`].
+    catalogue: Vec<MetricEntry>,
 }
 
-/// Registers metrics and notes the sample names each will show.
+/// One metric as `/metrics` shows it, for operators (the README's metric
+/// table) and for checks of what the dashboard queries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricEntry {
+    /// The name a query uses: a counter's with `_total`, a histogram's
+    /// base name (its samples add `_bucket`, `_sum` and `_count`).
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    /// Every label its series carry (a histogram's buckets add `le`). None
+    /// takes a value that a plugin or a producer chooses: each is bounded
+    /// by the config (queues, exchanges, rungs), the plugin versions loaded
+    /// or a fixed set of words.
+    pub labels: &'static [&'static str],
+}
+
+/// Registers metrics and notes the sample names each will show, and its
+/// labels.
 struct Declare<'a> {
     registry: &'a mut Registry,
     names: &'a mut BTreeSet<String>,
+    catalogue: &'a mut Vec<MetricEntry>,
 }
 
 impl Declare<'_> {
-    fn register<M: Metric + TypedMetric>(&mut self, name: &str, help: &str, metric: M) {
-        self.note(name, None, M::TYPE);
+    fn register<M: Metric + TypedMetric>(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &'static [&'static str],
+        metric: M,
+    ) {
+        self.note(name, None, M::TYPE, labels);
         self.registry.register(name, help, metric);
     }
 
@@ -231,25 +261,37 @@ impl Declare<'_> {
         name: &str,
         help: &str,
         unit: Unit,
+        labels: &'static [&'static str],
         metric: M,
     ) {
-        self.note(name, Some(&unit), M::TYPE);
+        self.note(name, Some(&unit), M::TYPE, labels);
         self.registry.register_with_unit(name, help, unit, metric);
     }
 
     /// The names the text encoder writes: `name[_unit]` and the type's suffixes.
-    fn note(&mut self, name: &str, unit: Option<&Unit>, kind: MetricType) {
+    fn note(
+        &mut self,
+        name: &str,
+        unit: Option<&Unit>,
+        kind: MetricType,
+        labels: &'static [&'static str],
+    ) {
         let base = match unit {
             Some(unit) => format!("{name}_{}", unit.as_str()),
             None => name.to_string(),
         };
-        let suffixes: &[&str] = match kind {
-            MetricType::Counter => &["_total"],
-            MetricType::Histogram => &["_bucket", "_sum", "_count"],
-            _ => &[""],
+        let (suffixes, kind, queried): (&[&str], _, _) = match kind {
+            MetricType::Counter => (&["_total"], "counter", format!("{base}_total")),
+            MetricType::Histogram => (&["_bucket", "_sum", "_count"], "histogram", base.clone()),
+            _ => (&[""], "gauge", base.clone()),
         };
         self.names
             .extend(suffixes.iter().map(|suffix| format!("{base}{suffix}")));
+        self.catalogue.push(MetricEntry {
+            name: queried,
+            kind,
+            labels,
+        });
     }
 }
 
@@ -292,135 +334,162 @@ impl Metrics {
             blocked_since: Mutex::new(HashMap::new()),
             publish_series: Mutex::new(HashMap::new()),
             sample_names: BTreeSet::new(),
+            catalogue: Vec::new(),
         };
         let mut sample_names = BTreeSet::new();
+        let mut catalogue = Vec::new();
         {
             let mut registry = metrics.registry.lock().expect("registry poisoned");
             let mut r = Declare {
                 registry: &mut registry,
                 names: &mut sample_names,
+                catalogue: &mut catalogue,
             };
             r.register(
                 "acemq_consume",
                 "Deliveries settled, by outcome",
+                &["queue", "outcome"],
                 metrics.consume_total.clone(),
             );
             r.register_with_unit(
                 "acemq_consume_duration",
                 "From a delivery to its settlement, by outcome",
                 Unit::Seconds,
+                &["queue", "outcome"],
                 metrics.consume_duration.clone(),
             );
             r.register(
                 "acemq_consume_attempts",
                 "The attempt each delivery arrived with",
+                &["queue"],
                 metrics.consume_attempts.clone(),
             );
             r.register(
                 "acemq_consume_in_flight",
                 "Deliveries being handled",
+                &["queue"],
                 metrics.in_flight.clone(),
             );
             r.register(
                 "acemq_messages_retried",
                 "Retries, by where the wait happens",
+                &["queue", "where"],
                 metrics.retried_total.clone(),
             );
             r.register(
                 "acemq_messages_dead_lettered",
                 "Messages set aside to .dlq or .parked",
+                &["queue", "outcome"],
                 metrics.dead_lettered_total.clone(),
             );
             r.register(
                 "acemq_messages_set_aside_failed",
                 "Set-aside publishes that failed (the delivery was requeued)",
+                &["queue", "target"],
                 metrics.set_aside_failed.clone(),
             );
             r.register(
                 "acemq_retry_rung_missing",
                 "Retries that found no rung queue and waited in the consumer",
+                &["queue", "rung"],
                 metrics.rung_missing.clone(),
             );
             r.register(
                 "acemq_plugin_faults",
                 "Handler calls that failed, by fault",
+                &["queue", "fault"],
                 metrics.plugin_faults.clone(),
             );
             r.register(
                 "acemq_plugin_swaps",
                 "Plugin hot-swap attempts, by result",
+                &["queue", "result"],
                 metrics.plugin_swaps.clone(),
             );
             r.register(
                 "acemq_plugin_version",
                 "The plugin version serving a consumer",
+                &["queue", "sha256"],
                 metrics.plugin_version.clone(),
             );
             r.register(
                 "acemq_plugin_fuel",
                 "Fuel burned by handler calls",
+                &["queue"],
                 metrics.plugin_fuel.clone(),
             );
             r.register_with_unit(
                 "acemq_plugin_call_duration",
                 "Handler calls (decode, handle, encode), by plugin version",
                 Unit::Seconds,
+                &["queue", "sha256"],
                 metrics.plugin_call_duration.clone(),
             );
             r.register(
                 "acemq_plugin_call_fuel",
                 "Fuel of each handler call, by plugin version (when metering is on)",
+                &["queue", "sha256"],
                 metrics.plugin_call_fuel.clone(),
             );
             r.register(
                 "acemq_publish",
                 "Publishes, by outcome (refused: declined unsent while the connection was lost, recovering or blocked)",
+                &["exchange", "outcome"],
                 metrics.publish_total.clone(),
             );
             r.register_with_unit(
                 "acemq_publish_duration",
                 "From a publish to its confirm or failure, by outcome",
                 Unit::Seconds,
+                &["exchange", "outcome"],
                 metrics.publish_duration.clone(),
             );
             r.register(
                 "acemq_publish_unconfirmed",
                 "Publishes waiting for a broker confirm",
+                &[],
                 metrics.publish_unconfirmed.clone(),
             );
             r.register(
                 "acemq_connection_up",
                 "1 while the connection is open",
+                &["connection"],
                 metrics.connection_up.clone(),
             );
             r.register(
                 "acemq_connection_blocked",
                 "1 while the broker blocks the connection (a resource alarm)",
+                &["connection"],
                 metrics.connection_blocked.clone(),
             );
             r.register(
                 "acemq_connection_blocked_seconds",
                 "Seconds the broker kept the connection blocked",
+                &["connection"],
                 metrics.connection_blocked_seconds.clone(),
             );
             r.register(
                 "acemq_connection_recoveries",
                 "Connections lost and recovered",
+                &["connection"],
                 metrics.connection_recoveries.clone(),
             );
             r.register(
                 "acemq_stream_position",
                 "The offset each stream consumer resumes from",
+                &["queue"],
                 metrics.stream_position.clone(),
             );
             r.register(
                 "acemq_stream_lag",
                 "Messages a stream consumer is behind the newest (probed every 30 s)",
+                &["queue"],
                 metrics.stream_lag.clone(),
             );
             r.register(
                 "acemq_stream_checkpoint_age_seconds",
                 "Seconds since a stream consumer's checkpoint was last saved",
+                &["queue"],
                 metrics.stream_checkpoint_age_seconds.clone(),
             );
             r.register(
@@ -431,11 +500,19 @@ impl Metrics {
             r.register(
                 "acemq_consume_oldest_unacked_seconds",
                 "Age of the oldest delivery not yet acked (0 when none)",
+                &["queue"],
                 metrics.oldest_unacked_seconds.clone(),
             );
         }
         metrics.sample_names = sample_names;
+        metrics.catalogue = catalogue;
         metrics
+    }
+
+    /// Every metric the host keeps, with its kind and labels, in the order
+    /// of `/metrics`.
+    pub fn catalogue(&self) -> &[MetricEntry] {
+        &self.catalogue
     }
 
     /// Every sample name `/metrics` may show (a counter's `_total`, a
@@ -502,23 +579,17 @@ impl crate::broker::PublishObserver for Metrics {
     fn published(
         &self,
         exchange: &str,
-        routing_key: &str,
         outcome: crate::broker::publisher::PublishOutcome,
         took: Duration,
     ) {
         let mut series = self.publish_series.lock().expect("publish series poisoned");
-        let by_key = match series.get_mut(exchange) {
-            Some(by_key) => by_key,
-            None => series.entry(exchange.to_string()).or_default(),
-        };
-        let outcomes = match by_key.get_mut(routing_key) {
+        let outcomes = match series.get_mut(exchange) {
             Some(outcomes) => outcomes,
-            None => by_key.entry(routing_key.to_string()).or_default(),
+            None => series.entry(exchange.to_string()).or_default(),
         };
         let series = outcomes[outcome as usize].get_or_insert_with(|| {
             let labels = PublishLabels {
                 exchange: exchange.to_string(),
-                routing_key: routing_key.to_string(),
                 outcome: outcome.as_str().to_string(),
             };
             PublishSeries {
@@ -540,23 +611,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn publishes_are_counted_by_exchange_key_and_outcome() {
+    fn publishes_are_counted_by_exchange_and_outcome() {
         use crate::broker::PublishObserver;
         use crate::broker::publisher::PublishOutcome;
         let m = Metrics::new();
         let ms = Duration::from_millis(3);
-        m.published("orders", "order.accepted", PublishOutcome::Confirmed, ms);
-        m.published("orders", "order.accepted", PublishOutcome::Confirmed, ms);
-        m.published("orders", "order.accepted", PublishOutcome::Refused, ms);
-        m.published("", "orders.new.dlq", PublishOutcome::Confirmed, ms);
+        m.published("orders", PublishOutcome::Confirmed, ms);
+        m.published("orders", PublishOutcome::Confirmed, ms);
+        m.published("orders", PublishOutcome::Refused, ms);
+        m.published("", PublishOutcome::Confirmed, ms);
         let text = m.render();
         for line in [
-            "acemq_publish_total{exchange=\"orders\",routing_key=\"order.accepted\",outcome=\"confirmed\"} 2",
-            "acemq_publish_total{exchange=\"orders\",routing_key=\"order.accepted\",outcome=\"refused\"} 1",
-            "acemq_publish_total{exchange=\"\",routing_key=\"orders.new.dlq\",outcome=\"confirmed\"} 1",
-            "acemq_publish_duration_seconds_count{exchange=\"orders\",routing_key=\"order.accepted\",outcome=\"confirmed\"} 2",
-            "acemq_publish_duration_seconds_bucket{le=\"0.005\",exchange=\"orders\",routing_key=\"order.accepted\",outcome=\"confirmed\"} 2",
-            "acemq_publish_duration_seconds_bucket{le=\"0.0025\",exchange=\"orders\",routing_key=\"order.accepted\",outcome=\"confirmed\"} 0",
+            "acemq_publish_total{exchange=\"orders\",outcome=\"confirmed\"} 2",
+            "acemq_publish_total{exchange=\"orders\",outcome=\"refused\"} 1",
+            "acemq_publish_total{exchange=\"\",outcome=\"confirmed\"} 1",
+            "acemq_publish_duration_seconds_count{exchange=\"orders\",outcome=\"confirmed\"} 2",
+            "acemq_publish_duration_seconds_bucket{le=\"0.005\",exchange=\"orders\",outcome=\"confirmed\"} 2",
+            "acemq_publish_duration_seconds_bucket{le=\"0.0025\",exchange=\"orders\",outcome=\"confirmed\"} 0",
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
@@ -572,7 +643,6 @@ mod tests {
         let m = Metrics::new();
         m.published(
             "x",
-            "k",
             crate::broker::publisher::PublishOutcome::Confirmed,
             Duration::from_millis(1),
         );
@@ -619,5 +689,120 @@ mod tests {
             "{text}"
         );
         assert_eq!(m.consumed_count("orders.new", "acked"), 1);
+    }
+
+    /// Every family given one series; what `/metrics` then writes.
+    fn every_family_shown(m: &Metrics) -> String {
+        use crate::broker::PublishObserver;
+        let qo = QueueOutcome {
+            queue: "q".into(),
+            outcome: "acked".into(),
+        };
+        let q = QueueLabel { queue: "q".into() };
+        let version = PluginVersionLabels {
+            queue: "q".into(),
+            sha256: "ab".into(),
+        };
+        let c = connection("publish");
+        m.consume_total.get_or_create(&qo).inc();
+        m.consume_duration.get_or_create(&qo).observe(0.1);
+        m.consume_attempts.get_or_create(&q).observe(1.0);
+        m.in_flight.get_or_create(&q).set(1);
+        m.retried_total
+            .get_or_create(&QueueWhere {
+                queue: "q".into(),
+                place: Place("broker"),
+            })
+            .inc();
+        m.dead_lettered_total.get_or_create(&qo).inc();
+        m.set_aside_failed
+            .get_or_create(&QueueTarget {
+                queue: "q".into(),
+                target: "q.dlq".into(),
+            })
+            .inc();
+        m.rung_missing
+            .get_or_create(&QueueRung {
+                queue: "q".into(),
+                rung: "q.retry.30s".into(),
+            })
+            .inc();
+        m.plugin_faults
+            .get_or_create(&PluginFaultLabels {
+                queue: "q".into(),
+                fault: "trap".into(),
+            })
+            .inc();
+        m.plugin_swaps
+            .get_or_create(&PluginSwapLabels {
+                queue: "q".into(),
+                result: "swapped".into(),
+            })
+            .inc();
+        m.plugin_version.get_or_create(&version).set(1);
+        m.plugin_fuel.get_or_create(&q).inc();
+        m.plugin_call_duration.get_or_create(&version).observe(0.1);
+        m.plugin_call_fuel.get_or_create(&version).observe(10.0);
+        m.published(
+            "x",
+            crate::broker::publisher::PublishOutcome::Confirmed,
+            Duration::from_millis(1),
+        );
+        m.publish_unconfirmed.set(1);
+        m.connection_up.get_or_create(&c).set(1);
+        m.connection_blocked.get_or_create(&c).set(0);
+        m.connection_blocked_seconds.get_or_create(&c).inc_by(1.0);
+        m.connection_recoveries.get_or_create(&c).inc();
+        m.oldest_unacked_seconds.get_or_create(&q).set(1.0);
+        m.stream_position.get_or_create(&q).set(1);
+        m.stream_lag.get_or_create(&q).set(1);
+        m.stream_checkpoint_age_seconds.get_or_create(&q).set(1.0);
+        m.render()
+    }
+
+    /// The catalogue (the README's metric table) says exactly which labels
+    /// each metric's samples carry.
+    #[test]
+    fn the_catalogue_names_every_metric_and_exactly_its_labels() {
+        let m = Metrics::new();
+        let text = every_family_shown(&m);
+        let mut seen = BTreeSet::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (sample, rest) = line
+                .split_once('{')
+                .unwrap_or((line.split(' ').next().unwrap(), ""));
+            let labels: BTreeSet<&str> = rest
+                .split_once('}')
+                .map(|(set, _)| set)
+                .unwrap_or("")
+                .split(',')
+                .filter(|pair| !pair.is_empty())
+                .map(|pair| pair.split('=').next().unwrap())
+                .filter(|label| *label != "le")
+                .collect();
+            let entry = m
+                .catalogue()
+                .iter()
+                .find(|e| {
+                    sample == e.name
+                        || (e.kind == "histogram"
+                            && sample
+                                .strip_prefix(e.name.as_str())
+                                .is_some_and(|s| ["_bucket", "_sum", "_count"].contains(&s)))
+                })
+                .unwrap_or_else(|| panic!("{sample} is not in the catalogue"));
+            let declared: BTreeSet<&str> = entry.labels.iter().copied().collect();
+            assert_eq!(labels, declared, "{line}");
+            seen.insert(entry.name.clone());
+        }
+        let all: BTreeSet<String> = m.catalogue().iter().map(|e| e.name.clone()).collect();
+        assert_eq!(seen, all, "every family was shown");
+        for entry in m.catalogue() {
+            assert!(
+                !entry.labels.contains(&"routing_key"),
+                "{}: routing keys are chosen by plugins",
+                entry.name
+            );
+        }
     }
 }

@@ -355,6 +355,7 @@ impl InProcessHost {
     /// current tokio runtime; returns once its topology is applied and its
     /// consumers are subscribed.
     pub async fn start(config: &str) -> Result<Self> {
+        log_when_asked();
         let loaded = LoadedConfig::parse(Path::new("test-host.toml"), config.to_string())
             .map_err(|e| anyhow!("{e}"))?;
         let prepared = tokio::task::spawn_blocking(move || app::prepare(loaded)).await??;
@@ -408,6 +409,23 @@ impl InProcessHost {
             Err(_) => bail!("the host did not stop within 60 s of its shutdown"),
         }
     }
+}
+
+/// With `ACEMQ_TEST_LOG` set (a filter such as `info` or
+/// `acemq_host=debug`), in-process hosts log to stderr (shown for a failing
+/// test, or with `--nocapture`): what a stop that does not end was doing.
+fn log_when_asked() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Ok(filter) = std::env::var("ACEMQ_TEST_LOG")
+            && !filter.trim().is_empty()
+        {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+    });
 }
 
 /// A TCP port free on loopback right now (for an admin endpoint or a proxy).

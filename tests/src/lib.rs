@@ -75,11 +75,21 @@ pub fn loadgen_result(stdout: &str, key: &str) -> anyhow::Result<f64> {
 /// for tests of the publisher on its own. Not supervised: nothing
 /// reconnects it.
 pub async fn publish_link(broker: &Broker) -> std::sync::Arc<acemq_host::broker::PublishLink> {
+    publish_link_to(broker.amqp_url(), Default::default()).await
+}
+
+/// A connected publish link to the broker at `url` (a [`FaultProxy`] in
+/// front of it, say) with the publishing limits `settings`; otherwise as
+/// [`publish_link`].
+pub async fn publish_link_to(
+    url: &str,
+    settings: acemq_host::broker::PublishSettings,
+) -> std::sync::Arc<acemq_host::broker::PublishLink> {
     use acemq_host::broker::{Addresses, BrokerUrl, Link, OnConnected, PublishLink, Recovery};
     use std::sync::Arc;
     use std::time::Duration;
     let metrics = Arc::new(acemq_host::telemetry::Metrics::new());
-    let url = BrokerUrl::parse(broker.amqp_url()).expect("the test broker's URL parses");
+    let url = BrokerUrl::parse(url).expect("the test broker's URL parses");
     let link = Link::new(
         "publish",
         Addresses::new(vec![url], "acemq-tests.publish"),
@@ -94,5 +104,5 @@ pub async fn publish_link(broker: &Broker) -> std::sync::Arc<acemq_host::broker:
     link.connect_first(&recovery, &nothing, Duration::from_secs(30))
         .await
         .expect("the test broker accepts a connection");
-    PublishLink::new(link, Default::default(), metrics)
+    PublishLink::new(link, settings, metrics)
 }

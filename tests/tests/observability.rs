@@ -373,14 +373,201 @@ async fn every_metric_the_dashboard_queries_is_exposed() {
     let mut queried = Vec::new();
     collect_exprs(&dashboard, &mut queried);
     assert!(queried.len() >= 20, "{queried:?}");
+    let catalogue = acemq_host::telemetry::Metrics::new().catalogue().to_vec();
     for expr in &queried {
         for name in metric_names(expr) {
             assert!(
                 declared.contains(&name),
                 "the dashboard queries {name} ({expr}), which the host does not expose"
             );
+            // And only labels that metric carries.
+            let entry = catalogue
+                .iter()
+                .find(|e| {
+                    name == e.name
+                        || ["_bucket", "_sum", "_count"]
+                            .iter()
+                            .any(|suffix| name == format!("{}{suffix}", e.name))
+                })
+                .unwrap_or_else(|| panic!("{name} is not in the catalogue"));
+            for label in label_names(expr) {
+                assert!(
+                    entry.labels.contains(&label.as_str())
+                        || (label == "le" && name.ends_with("_bucket")),
+                    "the dashboard uses the label {label} of {name} ({expr}), which it does not carry"
+                );
+            }
         }
     }
+}
+
+/// The labels a PromQL expression groups by or selects on.
+fn label_names(expr: &str) -> Vec<String> {
+    let mut labels = Vec::new();
+    for (open, close) in [("by (", ')'), ("{", '}')] {
+        let mut rest = expr;
+        while let Some(start) = rest.find(open) {
+            let tail = &rest[start + open.len()..];
+            let end = tail.find(close).unwrap_or(tail.len());
+            for part in tail[..end].split(',') {
+                let label: String = part
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !label.is_empty() && !label.starts_with("__") {
+                    labels.push(label);
+                }
+            }
+            rest = &tail[end..];
+        }
+    }
+    labels
+}
+
+/// The README's metric table names exactly the metrics the host declares,
+/// each with exactly its labels (a label's values may follow it in
+/// parentheses, a description after a colon).
+#[test]
+fn the_readme_metric_table_says_exactly_which_labels_exist() {
+    let readme =
+        std::fs::read_to_string(acemq_tests::host::workspace_root().join("README.md")).unwrap();
+    let section = readme
+        .split("\n### Metrics\n")
+        .nth(1)
+        .expect("the README has a Metrics section")
+        .split("\n### ")
+        .next()
+        .unwrap();
+    let mut documented = Vec::new();
+    for row in section.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let name = cells[1].trim_matches('`').to_string();
+        let kind = cells[2].to_string();
+        // Values in parentheses, then the description after a colon.
+        let mut bare = String::new();
+        let mut depth = 0;
+        for c in cells[3].chars() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                _ if depth == 0 => bare.push(c),
+                _ => {}
+            }
+        }
+        let listed = bare.split(':').next().unwrap();
+        let labels: Vec<String> = listed
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect();
+        documented.push((name, kind, labels));
+    }
+    let declared: Vec<(String, String, Vec<String>)> = acemq_host::telemetry::Metrics::new()
+        .catalogue()
+        .iter()
+        .map(|e| {
+            (
+                e.name.clone(),
+                e.kind.to_string(),
+                e.labels.iter().map(|l| l.to_string()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(documented, declared);
+}
+
+/// Outputs with hundreds of distinct routing keys (an order id in each, as
+/// plugins do) add no metric series: `/metrics` is as long after 500 keys
+/// as after 5. Before, each key added its own `acemq_publish_total` and
+/// `acemq_publish_duration_seconds` series, about 20 lines a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_keys_chosen_by_a_plugin_add_no_metric_series() {
+    let broker = shared_broker();
+    let queue = unique_name("keys");
+    let out = unique_name("keys.out");
+    let sink = unique_name("keys.sink");
+    let admin = format!("127.0.0.1:{}", free_port());
+    let config = format!(
+        r#"
+[broker]
+url = "{url}"
+
+[host]
+admin_listen = "{admin}"
+
+[[exchanges]]
+name = "{out}"
+kind = "topic"
+
+[[queues]]
+name = "{queue}"
+
+[[queues]]
+name = "{sink}"
+type = "classic"
+
+[[bindings]]
+queue = "{sink}"
+exchange = "{out}"
+routing_key = "order.#"
+
+[[consumers]]
+queue = "{queue}"
+plugin = "{plugin}"
+publish_to = ["{out}"]
+
+[consumers.config]
+out_exchange = "{out}"
+"#,
+        url = broker.amqp_url(),
+        plugin = plugin_path("outcomes").display(),
+    );
+    let host = HostProcess::start(&config, 1).unwrap();
+    let url = format!("http://{admin}/metrics");
+    // Lines of /metrics once `outputs` outputs in all have been confirmed.
+    let lines_after = |outputs: f64| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        tokio::task::block_in_place(|| {
+            loop {
+                let (_, text) = http_get(&url).expect("/metrics answers");
+                let confirmed = metric_sum(
+                    &text,
+                    "acemq_publish_total",
+                    &[("exchange", out.as_str()), ("outcome", "confirmed")],
+                );
+                if confirmed >= outputs {
+                    break text.lines().count();
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{confirmed} of {outputs} outputs confirmed:\n{text}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let keys = |from: usize, to: usize| {
+        let keys: Vec<String> = (from..to).map(|i| format!("order.{i}")).collect();
+        format!("publish-to:{}", keys.join(","))
+    };
+    broker
+        .publish("", &queue, keys(0, 5).as_bytes(), text())
+        .await
+        .unwrap();
+    let few = lines_after(5.0);
+    broker
+        .publish("", &queue, keys(5, 505).as_bytes(), text())
+        .await
+        .unwrap();
+    let many = lines_after(505.0);
+    host.terminate(Duration::from_secs(30)).unwrap();
+    assert_eq!(
+        many, few,
+        "500 more routing keys changed the length of /metrics"
+    );
+    assert_eq!(broker.message_count(&sink).await.unwrap(), 505);
 }
 
 /// Every `expr` of the dashboard's panels (and its variables' queries).

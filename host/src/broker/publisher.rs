@@ -34,8 +34,17 @@
 //! [`PublishError::is_broker_trouble`] lets the caller hold its input and try
 //! again once the connection is back.
 //!
-//! At most `max_unconfirmed` publishes of the whole host wait for a confirm;
-//! a batch larger than that goes out in waves as confirms free places.
+//! Places: at most `max_unconfirmed` publishes of the whole host wait for a
+//! confirm. A batch takes all the places it needs in one step, before it
+//! writes anything, and gives each back as that message's confirm arrives.
+//! Taking them one message at a time let two batches whose sum passed the
+//! free places each hold part and wait for the rest, neither writing its
+//! confirms' worth of progress, while every other publish of the host
+//! starved. A batch never needs more than `max_unconfirmed` places: the
+//! config refuses a `max_outputs` above it (and a larger batch is refused
+//! here, unsent). The wait for places and for confirms share one deadline,
+//! `confirm_timeout` from the batch's start, which does not run while the
+//! broker blocks the connection.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -108,8 +117,10 @@ pub enum PublishError {
         routing_key: String,
         reason: String,
     },
-    /// Written, and the connection dropped before its confirm: it may or
-    /// may not have arrived. Not the message's fault.
+    /// Written, and no confirm came: the connection dropped first, or the
+    /// broker did not confirm it within `confirm_timeout`. It may or may not
+    /// have arrived (a timed-out publish is usually delivered later). Not
+    /// the message's fault.
     #[error(
         "message {id} to exchange '{exchange}' with key '{routing_key}' may not have been sent: {reason}"
     )]
@@ -120,7 +131,8 @@ pub enum PublishError {
         reason: String,
     },
     /// Declined before anything was written: the connection is lost,
-    /// recovering or blocked, or too many publishes wait for confirms.
+    /// recovering or blocked, too many publishes wait for confirms, or no
+    /// channel opened in time.
     #[error("message {id} to exchange '{exchange}' with key '{routing_key}': {reason}")]
     Declined {
         id: String,
@@ -143,9 +155,9 @@ pub enum PublishError {
 
 impl PublishError {
     /// The broker or the connection is in trouble, not the message: it was
-    /// declined unsent, or its connection dropped before the confirm. The
-    /// host holds its input and publishes again once the connection is
-    /// back, without counting an attempt.
+    /// declined unsent, or no confirm came (its connection dropped, or the
+    /// broker did not confirm in time). The host holds its input and
+    /// publishes again once publishing is back, without counting an attempt.
     pub fn is_broker_trouble(&self) -> bool {
         match self {
             PublishError::Declined { .. } | PublishError::Interrupted { .. } => true,
@@ -186,9 +198,15 @@ impl PublishOutcome {
 }
 
 /// Where publishing is counted (the metrics endpoint).
+///
+/// By exchange and outcome only: routing keys are chosen by plugins (an
+/// order or tenant id in each), and a metric series per key would grow
+/// memory and `/metrics` without bound. Exchanges are bounded by config
+/// (each consumer's `publish_to`, and the default exchange).
 pub trait PublishObserver: Send + Sync {
-    /// One publish ended in `outcome`, `took` after it was started.
-    fn published(&self, exchange: &str, routing_key: &str, outcome: PublishOutcome, took: Duration);
+    /// One publish to `exchange` ended in `outcome`, `took` after it was
+    /// started.
+    fn published(&self, exchange: &str, outcome: PublishOutcome, took: Duration);
     /// Publishes waiting for a confirm changed by `delta`.
     fn unconfirmed(&self, delta: i64);
 }
@@ -198,7 +216,8 @@ pub trait PublishObserver: Send + Sync {
 pub struct PublishSettings {
     /// Publishes that may wait for a confirm at once, host-wide.
     pub max_unconfirmed: usize,
-    /// How long a confirm, or a place among the unconfirmed, is waited for.
+    /// How long a batch waits for its places among the unconfirmed and its
+    /// confirms, together (not while the broker blocks the connection).
     pub confirm_timeout: Duration,
 }
 
@@ -260,12 +279,8 @@ impl PublishLink {
     }
 
     fn count(&self, publication: &Publication, result: &Result<(), PublishError>, took: Duration) {
-        self.observer.published(
-            &publication.exchange,
-            &publication.routing_key,
-            PublishOutcome::of(result),
-            took,
-        );
+        self.observer
+            .published(&publication.exchange, PublishOutcome::of(result), took);
     }
 }
 
@@ -278,6 +293,65 @@ struct Unconfirmed {
 impl Drop for Unconfirmed {
     fn drop(&mut self) {
         self.observer.unconfirmed(-1);
+    }
+}
+
+/// The places a batch took in one step, handed out one per message as it
+/// is written; those never handed out go back when it is dropped.
+struct Places {
+    permit: OwnedSemaphorePermit,
+    observer: Arc<dyn PublishObserver>,
+}
+
+impl Places {
+    fn take_one(&mut self) -> Unconfirmed {
+        let permit = self
+            .permit
+            .split(1)
+            .expect("a batch takes a place for each of its messages");
+        self.observer.unconfirmed(1);
+        Unconfirmed {
+            _permit: permit,
+            observer: self.observer.clone(),
+        }
+    }
+}
+
+/// One batch's deadline: `confirm_timeout` from its start, for its places,
+/// its channel and its confirms together. It does not run while the broker
+/// blocks the connection: found blocked when it passes, it moves a whole
+/// timeout later.
+struct Deadline<'a> {
+    link: &'a Link,
+    timeout: Duration,
+    at: tokio::time::Instant,
+}
+
+impl<'a> Deadline<'a> {
+    fn new(link: &'a Link, timeout: Duration) -> Self {
+        Self {
+            link,
+            timeout,
+            at: tokio::time::Instant::now() + timeout,
+        }
+    }
+
+    /// What `work` gives, or `None` when the deadline passes first.
+    async fn within<F: std::future::Future>(&mut self, work: F) -> Option<F::Output> {
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                biased;
+                output = &mut work => return Some(output),
+                _ = tokio::time::sleep_until(self.at) => {
+                    if matches!(self.link.phase(), Phase::Blocked { .. }) {
+                        self.at = tokio::time::Instant::now() + self.timeout;
+                    } else {
+                        return None;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -436,7 +510,9 @@ impl Publisher {
         self.shared.frame_max()
     }
 
-    /// Publishes one message, mandatory, and waits for its confirm.
+    /// Publishes one message, mandatory, and waits for its confirm (at most
+    /// `confirm_timeout`, not counting a time the broker blocks the
+    /// connection).
     pub async fn publish(&self, publication: &Publication) -> Result<(), PublishError> {
         self.publish_all(std::slice::from_ref(publication)).await
     }
@@ -444,6 +520,15 @@ impl Publisher {
     /// Writes every message before awaiting any confirm, then waits for all
     /// of them, even after a failure (contract §6 batch semantics).
     pub async fn publish_all(&self, publications: &[Publication]) -> Result<(), PublishError> {
+        batch_result(self.publish_batch(publications).await)
+    }
+
+    /// As [`Publisher::publish_all`], with each message's own result, in
+    /// order: what a caller needs to publish again only what failed.
+    pub async fn publish_batch(
+        &self,
+        publications: &[Publication],
+    ) -> Vec<Result<(), PublishError>> {
         let started = Instant::now();
         let results = self.publish_each(publications).await;
         // A batch's confirms are awaited together: each of its messages
@@ -452,7 +537,7 @@ impl Publisher {
         for (publication, result) in publications.iter().zip(&results) {
             self.shared.count(publication, result, took);
         }
-        batch_result(results)
+        results
     }
 
     async fn publish_each(&self, publications: &[Publication]) -> Vec<Result<(), PublishError>> {
@@ -464,35 +549,63 @@ impl Publisher {
         if let Some(error) = publications.iter().find_map(name_too_long) {
             return publications.iter().map(|_| Err(error.clone())).collect();
         }
-        let state = self.shared.link.state();
-        let connection = match (&state.phase, &state.connection) {
-            (Phase::Up, Some(connection)) => connection.clone(),
-            (phase, _) => return decline_all(publications, &paused_sentence(phase)),
+        let settings = &self.shared.settings;
+        let bound = settings.max_unconfirmed.max(1);
+        if publications.len() > bound {
+            // It could never hold its places at once; the config keeps
+            // plugin outputs below this (`max_outputs`).
+            let reason = format!(
+                "its batch of {} messages is larger than the {bound} publishes that may wait \
+                 for a confirm at once ([broker] max_unconfirmed), so it was not sent",
+                publications.len()
+            );
+            return publications
+                .iter()
+                .map(|p| Err(unknown(p, &reason)))
+                .collect();
+        }
+        if let Some(declined) = self.paused(publications) {
+            return declined;
+        }
+        let mut deadline = Deadline::new(&self.shared.link, settings.confirm_timeout);
+        // Every place first, in one step: see the module's note on places.
+        let Some(mut places) = deadline.within(self.places(publications.len())).await else {
+            return decline_all(publications, &self.no_places_sentence());
         };
-        let mut membership = match self.join(&connection, state.generation).await {
-            Ok(membership) => membership,
+        // The link may have changed while the batch waited for places; on a
+        // blocked connection lapin would hold every write until the block
+        // ends.
+        if let Some(declined) = self.paused(publications) {
+            return declined;
+        }
+        let state = self.shared.link.state();
+        let Some(connection) = state.connection.clone() else {
+            return decline_all(publications, LOST);
+        };
+        let joined = deadline
+            .within(self.join(&connection, state.generation))
+            .await;
+        let mut membership = match joined {
+            Some(Ok(membership)) => membership,
             // Nothing was written: a channel that cannot open on a
             // connection that just dropped is the recovery's business.
-            Err(_) if !connection.status().connected() => return decline_all(publications, LOST),
-            Err(e) => {
+            Some(Err(_)) if !connection.status().connected() => {
+                return decline_all(publications, LOST);
+            }
+            Some(Err(e)) => {
                 return publications
                     .iter()
                     .map(|p| Err(unknown(p, &e.to_string())))
                     .collect();
             }
+            None => return decline_all(publications, &self.no_channel_sentence()),
         };
         let round = membership.round.clone();
 
         let mut results: Vec<Option<Result<(), PublishError>>> = vec![None; publications.len()];
         let mut waiting = Vec::with_capacity(publications.len());
         for (index, publication) in publications.iter().enumerate() {
-            let place = match self.place().await {
-                Ok(place) => place,
-                Err(reason) => {
-                    results[index] = Some(Err(declined(publication, &reason)));
-                    continue;
-                }
-            };
+            let place = places.take_one();
             let sent = round
                 .channel
                 .basic_publish(
@@ -519,7 +632,14 @@ impl Publisher {
             }
         }
         let mut seen = Vec::new();
-        for (index, outcome) in self.confirmations(waiting, state.generation).await {
+        // Confirms still owed when the deadline passed: the channel may yet
+        // carry their returns, which must not land in another round.
+        let mut owed = false;
+        for (index, outcome) in self
+            .confirmations(waiting, state.generation, &mut deadline)
+            .await
+        {
+            owed |= matches!(outcome, Err(NoConfirm::TimedOut));
             let p = &publications[index];
             results[index] = Some(match outcome {
                 Ok(Confirmation::Ack(returned)) => {
@@ -542,11 +662,14 @@ impl Publisher {
                     p,
                     "the connection was lost before the broker confirmed it",
                 )),
-                Err(NoConfirm::TimedOut) => Err(unknown(
+                // The broker is slow, not the message wrong: it most likely
+                // arrives (a timeout does not cancel a publish), and its
+                // input is held and published again, not failed.
+                Err(NoConfirm::TimedOut) => Err(interrupted(
                     p,
                     &format!(
                         "no confirm came within {}; the broker is not keeping up",
-                        humantime::format_duration(self.shared.settings.confirm_timeout)
+                        humantime::format_duration(settings.confirm_timeout)
                     ),
                 )),
             });
@@ -558,13 +681,15 @@ impl Publisher {
             let mut round_state = round.state();
             round_state.returned.extend(seen);
             round_state.sealed = true;
+            round_state.abandoned |= owed;
         }
         self.close(&round);
         let mut others = round.busy.subscribe();
         membership.leave();
         // Every member leaves, even a dropped one: this cannot wait forever
-        // unless a member's confirms never arrive, and those end with the
-        // confirm timeout.
+        // unless a member's confirms never arrive, and those end with its
+        // deadline. A member joins only once it holds its places, so none
+        // waits for places while others wait for it.
         let _ = others.wait_for(|busy| *busy == 0).await;
 
         // Matched under the round's lock (no await below): nothing is copied.
@@ -593,48 +718,65 @@ impl Publisher {
         results
     }
 
-    /// A place among the host's unconfirmed publishes, waited for up to the
-    /// confirm timeout; the error is the contract's sentence.
-    async fn place(&self) -> Result<Unconfirmed, String> {
-        let settings = &self.shared.settings;
-        // A place is nearly always free: take it without arming a timer
-        // (this runs for every message published).
-        let permit = match self.shared.permits.clone().try_acquire_owned() {
-            Ok(permit) => Ok(permit),
-            Err(_) => {
-                let acquire = self.shared.permits.clone().acquire_owned();
-                match tokio::time::timeout(settings.confirm_timeout, acquire).await {
-                    Ok(Ok(permit)) => Ok(permit),
-                    _ => Err(()),
-                }
-            }
-        };
-        match permit {
-            Ok(permit) => {
-                self.shared.observer.unconfirmed(1);
-                Ok(Unconfirmed {
-                    _permit: permit,
-                    observer: self.shared.observer.clone(),
-                })
-            }
-            Err(()) => Err(format!(
-                "{} publishes are already waiting for a confirm and none completed within {}. \
-                 The broker is not keeping up; publish more slowly rather than buffering more.",
-                settings.max_unconfirmed,
-                humantime::format_duration(settings.confirm_timeout)
-            )),
+    /// Every message declined, unsent, while the link is not up.
+    fn paused(&self, publications: &[Publication]) -> Option<Vec<Result<(), PublishError>>> {
+        let state = self.shared.link.state();
+        match (&state.phase, &state.connection) {
+            (Phase::Up, Some(_)) => None,
+            (phase, _) => Some(decline_all(publications, &paused_sentence(phase))),
         }
     }
 
-    /// Waits for the confirms of one batch: up to the confirm timeout (which
-    /// does not run while the broker has blocked the connection: a publish
-    /// written before a block is confirmed after it), and no longer than the
-    /// connection. One timer and one watch for the whole batch, not one per
-    /// message: this runs for every output the host publishes.
+    /// `count` places among the host's unconfirmed publishes, taken
+    /// together (the semaphore is fair: a batch waiting at its head is
+    /// served before any later one, large or small).
+    async fn places(&self, count: usize) -> Places {
+        let permits = &self.shared.permits;
+        let count_u32 = u32::try_from(count).expect("a batch is at most max_unconfirmed");
+        // Places are nearly always free: take them without queueing.
+        let permit = match permits.clone().try_acquire_many_owned(count_u32) {
+            Ok(permit) => permit,
+            Err(_) => permits
+                .clone()
+                .acquire_many_owned(count_u32)
+                .await
+                .expect("the semaphore is never closed"),
+        };
+        Places {
+            permit,
+            observer: self.shared.observer.clone(),
+        }
+    }
+
+    /// The contract's sentence for a batch that found no places in time.
+    fn no_places_sentence(&self) -> String {
+        let settings = &self.shared.settings;
+        format!(
+            "{} publishes are already waiting for a confirm and none completed within {}. \
+             The broker is not keeping up; publish more slowly rather than buffering more.",
+            settings.max_unconfirmed,
+            humantime::format_duration(settings.confirm_timeout)
+        )
+    }
+
+    fn no_channel_sentence(&self) -> String {
+        format!(
+            "no publishing channel could be opened within {}; the broker is not answering. Nothing was sent",
+            humantime::format_duration(self.shared.settings.confirm_timeout)
+        )
+    }
+
+    /// Waits for the confirms of one batch, until its `deadline` (which is
+    /// pushed back while the broker has blocked the connection: a publish
+    /// written before a block is confirmed after it), and no longer than
+    /// the connection. Each place is given back as its own confirm arrives.
+    /// One timer and one watch for the whole batch, not one per message:
+    /// this runs for every output the host publishes.
     async fn confirmations(
         &self,
         waiting: Vec<(usize, PublisherConfirm, Unconfirmed)>,
         generation: u64,
+        deadline: &mut Deadline<'_>,
     ) -> Vec<(usize, Result<Confirmation, NoConfirm>)> {
         // Which of the batch's positions still wait (positions are small).
         let size = waiting
@@ -657,31 +799,28 @@ impl Publisher {
         let mut done = Vec::with_capacity(pending.len());
         let link = &self.shared.link;
         let mut states = link.watch();
-        let timeout = self.shared.settings.confirm_timeout;
-        let deadline = tokio::time::sleep(timeout);
-        tokio::pin!(deadline);
-        let cut_short = loop {
-            tokio::select! {
-                next = pending.next() => match next {
-                    Some((index, result)) => {
-                        outstanding[index] = false;
-                        done.push((index, result.map_err(NoConfirm::Failed)));
-                    }
-                    None => break None,
-                },
-                // A link whose state can no longer change is gone too.
-                _ = states.wait_for(|s| s.generation != generation || matches!(s.phase, Phase::Lost { .. } | Phase::Reconnecting { .. })) => {
-                    break Some(NoConfirm::ConnectionLost);
-                }
-                _ = &mut deadline => {
-                    if matches!(link.phase(), Phase::Blocked { .. }) {
-                        deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
-                    } else {
-                        break Some(NoConfirm::TimedOut);
-                    }
-                }
+        let all_in = async {
+            while let Some((index, result)) = pending.next().await {
+                outstanding[index] = false;
+                done.push((index, result.map_err(NoConfirm::Failed)));
             }
         };
+        // A link whose state can no longer change is gone too.
+        let lost = states.wait_for(|s| {
+            s.generation != generation
+                || matches!(s.phase, Phase::Lost { .. } | Phase::Reconnecting { .. })
+        });
+        let cut_short = deadline
+            .within(async {
+                tokio::select! {
+                    _ = all_in => None,
+                    _ = lost => Some(NoConfirm::ConnectionLost),
+                }
+            })
+            .await
+            .unwrap_or(Some(NoConfirm::TimedOut));
+        // Places of confirms still owed go back now (dropping `pending`).
+        drop(pending);
         if let Some(why) = cut_short {
             let left = outstanding.iter().enumerate().filter(|(_, waits)| **waits);
             done.extend(left.map(|(index, _)| (index, Err(why.again()))));
@@ -690,7 +829,11 @@ impl Publisher {
     }
 
     /// A place in the open round, or in a new one on a pooled channel.
-    async fn join(&self, connection: &Connection, generation: u64) -> lapin::Result<Membership> {
+    async fn join(
+        &self,
+        connection: &Arc<Connection>,
+        generation: u64,
+    ) -> lapin::Result<Membership> {
         if let Some(membership) = self.join_open(generation) {
             return Ok(membership);
         }
@@ -732,7 +875,11 @@ impl Publisher {
         }
     }
 
-    async fn channel(&self, connection: &Connection, generation: u64) -> lapin::Result<Channel> {
+    async fn channel(
+        &self,
+        connection: &Arc<Connection>,
+        generation: u64,
+    ) -> lapin::Result<Channel> {
         let pooled = {
             let mut idle = self.idle.lock().expect("publisher pool poisoned");
             // Channels of a connection that was replaced are dead.
@@ -742,11 +889,34 @@ impl Publisher {
         if let Some(pooled) = pooled {
             return Ok(pooled.channel);
         }
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        Ok(channel)
+        // Opened on a task of its own: a batch that stops waiting for it
+        // (its deadline passed, the broker blocks the connection) leaves the
+        // channel to the pool when it opens, instead of an open channel
+        // nobody uses or closes.
+        let (opened, receive) = tokio::sync::oneshot::channel();
+        let connection = connection.clone();
+        let idle = self.idle.clone();
+        tokio::spawn(async move {
+            let channel = async {
+                let channel = connection.create_channel().await?;
+                channel
+                    .confirm_select(ConfirmSelectOptions::default())
+                    .await?;
+                Ok::<_, lapin::Error>(channel)
+            }
+            .await;
+            if let Err(Ok(channel)) = opened.send(channel) {
+                idle.lock().expect("publisher pool poisoned").push(Pooled {
+                    channel,
+                    generation,
+                });
+            }
+        });
+        receive.await.unwrap_or_else(|_| {
+            Err(lapin::Error::from(
+                lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed),
+            ))
+        })
     }
 }
 
@@ -812,7 +982,10 @@ fn returned_message_id(ret: &lapin::message::BasicReturnMessage) -> String {
         .unwrap_or_default()
 }
 
-fn batch_result(results: Vec<Result<(), PublishError>>) -> Result<(), PublishError> {
+/// One result for a batch's results: `Ok` when every message was
+/// confirmed, the single error of a batch of one, else the contract's batch
+/// sentence naming the first failure.
+pub fn batch_result(results: Vec<Result<(), PublishError>>) -> Result<(), PublishError> {
     let total = results.len();
     let failures: Vec<PublishError> = results.into_iter().filter_map(Result::err).collect();
     let failed = failures.len();

@@ -39,6 +39,7 @@ pub use plugins::{PluginRun, run_plugins};
 use settle::{BrokerPort, Subject, Waited};
 
 use self::metrics::ConsumerMetrics;
+use crate::broker::Phase;
 use crate::broker::publisher::{Publication, PublishError, PublishLink, Publisher};
 use crate::broker::stream::StreamPosition;
 use crate::broker::subscription::{Receipt, Received};
@@ -449,19 +450,23 @@ struct OnBroker<'a> {
 impl OnBroker<'_> {
     /// Publishes `publications`, holding on while the broker is in trouble.
     ///
-    /// A publish declined (connection lost, recovering, blocked) or
-    /// interrupted (connection dropped before its confirm) is back pressure,
-    /// not the message's failure: the delivery stays unacked and its
-    /// outputs go out once publishing is back, without counting an attempt.
-    /// The hold ends early when the delivery's own channel is gone (the
-    /// broker redelivers it; publishing now would only duplicate), at
-    /// shutdown, or after [`HOLD_AT_MOST`], well inside the broker's
-    /// consumer timeout; the caller then requeues it. A stream delivery is
-    /// held without that limit: a requeue would not bring it back (it is
-    /// read again instead), and should the broker's consumer timeout close
-    /// its channel, the next subscription reads it again from its offset.
+    /// A publish declined (connection lost, recovering, blocked, no places
+    /// among the unconfirmed) or interrupted (no confirm: the connection
+    /// dropped, or the confirm timeout passed) is back pressure, not the
+    /// message's failure: the delivery stays unacked and the messages not
+    /// yet confirmed go out again once publishing is back, without counting
+    /// an attempt. What was confirmed is not published again. The hold ends
+    /// early when the delivery's own channel is gone (the broker redelivers
+    /// it; publishing now would only duplicate), at shutdown, or after
+    /// [`HOLD_AT_MOST`], well inside the broker's consumer timeout; the
+    /// caller then requeues it. A stream delivery is held without that
+    /// limit: a requeue would not bring it back (it is read again instead),
+    /// and should the broker's consumer timeout close its channel, the next
+    /// subscription reads it again from its offset.
     async fn publish_holding(&self, publications: &[Publication]) -> Result<(), PublishError> {
         let started = tokio::time::Instant::now();
+        let mut outstanding: Vec<usize> = (0..publications.len()).collect();
+        let mut held = false;
         let hold_at_most = if self.receipt.is_stream() {
             Duration::MAX / 4
         } else {
@@ -469,18 +474,42 @@ impl OnBroker<'_> {
         };
         loop {
             if self.receipt.is_lost() {
-                return Err(delivery_lost(&publications[0]));
+                return Err(delivery_lost(&publications[outstanding[0]]));
             }
-            let error = match self.publisher.publish_all(publications).await {
-                Err(e) if e.is_broker_trouble() => e,
-                done => return done,
+            let results = if outstanding.len() == publications.len() {
+                self.publisher.publish_batch(publications).await
+            } else {
+                let again: Vec<Publication> = outstanding
+                    .iter()
+                    .map(|&i| publications[i].clone())
+                    .collect();
+                self.publisher.publish_batch(&again).await
             };
+            let why = match left_after(&outstanding, results, publications.len()) {
+                Left::Nothing => return Ok(()),
+                Left::Failed(error) => return Err(error),
+                Left::Held { again, why } => {
+                    outstanding = again;
+                    why
+                }
+            };
+            if !held {
+                held = true;
+                // A lost or blocked link says so once, itself; a broker that
+                // is up but slow (confirms or places late) is said here.
+                let link_says_it = !matches!(self.publisher.link().link().phase(), Phase::Up);
+                if link_says_it {
+                    tracing::debug!(error = %why, "publishing is held back; the delivery waits");
+                } else {
+                    tracing::warn!(error = %why, waiting = outstanding.len(), "publishing is held back by a slow broker; the delivery waits and publishes what was not confirmed again");
+                }
+            }
             let give_up = started + hold_at_most;
             tokio::select! {
                 biased;
-                _ = self.shutdown.cancelled() => return Err(error),
-                _ = self.receipt.lost() => return Err(error),
-                _ = tokio::time::sleep_until(give_up) => return Err(error),
+                _ = self.shutdown.cancelled() => return Err(why),
+                _ = self.receipt.lost() => return Err(why),
+                _ = tokio::time::sleep_until(give_up) => return Err(why),
                 _ = self.ready_again() => {}
             }
         }
@@ -510,6 +539,48 @@ fn delivery_lost(first: &Publication) -> PublishError {
         exchange: first.exchange.clone(),
         routing_key: first.routing_key.clone(),
         reason: "the channel it was delivered on closed, so the broker delivers it again; nothing was sent".to_string(),
+    }
+}
+
+/// What one attempt at publishing a batch's outstanding messages leaves.
+#[derive(Debug)]
+enum Left {
+    /// Every message of the batch is confirmed.
+    Nothing,
+    /// Only the broker's trouble: these messages (positions in the batch)
+    /// go out again once publishing is back; `why` is the batch's error.
+    Held {
+        again: Vec<usize>,
+        why: PublishError,
+    },
+    /// A message failed on its own account (or some did while others met
+    /// broker trouble): the batch fails, with the contract's sentence.
+    Failed(PublishError),
+}
+
+/// What is left after `results`, the results of publishing the messages at
+/// positions `outstanding` of a batch of `total` (the others were confirmed
+/// by earlier attempts).
+fn left_after(outstanding: &[usize], results: Vec<Result<(), PublishError>>, total: usize) -> Left {
+    let whole = if outstanding.len() == total {
+        results
+    } else {
+        let mut whole: Vec<Result<(), PublishError>> = vec![Ok(()); total];
+        for (&position, result) in outstanding.iter().zip(results) {
+            whole[position] = result;
+        }
+        whole
+    };
+    let again: Vec<usize> = whole
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.is_err())
+        .map(|(position, _)| position)
+        .collect();
+    match crate::broker::publisher::batch_result(whole) {
+        Ok(()) => Left::Nothing,
+        Err(why) if why.is_broker_trouble() => Left::Held { again, why },
+        Err(error) => Left::Failed(error),
     }
 }
 
@@ -636,5 +707,87 @@ mod tests {
             unreadable_note(&marked).as_deref(),
             Some("the routing key is not UTF-8: \"\\xff\"")
         );
+    }
+
+    fn declined(id: &str) -> Result<(), PublishError> {
+        Err(PublishError::Declined {
+            id: id.into(),
+            exchange: "out".into(),
+            routing_key: "k".into(),
+            reason: "1000 publishes are already waiting for a confirm".into(),
+        })
+    }
+
+    fn timed_out(id: &str) -> Result<(), PublishError> {
+        Err(PublishError::Interrupted {
+            id: id.into(),
+            exchange: "out".into(),
+            routing_key: "k".into(),
+            reason: "no confirm came within 10s; the broker is not keeping up".into(),
+        })
+    }
+
+    fn unroutable(id: &str) -> Result<(), PublishError> {
+        Err(PublishError::Unroutable {
+            id: id.into(),
+            exchange: "out".into(),
+            routing_key: "k".into(),
+            reason: "no queue is bound to receive it".into(),
+        })
+    }
+
+    #[test]
+    fn only_what_the_broker_did_not_confirm_is_published_again() {
+        // Messages 0 and 2 confirmed, 1 declined, 3 timed out.
+        let first = vec![Ok(()), declined("m1"), Ok(()), timed_out("m3")];
+        let Left::Held { again, why } = left_after(&[0, 1, 2, 3], first, 4) else {
+            panic!("broker trouble holds the batch")
+        };
+        assert_eq!(again, [1, 3], "the confirmed ones are not sent again");
+        assert!(why.is_broker_trouble());
+        assert!(
+            why.to_string()
+                .starts_with("2 of 4 messages were not confirmed; 2 were."),
+            "{why}"
+        );
+        // The next attempt publishes only 1 and 3; 3 still gets no confirm.
+        let Left::Held { again, why } = left_after(&[1, 3], vec![Ok(()), timed_out("m3")], 4)
+        else {
+            panic!("still held")
+        };
+        assert_eq!(again, [3]);
+        assert!(
+            why.to_string()
+                .starts_with("1 of 4 messages were not confirmed; 3 were."),
+            "counted over the whole batch: {why}"
+        );
+        assert!(matches!(left_after(&[3], vec![Ok(())], 4), Left::Nothing));
+    }
+
+    #[test]
+    fn a_message_that_fails_on_its_own_fails_the_batch_even_beside_broker_trouble() {
+        let Left::Failed(error) = left_after(&[1, 3], vec![unroutable("m1"), declined("m3")], 4)
+        else {
+            panic!("an unroutable output is the batch's failure")
+        };
+        assert!(!error.is_broker_trouble());
+        match error {
+            PublishError::Batch {
+                failed,
+                total,
+                confirmed,
+                first,
+                ..
+            } => {
+                assert_eq!((failed, total, confirmed), (2, 4, 2));
+                assert!(matches!(*first, PublishError::Unroutable { .. }));
+            }
+            other => panic!("{other}"),
+        }
+        // A batch of one keeps its message's own error.
+        assert!(matches!(
+            left_after(&[0], vec![unroutable("m0")], 1),
+            Left::Failed(PublishError::Unroutable { .. })
+        ));
     }
 }
