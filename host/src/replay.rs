@@ -340,6 +340,7 @@ fn seen(run: &PluginRun) -> Seen {
         PluginRun::OutputsRefused { .. } => ("outputs refused".to_string(), Vec::new()),
         PluginRun::Misconfigured { .. } => ("published outside publish_to".to_string(), Vec::new()),
         PluginRun::HostFailed { .. } => ("host failure".to_string(), Vec::new()),
+        PluginRun::HostBusy { .. } => ("host busy".to_string(), Vec::new()),
     };
     Seen { word, outputs }
 }
