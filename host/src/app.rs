@@ -125,7 +125,12 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
     })
 }
 
-fn load_codecs(config: &LoadedConfig, engine: &PluginEngine) -> anyhow::Result<CodecSet> {
+/// Loads the config's `[[codecs]]`, in order: for the host, and for a
+/// shadow replay, which must decode as production does.
+pub(crate) fn load_codecs(
+    config: &LoadedConfig,
+    engine: &PluginEngine,
+) -> anyhow::Result<CodecSet> {
     let mut codecs = CodecSet::new();
     for (index, codec) in config.config.codecs.iter().enumerate() {
         if codec.content_types.is_empty() {

@@ -669,3 +669,127 @@ async fn a_plugins_log_text_cannot_forge_a_host_log_line() {
         "{log:#?}"
     );
 }
+
+/// `replay --compare` decodes with the config's codecs, as production
+/// does: MessagePack orders reach the order router as the JSON it reads,
+/// and it accepts every one. Without the codecs it saw the MessagePack
+/// bytes, which production never shows it, and rejected them all.
+#[tokio::test(flavor = "multi_thread")]
+async fn shadow_replay_decodes_with_the_configured_codecs_as_production_does() {
+    const ORDERS: usize = 20;
+    let broker = shared_broker();
+    let stream = unique_name("replay.codec");
+    let events = unique_name("replay.codec.events");
+    let consumer = format!("projection-{stream}");
+    {
+        use lapin::options::QueueDeclareOptions;
+        use lapin::types::{AMQPValue, FieldTable, LongString};
+        let connection = broker.connect().await.unwrap();
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString(LongString::from("stream")),
+        );
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        connection
+            .create_channel()
+            .await
+            .unwrap()
+            .queue_declare(stream.as_str().into(), options, arguments)
+            .await
+            .unwrap();
+        let _ = connection.close(200, "done".into()).await;
+    }
+    let codecs = msgpack_codec();
+    let mut orders = Vec::new();
+    for n in 0..ORDERS {
+        let json = format!(r#"{{"id":"o-{n}","customer":"acme","total":{n}.5}}"#);
+        let Conversion::Converted { body, .. } = codecs
+            .encode(Some("application/msgpack"), json.as_bytes())
+            .await
+        else {
+            panic!("encode refused");
+        };
+        orders.push((
+            body,
+            BasicProperties::default().with_content_type("application/msgpack".into()),
+        ));
+    }
+    broker.publish_many("", &stream, orders).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("host.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[broker]
+url = "{url}"
+
+[[exchanges]]
+name = "{events}"
+kind = "topic"
+
+[[queues]]
+name = "{stream}"
+type = "stream"
+
+[[codecs]]
+plugin = "{codec}"
+content_types = ["application/msgpack"]
+
+[[consumers]]
+queue = "{stream}"
+consumer_name = "{consumer}"
+checkpoint = "none"
+plugin = "{router}"
+publish_to = ["{events}"]
+
+[consumers.config]
+events_exchange = "{events}"
+"#,
+            url = broker.amqp_url(),
+            codec = plugin_path("msgpack-codec").display(),
+            router = plugin_path("order-router").display(),
+        ),
+    )
+    .unwrap();
+    let output = tokio::task::block_in_place(|| {
+        std::process::Command::new(acemq_tests::host::host_binary())
+            .args(["replay", "--consumer", &consumer, "--compare", "--config"])
+            .arg(&config)
+            // The router stamps the time it routed at: outputs differ by it.
+            .args(["--max-diff", &ORDERS.to_string()])
+            .arg("--plugin")
+            .arg(plugin_path("order-router"))
+            .env_remove("ACEMQ_URL")
+            .output()
+            .unwrap()
+    });
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{table}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        table.contains(&format!("messages read: {ORDERS}")),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|line| line == format!("{:<24} {:>10} {:>10}", "accept", ORDERS, ORDERS)),
+        "every order accepted by both versions: {table}"
+    );
+    assert!(!table.contains("reject"), "{table}");
+    assert!(
+        table.contains("candidate, median time per message: "),
+        "{table}"
+    );
+    broker.delete_queue(&stream).await.unwrap();
+}
