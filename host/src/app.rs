@@ -150,10 +150,11 @@ pub(crate) fn load_codecs(
     Ok(codecs)
 }
 
-/// Refuses, before anything is loaded, a plugin file or folder that another
-/// user, or anyone but its owner, could write: they could choose the code
-/// the host runs (hot swap picks up a replaced file within a second). The
-/// folders are watched for hot swap afterwards, not checked again.
+/// Refuses, before anything is loaded, a plugin file, its folder or any
+/// folder above it that another user, or anyone but its owner, could write:
+/// they could choose the code the host runs (hot swap picks up a replaced
+/// file within a second). Hot swap checks a handler's again before every
+/// reload (plugin/swap.rs).
 fn check_plugin_paths(config: &LoadedConfig) -> Vec<anyhow::Error> {
     let c = &config.config;
     let handlers = c.consumers.iter().map(|consumer| &consumer.plugin);

@@ -773,3 +773,59 @@ async fn codecs_and_hot_swaps_under_load_never_leave_an_instance_without_a_slot(
     assert!(swapped >= 5, "only {swapped} swaps: the test proves little");
     assert!(status.success(), "{status}");
 }
+
+/// A reload checks the plugin's folders again, up to `/`: a folder above
+/// the plugin folder made writable to everyone since the start (so anyone
+/// could have swapped the plugin folder) refuses the reload with the
+/// reason, and the old version keeps serving; trusted again, the same file
+/// swaps in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reload_checks_every_folder_above_the_plugin_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let _one_host = ONE_HOST_AT_A_TIME.lock().await;
+    let s = Scenario::new();
+    let folder = s.dir.path().join("plugins");
+    std::fs::create_dir(&folder).unwrap();
+    let handler = folder.join("handler.wasm");
+    std::fs::copy(plugin_path("stamp-v1"), &handler).unwrap();
+    let config = s.config().replace(
+        &s.handler().display().to_string(),
+        &handler.display().to_string(),
+    );
+    let mut host = tokio::task::block_in_place(|| HostProcess::start(&config, 1)).unwrap();
+    assert_eq!(versions_of(&s, 0..3, &host).await, ["v1"; 3]);
+
+    let chmod = |mode| {
+        std::fs::set_permissions(s.dir.path(), std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    chmod(0o777);
+    let staged = folder.join(".handler.wasm.tmp");
+    std::fs::copy(plugin_path("stamp-v2"), &staged).unwrap();
+    std::fs::rename(&staged, &handler).unwrap();
+    wait_for_log(&mut host, "plugin refused", 1);
+    let refusal = log_lines_with(&host, "plugin refused").remove(0);
+    assert!(
+        refusal.contains(&format!(
+            "folder above a plugin {}: is writable by its group and others (mode 0777",
+            s.dir.path().display()
+        )),
+        "{refusal}"
+    );
+    let plugin = s.plugin();
+    assert!(
+        plugin["last_refused"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("is not trusted now"),
+        "{plugin}"
+    );
+    assert_eq!(versions_of(&s, 3..6, &host).await, ["v1"; 3]);
+
+    chmod(0o700);
+    let (status, reports) = s.post_reload("");
+    assert_eq!(status, 200, "{reports}");
+    assert_eq!(reports["results"][0]["result"], "swapped", "{reports}");
+    assert_eq!(versions_of(&s, 6..9, &host).await, ["v2"; 3]);
+    let status = host.terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+}
