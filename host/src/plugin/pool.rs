@@ -685,6 +685,94 @@ mod tests {
         assert_eq!(pool.idle(), 0);
     }
 
+    /// What the host's engine makes of a component with one memory: enough
+    /// to take one of its pool's slots.
+    struct OneMemory {
+        engine: Engine,
+        component: wasmtime::component::Component,
+    }
+
+    struct Bounds(CallBounds);
+
+    impl Observed for Bounds {
+        fn evidence(&self) -> CallEvidence {
+            CallEvidence::default()
+        }
+        fn bounds(&mut self) -> &mut CallBounds {
+            &mut self.0
+        }
+        fn bounds_ref(&self) -> &CallBounds {
+            &self.0
+        }
+    }
+
+    impl Instantiate for OneMemory {
+        type Instance = Warm<Bounds, ()>;
+
+        async fn instantiate(&self, deadline: Instant) -> wasmtime::Result<Self::Instance> {
+            let mut store = new_store(&self.engine, Bounds(CallBounds::new(1 << 20)), deadline);
+            wasmtime::component::Linker::new(&self.engine)
+                .instantiate_async(&mut store, &self.component)
+                .await?;
+            Ok(Warm {
+                store,
+                bindings: (),
+            })
+        }
+    }
+
+    /// On the host's engine sized for one instance: an instantiation that
+    /// finds the pool full waits for the slot and gets it when the running
+    /// call lets go; one that waits out its deadline fails as the host's
+    /// fault, not as the plugin's.
+    #[test]
+    fn an_instantiation_waits_for_a_slot_and_a_full_pool_is_the_hosts_fault() {
+        let engine = crate::plugin::PluginEngine::new(crate::plugin::EngineSettings {
+            max_instances: 1,
+            max_memory_bytes: 1 << 20,
+            ..crate::plugin::EngineSettings::default()
+        })
+        .unwrap();
+        if !engine.uses_pooling() {
+            return; // No address space for a pool here: nothing runs out.
+        }
+        let wat = "(component (core module $m (memory 1)) (core instance $i (instantiate $m)))";
+        let component =
+            wasmtime::component::Component::new(engine.engine(), wat::parse_str(wat).unwrap())
+                .unwrap();
+        let deadline = Duration::from_millis(300);
+        let pool = Pool::new(
+            OneMemory {
+                engine: engine.engine().clone(),
+                component,
+            },
+            deadline,
+            1 << 20,
+        );
+        block_on(async {
+            let first = pool.lease(false).await.unwrap();
+            let let_go = async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                drop(first);
+            };
+            let (second, ()) = tokio::join!(pool.lease(false), let_go);
+            let _second = second.expect("the slot the first call let go");
+            let started = Instant::now();
+            let fault = pool.lease(false).await.err().expect("a third instance");
+            assert_eq!(fault.kind, FaultKind::NoInstanceSlot, "{fault}");
+            assert!(fault.kind.is_the_hosts());
+            // It gives up once another try would end past the deadline.
+            let waited = started.elapsed();
+            assert!(waited >= deadline - SLOT_RETRY, "{waited:?}");
+            assert!(
+                fault
+                    .reason
+                    .starts_with("the host had no free plugin instance slot for 300ms"),
+                "{fault}"
+            );
+        });
+    }
+
     #[test]
     fn warming_leaves_one_instance_idle() {
         let pool = pool();
