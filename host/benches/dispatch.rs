@@ -110,7 +110,8 @@ fn dispatch_one(
         body.clone(),
     );
     // The host awaits the call on its runtime; a call that never yields
-    // (this one) completes in one poll, so the simplest executor measures it.
+    // (this one) completes in one poll, so the simplest executor measures it
+    // (inside the runtime's context, which its deadline timer needs).
     let run = block_on(delivery::run_plugins(handler, codecs, input));
     let facts = DeliveryFacts {
         queue: "bench",
@@ -172,6 +173,9 @@ fn bench(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
+    // A call's deadline is also a tokio timer (plugin/pool.rs): calls need
+    // the runtime's context, as the host's have.
+    let _context = runtime.enter();
 
     let mut group = c.benchmark_group("dispatch");
     group.measurement_time(Duration::from_secs(5));

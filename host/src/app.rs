@@ -20,6 +20,7 @@ use crate::broker::{
 };
 use crate::config::{ConsumerConfig, LoadedConfig};
 use crate::delivery::{self, ConsumerRules, Pipeline};
+use crate::plugin::capacity::{self, ConsumerDemand};
 use crate::plugin::swap::{PluginSpec, Reloader};
 use crate::plugin::{
     CodecSet, CodecVersion, ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits,
@@ -124,7 +125,12 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
     })
 }
 
-fn load_codecs(config: &LoadedConfig, engine: &PluginEngine) -> anyhow::Result<CodecSet> {
+/// Loads the config's `[[codecs]]`, in order: for the host, and for a
+/// shadow replay, which must decode as production does.
+pub(crate) fn load_codecs(
+    config: &LoadedConfig,
+    engine: &PluginEngine,
+) -> anyhow::Result<CodecSet> {
     let mut codecs = CodecSet::new();
     for (index, codec) in config.config.codecs.iter().enumerate() {
         if codec.content_types.is_empty() {
@@ -144,10 +150,11 @@ fn load_codecs(config: &LoadedConfig, engine: &PluginEngine) -> anyhow::Result<C
     Ok(codecs)
 }
 
-/// Refuses, before anything is loaded, a plugin file or folder that another
-/// user, or anyone but its owner, could write: they could choose the code
-/// the host runs (hot swap picks up a replaced file within a second). The
-/// folders are watched for hot swap afterwards, not checked again.
+/// Refuses, before anything is loaded, a plugin file, its folder or any
+/// folder above it that another user, or anyone but its owner, could write:
+/// they could choose the code the host runs (hot swap picks up a replaced
+/// file within a second). Hot swap checks a handler's again before every
+/// reload (plugin/swap.rs).
 fn check_plugin_paths(config: &LoadedConfig) -> Vec<anyhow::Error> {
     let c = &config.config;
     let handlers = c.consumers.iter().map(|consumer| &consumer.plugin);
@@ -213,19 +220,21 @@ fn warn_of_replica_arguments(config: &LoadedConfig) {
 pub fn engine_settings(config: &LoadedConfig) -> EngineSettings {
     let consumers = &config.config.consumers;
     let host = &config.config.host;
-    // Each consumer holds at most `concurrency` instances at once, plus one
-    // warm instance per version while a swap is being prepared. (A stream
-    // consumer's default is lower; the larger one bounds it.)
-    let instances: usize = consumers
+    // Every instance that can be alive at once, handlers' and codecs'
+    // (plugin/capacity.rs). A stream consumer's default concurrency is
+    // lower; the larger one bounds it.
+    let demand: Vec<ConsumerDemand> = consumers
         .iter()
-        .map(|c| c.concurrency_for(false) * 2 + 2)
-        .sum();
+        .map(|c| ConsumerDemand {
+            concurrency: c.concurrency_for(false),
+        })
+        .collect();
     // Codecs run under the default limits (load_codecs), so their budget
     // bounds the pool's memory slots as much as any consumer's does.
     let codec_budget =
         (!config.config.codecs.is_empty()).then(|| Limits::default().max_memory_bytes);
     EngineSettings {
-        max_instances: u32::try_from(instances.max(16)).unwrap_or(u32::MAX),
+        max_instances: capacity::instance_slots(&demand, config.config.codecs.len()),
         max_memory_bytes: consumers
             .iter()
             .map(|c| c.max_memory_bytes)

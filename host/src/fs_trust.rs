@@ -11,6 +11,18 @@
 //! the host binary itself, so trusting it costs nothing, and a root-owned,
 //! read-only plugin folder is the safest way to deploy.
 //!
+//! A plugin's own folder is not enough: whoever can write any folder above
+//! it can rename the plugin folder away and put one of their own in its
+//! place. So every folder on the way to a plugin, from `/` down, of the path
+//! as named and of the path it resolves to, must be owned by a trusted user
+//! and writable by no one else ([`judge_ancestor`]). The one exception is
+//! what `/tmp` is: a folder with the sticky bit lets others add names, but
+//! not rename or remove an entry they do not own, so it is safe to pass
+//! through when the entry on the way is owned by a trusted user (as OpenSSH
+//! and sudo reason about such folders). The plugin's own folder gets no
+//! such exception: anyone could add files to it. Hot swap checks all of
+//! this again before every reload (`plugin/swap.rs`).
+//!
 //! The rules ([`judge`]) are pure; the functions that read metadata only
 //! gather the facts for them.
 
@@ -81,6 +93,45 @@ pub fn judge(rule: Rule, found: Ownership, euid: u32) -> Result<(), String> {
     }
 }
 
+/// Whether a folder on the way to a plugin (not the plugin's own folder)
+/// may be passed through: `found` is the folder, `next_uid` the owner of the
+/// entry inside it that the path goes on to (not following a symlink: who
+/// owns the link is who could point it elsewhere). The reason when not.
+pub fn judge_ancestor(found: Ownership, next_uid: u32, euid: u32) -> Result<(), String> {
+    let Ownership { mode, uid } = found;
+    if uid != euid && uid != 0 {
+        return Err(format!(
+            "is owned by uid {uid} (mode {mode:04o}), neither the host's user (uid {euid}) nor \
+             root: that user could replace what is below it, and so change what the host runs; \
+             chown it to uid {euid}"
+        ));
+    }
+    let by = match (mode & 0o020 != 0, mode & 0o002 != 0) {
+        (false, false) => return Ok(()),
+        (true, false) => "its group",
+        (false, true) => "others",
+        (true, true) => "its group and others",
+    };
+    let sticky = mode & 0o1000 != 0;
+    if sticky && (next_uid == euid || next_uid == 0) {
+        // Others may add names here, and cannot touch the entry on the way.
+        return Ok(());
+    }
+    if sticky {
+        return Err(format!(
+            "is writable by {by} with the sticky bit (mode {mode:04o}), and the entry in it on \
+             the way to the plugin is owned by uid {next_uid}, neither the host's user (uid \
+             {euid}) nor root: that user could replace it; keep plugins under folders only \
+             the host's user or root can write"
+        ));
+    }
+    Err(format!(
+        "is writable by {by} (mode {mode:04o}, owner uid {uid}): whoever can write to it could \
+         rename the folders below it away and put their own in their place, and so choose what \
+         the host runs; remove the write bits (chmod go-w)"
+    ))
+}
+
 /// A path refused by [`judge`], or whose metadata could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("{what} {}: {reason}", path.display())]
@@ -122,26 +173,79 @@ pub fn check_metadata(
     judge(rule, Ownership::of(metadata), euid()).map_err(|reason| Refused::new(what, path, reason))
 }
 
-/// Checks a plugin file and the folders that hold it: the folder it is
-/// named in and, when the name is a symlink (a Kubernetes ConfigMap, a
-/// deploy tool's "current" link), the folder of the file it resolves to.
-/// What does not exist is left to the loader, which says so in its own words.
+/// Checks a plugin file, the folders that hold it and every folder above
+/// them (see the module doc): the folder it is named in and, when the name
+/// resolves elsewhere through a symlink (a Kubernetes ConfigMap, a deploy
+/// tool's "current" link), the folder of the file it resolves to, each with
+/// its ancestors up to `/`. What does not exist is left to the loader,
+/// which says so in its own words.
 pub fn check_plugin(path: &Path) -> Result<(), Refused> {
-    let mut folders = vec![folder_of(path)];
-    if let Ok(real) = std::fs::canonicalize(path) {
-        let real_folder = folder_of(&real);
+    let named = absolute(path);
+    let mut folders = vec![folder_of(&named)];
+    let resolved = std::fs::canonicalize(&named).ok();
+    if let Some(real) = &resolved {
+        let real_folder = folder_of(real);
         if std::fs::canonicalize(&folders[0]).ok().as_deref() != Some(real_folder.as_path()) {
             folders.push(real_folder);
         }
+    }
+    // Ancestors first, from `/` down, so the refusal names the highest
+    // folder at fault; each checked once, whichever path passes it.
+    let mut checked = std::collections::BTreeSet::new();
+    for folder in &folders {
+        check_ancestors(folder, &mut checked)?;
+    }
+    if let Some(real) = &resolved {
+        check_ancestors(&folder_of(real), &mut checked)?;
     }
     for folder in &folders {
         if folder.exists() {
             check_folder("plugin folder", folder)?;
         }
     }
-    match std::fs::metadata(path) {
+    match std::fs::metadata(&named) {
         Ok(metadata) => check_metadata("plugin file", path, &metadata, Rule::OwnerWritesOnly),
         Err(_) => Ok(()),
+    }
+}
+
+/// Checks every folder above `folder` (not `folder` itself) with
+/// [`judge_ancestor`], skipping the (folder, next entry) pairs in `checked`
+/// and adding the rest.
+fn check_ancestors(
+    folder: &Path,
+    checked: &mut std::collections::BTreeSet<(PathBuf, PathBuf)>,
+) -> Result<(), Refused> {
+    let mut chain: Vec<&Path> = folder.ancestors().collect();
+    chain.reverse();
+    // Each ancestor with the entry below it on the way to `folder`.
+    for pair in chain.windows(2) {
+        let (ancestor, next) = (pair[0], pair[1]);
+        if !checked.insert((ancestor.to_path_buf(), next.to_path_buf())) {
+            continue;
+        }
+        let Ok(metadata) = std::fs::metadata(ancestor) else {
+            // Missing: the loader names what is missing.
+            continue;
+        };
+        let Ok(next_metadata) = std::fs::symlink_metadata(next) else {
+            continue;
+        };
+        judge_ancestor(Ownership::of(&metadata), next_metadata.uid(), euid())
+            .map_err(|reason| Refused::new("folder above a plugin", ancestor, reason))?;
+    }
+    Ok(())
+}
+
+/// `path` made absolute against the current folder (not resolved: the
+/// folders it names are checked as named).
+fn absolute(path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        return path.to_path_buf();
+    }
+    match std::env::current_dir() {
+        Ok(here) => here.join(path),
+        Err(_) => path.to_path_buf(),
     }
 }
 
@@ -289,6 +393,133 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("is owned by uid 65534"), "{err}");
+    }
+
+    /// The rules for folders above a plugin, for a host that is not root
+    /// (the tests run as root, where every path is root's).
+    #[test]
+    fn a_folder_above_a_plugin_is_judged_by_its_owner_its_mode_and_the_sticky_bit() {
+        for mode in [0o755, 0o700, 0o555] {
+            assert_eq!(judge_ancestor(owned(mode, 0), HOST, HOST), Ok(()));
+            assert_eq!(judge_ancestor(owned(mode, HOST), 1001, HOST), Ok(()));
+        }
+        let reason = judge_ancestor(owned(0o755, 1001), HOST, HOST).unwrap_err();
+        assert!(reason.contains("is owned by uid 1001"), "{reason}");
+        for mode in [0o775, 0o757, 0o777] {
+            let reason = judge_ancestor(owned(mode, 0), HOST, HOST).unwrap_err();
+            assert!(
+                reason.contains(&format!("(mode {mode:04o}, owner uid 0)"))
+                    && reason.contains("rename the folders below it away"),
+                "{reason}"
+            );
+        }
+        // /tmp: shared, sticky. Passing through it to an entry the host's
+        // user (or root) owns is safe; to anyone else's entry is not.
+        assert_eq!(judge_ancestor(owned(0o1777, 0), HOST, HOST), Ok(()));
+        assert_eq!(judge_ancestor(owned(0o1777, 0), 0, HOST), Ok(()));
+        let reason = judge_ancestor(owned(0o1777, 0), 1001, HOST).unwrap_err();
+        assert!(
+            reason.contains("sticky bit (mode 1777)") && reason.contains("owned by uid 1001"),
+            "{reason}"
+        );
+    }
+
+    /// A plugin laid out as `<tmp>/<top>/<mid>/plugins/handler.wasm`, every
+    /// part private to its owner: returns the folders and the file.
+    fn layout() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let top = dir.path().join("top");
+        let mid = top.join("mid");
+        let plugins = mid.join("plugins");
+        std::fs::create_dir_all(&plugins).unwrap();
+        let plugin = plugins.join("handler.wasm");
+        std::fs::write(&plugin, b"\0asm").unwrap();
+        for folder in [&top, &mid, &plugins] {
+            chmod(folder, 0o755);
+        }
+        chmod(&plugin, 0o644);
+        (dir, top, mid, plugin)
+    }
+
+    /// Whoever can write a folder above the plugin's own can swap the
+    /// plugin folder: any writable folder on the way is refused by name.
+    #[test]
+    fn a_writable_folder_anywhere_above_a_plugin_is_refused_naming_it() {
+        let (_dir, top, mid, plugin) = layout();
+        // The temporary folder itself sits in /tmp: sticky, passed through.
+        check_plugin(&plugin).unwrap();
+        for (folder, mode) in [(&top, 0o777), (&mid, 0o775), (&top, 0o757)] {
+            chmod(folder, mode);
+            let err = check_plugin(&plugin).unwrap_err();
+            assert_eq!(err.what, "folder above a plugin", "{err}");
+            assert_eq!(&err.path, folder, "{err}");
+            assert!(err.reason.contains(&format!("(mode {mode:04o}")), "{err}");
+            chmod(folder, 0o755);
+        }
+        check_plugin(&plugin).unwrap();
+    }
+
+    /// A sticky shared folder on the way is passed through when the entry
+    /// below it is the host's (or root's), and refused when another user
+    /// owns that entry: they could rename it and put theirs in its place.
+    #[test]
+    fn a_sticky_folder_above_a_plugin_is_passed_only_to_an_entry_of_a_trusted_owner() {
+        let (_dir, top, mid, plugin) = layout();
+        chmod(&top, 0o1777);
+        check_plugin(&plugin).unwrap();
+        if euid() != 0 {
+            return; // Only root can give `mid` away.
+        }
+        std::os::unix::fs::chown(&mid, Some(65534), None).unwrap();
+        let err = check_plugin(&plugin).unwrap_err();
+        assert_eq!(err.path, top, "{err}");
+        assert!(
+            err.reason.contains("sticky bit (mode 1777)") && err.reason.contains("uid 65534"),
+            "{err}"
+        );
+        // Without the sticky bit the folder is refused whoever owns `mid`.
+        std::os::unix::fs::chown(&mid, Some(0), None).unwrap();
+        chmod(&top, 0o777);
+        assert_eq!(check_plugin(&plugin).unwrap_err().path, top);
+    }
+
+    /// A folder above a plugin that belongs to another user is refused
+    /// however private its mode.
+    #[test]
+    fn a_folder_above_a_plugin_of_another_user_is_refused() {
+        if euid() != 0 {
+            return; // Only root can give a folder away.
+        }
+        let (_dir, top, _mid, plugin) = layout();
+        std::os::unix::fs::chown(&top, Some(65534), None).unwrap();
+        let err = check_plugin(&plugin).unwrap_err();
+        assert_eq!(err.path, top, "{err}");
+        assert!(err.reason.contains("is owned by uid 65534"), "{err}");
+    }
+
+    /// The folders above the file a plugin symlink resolves to are checked
+    /// as well as those above the link.
+    #[test]
+    fn the_folders_above_a_plugin_symlinks_target_are_checked_too() {
+        let (dir, top, _mid, plugin) = layout();
+        let named = dir.path().join("current");
+        std::fs::create_dir(&named).unwrap();
+        chmod(&named, 0o755);
+        std::os::unix::fs::symlink(&plugin, named.join("handler.wasm")).unwrap();
+        check_plugin(&named.join("handler.wasm")).unwrap();
+        chmod(&top, 0o777);
+        let err = check_plugin(&named.join("handler.wasm")).unwrap_err();
+        assert_eq!(err.path, top.canonicalize().unwrap(), "{err}");
+    }
+
+    /// A relative plugin path is checked up to `/` too, from the current
+    /// folder (the path a config names is resolved against its file, so the
+    /// host sees absolute ones; `plugin check` may not).
+    #[test]
+    fn a_relative_path_is_checked_from_the_current_folder() {
+        let absolute = absolute(Path::new("plugins/handler.wasm"));
+        assert!(absolute.is_absolute());
+        assert!(absolute.ends_with("plugins/handler.wasm"));
     }
 
     #[test]

@@ -1,7 +1,20 @@
 //! Log lines on stderr: text for people or JSON for a log pipeline, and
 //! which of them are written (`RUST_LOG`, or the host's default filter).
+//!
+//! One event is one line. Much of what the host logs comes from outside it:
+//! a plugin's log text and what it prints, a handler's reject reason, a
+//! panic message, a producer's message id. In the text format every control
+//! character in the message and the fields is escaped ([`escape_control`]),
+//! so none of them can end a line and forge the next one (or recolour a
+//! terminal); the JSON format escapes them by its own rules.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
 
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::field::RecordFields;
+use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::format::{DefaultFields, Writer};
 
 /// How log lines are written: `--log-format`, `ACEMQ_LOG_FORMAT` or the
 /// config's `[host] log_format`.
@@ -30,6 +43,49 @@ fn log_filter(rust_log: Option<&str>) -> EnvFilter {
         .unwrap_or_else(|| EnvFilter::new(DEFAULT_LOG_FILTER))
 }
 
+/// `text` with every control character (and the Unicode line and paragraph
+/// separators) written as an escape: `\n`, `\r`, `\t`, `\u{1b}`. What
+/// has none is returned as it is.
+pub fn escape_control(text: &str) -> Cow<'_, str> {
+    fn escaped(c: char) -> bool {
+        c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+    }
+    if !text.chars().any(escaped) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if escaped(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// The text format's fields (the message among them), formatted as
+/// tracing-subscriber does and then escaped by [`escape_control`]: one
+/// event stays one line whatever its fields hold.
+#[derive(Debug, Default)]
+struct EscapedFields(DefaultFields);
+
+impl<'writer> FormatFields<'writer> for EscapedFields {
+    fn format_fields<R: RecordFields>(
+        &self,
+        mut writer: Writer<'writer>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut formatted = String::new();
+        self.0.format_fields(Writer::new(&mut formatted), fields)?;
+        writer.write_str(&escape_control(&formatted))
+    }
+}
+
 /// Installs the process's log subscriber (once; later calls do nothing).
 pub fn init(format: LogFormat) {
     let rust_log = std::env::var(EnvFilter::DEFAULT_ENV).ok();
@@ -38,6 +94,7 @@ pub fn init(format: LogFormat) {
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder
+            .fmt_fields(EscapedFields::default())
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init(),
         // Fields at the top level beside `message`, as log pipelines expect,
@@ -110,6 +167,48 @@ mod tests {
                 "{rust_log:?}: {log}"
             );
         }
+    }
+
+    #[test]
+    fn control_characters_are_escaped_and_plain_text_is_left_alone() {
+        assert!(matches!(escape_control("plain ünïcode"), Cow::Borrowed(_)));
+        assert_eq!(
+            escape_control("a\nb\r\tc\u{1b}[31md\u{7f}\u{2028}"),
+            "a\\nb\\r\\tc\\u{1b}[31md\\u{7f}\\u{2028}"
+        );
+    }
+
+    /// A plugin's log text with a newline and a forged host line in it: in
+    /// the text format the event stays on one line, the forged part
+    /// escaped inside it; fields (a panic reason) are held the same way.
+    #[test]
+    fn a_text_log_line_cannot_be_split_by_what_it_quotes() {
+        let captured = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .fmt_fields(EscapedFields::default())
+            .with_writer(captured.clone())
+            .with_ansi(false)
+            .finish();
+        let forged = "hello\n2026-01-01T00:00:00.000000Z  INFO acemq_host::app: host stopping";
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target: "plugin", queue = "orders", "{forged}");
+            tracing::warn!(reason = %"boom\r\nERROR forged", "handler failed");
+        });
+        let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = log.lines().collect();
+        assert_eq!(lines.len(), 2, "{log}");
+        assert!(
+            lines[0].ends_with(
+                "hello\\n2026-01-01T00:00:00.000000Z  INFO acemq_host::app: host stopping queue=\"orders\""
+            ),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].contains("reason=boom\\r\\nERROR forged"),
+            "{}",
+            lines[1]
+        );
     }
 
     #[test]

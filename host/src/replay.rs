@@ -7,6 +7,17 @@
 //! consumer tag of its own. The stream is read from `--from` (default
 //! `first`) until `--to` (an offset, inclusive) or until nothing new has
 //! arrived for a moment (the end of what the stream holds).
+//!
+//! Each message goes through the plugins as production runs them: decoded
+//! by the config's `[[codecs]]` before the handler sees it, the outputs
+//! encoded after, so the candidate is judged on the bodies it will get.
+//! Times and fuel are summarized in fixed-size histograms
+//! ([`histogram::Histogram`]): a replay of millions of messages holds no
+//! figure per message.
+
+mod histogram;
+
+pub use histogram::Histogram;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -22,7 +33,7 @@ use crate::broker::stream::{OFFSET_ARGUMENT, StreamOffset};
 use crate::config::LoadedConfig;
 use crate::delivery::{self, PluginRun};
 use crate::envelope::{self, Envelope};
-use crate::plugin::{CodecSet, HandlerSlot, HandlerVersion, Outgoing, PluginEngine, Verdict};
+use crate::plugin::{HandlerSlot, HandlerVersion, Outgoing, PluginEngine, Verdict};
 
 /// How long the stream may stay silent before the replay counts it read.
 const QUIET_END: Duration = Duration::from_secs(2);
@@ -52,10 +63,10 @@ pub struct ReplayReport {
     pub differing: usize,
     /// The first few of them: offset, and how they differ.
     pub examples: Vec<(u64, String)>,
-    /// The candidate's time per message.
-    pub candidate_micros: Vec<u128>,
+    /// The candidate's time per message, in microseconds.
+    pub candidate_micros: Histogram,
     /// The candidate's fuel per message, when `[host] fuel_metering` is on.
-    pub candidate_fuel: Vec<u64>,
+    pub candidate_fuel: Histogram,
 }
 
 impl ReplayReport {
@@ -71,18 +82,15 @@ impl ReplayReport {
     /// The report as the command prints it.
     pub fn table(&self) -> String {
         let mut out = format!("messages read: {}\n", self.read);
-        let median = {
-            let mut times = self.candidate_micros.clone();
-            times.sort_unstable();
-            times.get(times.len() / 2).copied().unwrap_or(0)
-        };
+        let times = &self.candidate_micros;
+        let at = |q| times.quantile(q).unwrap_or(0);
         out.push_str(&format!(
-            "candidate, median time per message: {median} µs\n"
+            "candidate, median time per message: {} µs (p99 {} µs, max {} µs)\n",
+            at(0.5),
+            at(0.99),
+            times.max().unwrap_or(0)
         ));
-        if !self.candidate_fuel.is_empty() {
-            let mut fuel = self.candidate_fuel.clone();
-            fuel.sort_unstable();
-            let median = fuel[fuel.len() / 2];
+        if let Some(median) = self.candidate_fuel.quantile(0.5) {
             out.push_str(&format!("candidate, median fuel per message: {median}\n"));
         }
         let words: std::collections::BTreeSet<&String> =
@@ -159,7 +167,9 @@ pub async fn replay(
         )?)),
         false => None,
     };
-    let codecs = Arc::new(CodecSet::new());
+    // The codecs production decodes and encodes with: without them the
+    // candidate would see bodies it never sees live.
+    let codecs = Arc::new(crate::app::load_codecs(config, &engine)?);
 
     let connection = crate::app::connect_once(config, "replay").await?;
     let channel = connection.create_channel().await?;
@@ -210,8 +220,11 @@ pub async fn replay(
         };
         let started = Instant::now();
         let candidate_run = delivery::run_plugins(&candidate, &codecs, input(body.clone())).await;
-        report.candidate_micros.push(started.elapsed().as_micros());
-        report.candidate_fuel.extend(candidate_run.fuel());
+        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        report.candidate_micros.record(took);
+        if let Some(fuel) = candidate_run.fuel() {
+            report.candidate_fuel.record(fuel);
+        }
         let candidate_seen = seen(&candidate_run);
         *report
             .candidate
@@ -340,6 +353,7 @@ fn seen(run: &PluginRun) -> Seen {
         PluginRun::OutputsRefused { .. } => ("outputs refused".to_string(), Vec::new()),
         PluginRun::Misconfigured { .. } => ("published outside publish_to".to_string(), Vec::new()),
         PluginRun::HostFailed { .. } => ("host failure".to_string(), Vec::new()),
+        PluginRun::HostBusy { .. } => ("host busy".to_string(), Vec::new()),
     };
     Seen { word, outputs }
 }

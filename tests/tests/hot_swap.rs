@@ -346,8 +346,12 @@ async fn watch_consumers(queue: String, stop: Arc<AtomicBool>, samples: Arc<Atom
     lowest
 }
 
+/// One host at a time in this binary: [`host_pid`] looks for the one child.
+static ONE_HOST_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plugin_swapped_under_load_loses_nothing_and_broken_versions_are_refused() {
+    let _one_host = ONE_HOST_AT_A_TIME.lock().await;
     let broker = shared_broker();
     let s = Scenario::new();
     std::fs::copy(plugin_path("stamp-v1"), s.handler()).unwrap();
@@ -600,4 +604,228 @@ fn runs(versions: &[&str]) -> Vec<(String, usize)> {
         }
     }
     runs
+}
+
+/// The outputs of `seqs` and the version that made each, once all came.
+async fn versions_of(s: &Scenario, seqs: std::ops::Range<u32>, host: &HostProcess) -> Vec<String> {
+    let count = seqs.len();
+    s.publish(seqs.clone()).await;
+    let mut outputs = s.outputs(count, host).await;
+    outputs.sort();
+    assert_eq!(
+        outputs.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
+        seqs.collect::<Vec<_>>()
+    );
+    outputs.into_iter().map(|(_, version)| version).collect()
+}
+
+/// A new version whose start-up code sleeps inside the host (a WASI sleep
+/// in its `_initialize`, where no epoch check can reach it) is refused at
+/// its deadline, naming it; the reload lock is not held past it (the next
+/// reload answers within seconds), and the old version keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_version_whose_start_up_code_sleeps_is_refused_at_its_deadline_and_the_old_one_keeps_serving()
+ {
+    let _one_host = ONE_HOST_AT_A_TIME.lock().await;
+    let s = Scenario::new();
+    std::fs::copy(plugin_path("stamp-v1"), s.handler()).unwrap();
+    let config = s
+        .config()
+        .replace("concurrency = 1\n", "concurrency = 1\ndeadline = \"1s\"\n")
+        .replace(
+            "[consumers.config]\n",
+            "[consumers.config]\nstartup_sleep_ms = \"60000\"\n",
+        );
+    let mut host = tokio::task::block_in_place(|| HostProcess::start(&config, 1)).unwrap();
+    assert_eq!(versions_of(&s, 0..3, &host).await, ["v1"; 3]);
+
+    let deployed = std::time::Instant::now();
+    s.deploy(&plugin_path("sleeper"));
+    wait_for_log(&mut host, "plugin refused", 1);
+    let refused_after = deployed.elapsed();
+    let refusal = log_lines_with(&host, "plugin refused").remove(0);
+    assert!(
+        refusal.contains("deadline of 1s exceeded"),
+        "{refusal}\n{}",
+        host.log_text()
+    );
+    // Compiling a 27 KB plugin, then the 1 s deadline: nowhere near the
+    // minute its start-up code asks to sleep.
+    assert!(refused_after < Duration::from_secs(20), "{refused_after:?}");
+
+    // The lock was let go: another reload runs, and is refused alike.
+    let asked = std::time::Instant::now();
+    let (status, reports) = s.post_reload("");
+    assert_eq!(status, 422, "{reports}");
+    let reports = &reports["results"];
+    assert_eq!(reports[0]["result"], "refused", "{reports}");
+    assert!(
+        reports[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("deadline of 1s exceeded"),
+        "{reports}"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        asked.elapsed()
+    );
+
+    assert_eq!(versions_of(&s, 3..6, &host).await, ["v1"; 3]);
+    let status = host.terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+}
+
+/// `wasm` with one more custom section: the same plugin, another file and
+/// hash, so a deploy of it is a swap.
+fn variant(wasm: &[u8], tag: u8) -> Vec<u8> {
+    let name = b"acemq-test-variant";
+    let mut out = wasm.to_vec();
+    out.extend([0, (1 + name.len() + 1) as u8, name.len() as u8]);
+    out.extend(name);
+    out.push(tag);
+    out
+}
+
+/// Codecs' instances count against the engine's pool as handlers' do.
+/// Five codecs (each keeps a warm instance), a consumer running eight
+/// calls at once that each sleep 100 ms, and its plugin swapped back and
+/// forth while they run: every instance any of them needs finds a slot, and
+/// every message is handled, none dead-lettered or parked. Before, the pool
+/// was sized for the handlers alone, and with the old version's instances
+/// still alive during each swap the new version's instantiations failed,
+/// dead-lettering valid messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn codecs_and_hot_swaps_under_load_never_leave_an_instance_without_a_slot() {
+    const MESSAGES: u32 = 480;
+    const SWAPS: u8 = 10;
+    let _one_host = ONE_HOST_AT_A_TIME.lock().await;
+    let broker = shared_broker();
+    let s = Scenario::new();
+    let sleeper = std::fs::read(plugin_path("sleeper")).unwrap();
+    std::fs::write(s.handler(), variant(&sleeper, 0)).unwrap();
+    let codecs: String = [
+        "application/msgpack",
+        "application/x-msgpack",
+        "application/vnd.a+msgpack",
+        "application/vnd.b+msgpack",
+        "application/vnd.c+msgpack",
+    ]
+    .iter()
+    .map(|content_type| {
+        format!(
+            "[[codecs]]\nplugin = \"{}\"\ncontent_types = [\"{content_type}\"]\n\n",
+            plugin_path("msgpack-codec").display()
+        )
+    })
+    .collect();
+    let config = s
+        .config()
+        .replace(
+            "prefetch = 50\nconcurrency = 1\n",
+            "prefetch = 32\nconcurrency = 8\ndeadline = \"10s\"\n",
+        )
+        .replace("[[consumers]]\n", &format!("{codecs}[[consumers]]\n"));
+    let mut host = tokio::task::block_in_place(|| HostProcess::start(&config, 1)).unwrap();
+
+    // "sleep:100" as a MessagePack string; the codec makes it a JSON one.
+    let mut packed = vec![0xa0 | 9];
+    packed.extend(b"sleep:100");
+    let msgpack = BasicProperties::default().with_content_type("application/msgpack".into());
+    broker
+        .publish_many(
+            "",
+            &s.input,
+            (0..MESSAGES).map(|_| (packed.clone(), msgpack.clone())),
+        )
+        .await
+        .unwrap();
+    for swap in 1..=SWAPS {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let staged = s.dir.path().join(".handler.wasm.tmp");
+        std::fs::write(&staged, variant(&sleeper, swap)).unwrap();
+        std::fs::rename(&staged, s.handler()).unwrap();
+    }
+    wait_for_log(&mut host, "plugin swapped", 5);
+    broker
+        .wait_for_message_count(&s.input, 0, Duration::from_secs(120))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let dead = broker
+        .message_count(&format!("{}.dlq", s.input))
+        .await
+        .unwrap();
+    let parked = broker
+        .message_count(&format!("{}.parked", s.input))
+        .await
+        .unwrap();
+    let (status, log) = host.terminate_with_log(Duration::from_secs(30)).unwrap();
+    let swapped = log.iter().filter(|l| l.contains("plugin swapped")).count();
+    let failures: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("handler failed") || l.contains("instance slot"))
+        .take(5)
+        .collect();
+    assert_eq!((dead, parked), (0, 0), "{failures:#?}");
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert!(swapped >= 5, "only {swapped} swaps: the test proves little");
+    assert!(status.success(), "{status}");
+}
+
+/// A reload checks the plugin's folders again, up to `/`: a folder above
+/// the plugin folder made writable to everyone since the start (so anyone
+/// could have swapped the plugin folder) refuses the reload with the
+/// reason, and the old version keeps serving; trusted again, the same file
+/// swaps in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reload_checks_every_folder_above_the_plugin_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let _one_host = ONE_HOST_AT_A_TIME.lock().await;
+    let s = Scenario::new();
+    let folder = s.dir.path().join("plugins");
+    std::fs::create_dir(&folder).unwrap();
+    let handler = folder.join("handler.wasm");
+    std::fs::copy(plugin_path("stamp-v1"), &handler).unwrap();
+    let config = s.config().replace(
+        &s.handler().display().to_string(),
+        &handler.display().to_string(),
+    );
+    let mut host = tokio::task::block_in_place(|| HostProcess::start(&config, 1)).unwrap();
+    assert_eq!(versions_of(&s, 0..3, &host).await, ["v1"; 3]);
+
+    let chmod = |mode| {
+        std::fs::set_permissions(s.dir.path(), std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    chmod(0o777);
+    let staged = folder.join(".handler.wasm.tmp");
+    std::fs::copy(plugin_path("stamp-v2"), &staged).unwrap();
+    std::fs::rename(&staged, &handler).unwrap();
+    wait_for_log(&mut host, "plugin refused", 1);
+    let refusal = log_lines_with(&host, "plugin refused").remove(0);
+    assert!(
+        refusal.contains(&format!(
+            "folder above a plugin {}: is writable by its group and others (mode 0777",
+            s.dir.path().display()
+        )),
+        "{refusal}"
+    );
+    let plugin = s.plugin();
+    assert!(
+        plugin["last_refused"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("is not trusted now"),
+        "{plugin}"
+    );
+    assert_eq!(versions_of(&s, 3..6, &host).await, ["v1"; 3]);
+
+    chmod(0o700);
+    let (status, reports) = s.post_reload("");
+    assert_eq!(status, 200, "{reports}");
+    assert_eq!(reports["results"][0]["result"], "swapped", "{reports}");
+    assert_eq!(versions_of(&s, 6..9, &host).await, ["v2"; 3]);
+    let status = host.terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
 }

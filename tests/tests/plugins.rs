@@ -3,7 +3,6 @@
 //! messages on the same consumer keep flowing; and codec plugins decode
 //! before the handler and park what they cannot read.
 
-use futures::executor::block_on;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -564,4 +563,233 @@ plugin = "{echo}"
 
 fn text() -> BasicProperties {
     BasicProperties::default().with_content_type("text/plain".into())
+}
+
+/// Drives a plugin call as the host does: on a tokio runtime with timers
+/// (a call's deadline is a tokio timer as well as the epoch check).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+/// A host running the `sleeper` plugin on `queue` (dead-lettering), one
+/// call at a time, with `consumer` as more lines of its `[[consumers]]`.
+fn sleeper_host(queue: &str, consumer: &str) -> HostProcess {
+    let config = format!(
+        "[broker]\nurl = \"{url}\"\n\n[[queues]]\nname = \"{queue}\"\ndead_letter = true\n\n[[consumers]]\nqueue = \"{queue}\"\nplugin = \"{plugin}\"\nconcurrency = 1\n{consumer}\n",
+        url = shared_broker().amqp_url(),
+        plugin = plugin_path("sleeper").display(),
+    );
+    HostProcess::start(&config, 1).unwrap()
+}
+
+/// A call that waits inside the host (a WASI sleep: no wasm runs, so the
+/// epoch check never comes) is cut at its deadline by the host's own timer:
+/// its message is dead-lettered naming the deadline, and the message behind
+/// it (one call at a time) is handled. Before, the sleep held the call, its
+/// slot and the message for its full length (here a minute).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_sleeping_inside_the_host_is_cut_at_its_deadline_and_the_next_message_is_handled() {
+    let broker = shared_broker();
+    let queue = unique_name("sleeper.call");
+    let host = sleeper_host(&queue, "deadline = \"1s\"");
+    let started = std::time::Instant::now();
+    broker
+        .publish_many(
+            "",
+            &queue,
+            ["sleep:60000", "accept", "accept"].map(|b| (b, text())),
+        )
+        .await
+        .unwrap();
+    let failed = broker
+        .drain(&format!("{queue}.dlq"), 1, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(failed.len(), 1, "the sleeping call was not cut");
+    assert_eq!(failed[0].body.as_slice(), b"sleep:60000".as_slice());
+    let reason = failed[0].acemq_error();
+    assert_eq!(
+        reason,
+        "exhausted 1 attempt: deadline of 1s exceeded while the plugin waited inside the host (a WASI sleep or poll)"
+    );
+    broker
+        .wait_for_message_count(&queue, 0, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    let (status, log) = host.terminate_with_log(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+    assert!(
+        log.iter().any(|line| line.contains("handler failed")
+            && line
+                .contains("fault=deadline of 1s exceeded while the plugin waited inside the host")),
+        "{log:#?}"
+    );
+}
+
+/// A plugin's log text holding a newline and a forged host line (and a
+/// terminal escape) stays inside its own log line in the host's text log:
+/// the control characters are escaped, no line of the log is the forgery.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugins_log_text_cannot_forge_a_host_log_line() {
+    let broker = shared_broker();
+    let queue = unique_name("sleeper.log");
+    let mut host = sleeper_host(&queue, "");
+    let forged = "2026-12-01T00:00:00.000000Z  INFO acemq_host::app: forged by a plugin";
+    let body = format!("log:hello\n{forged}\r\n\u{1b}[31mred");
+    broker
+        .publish("", &queue, body.as_bytes(), text())
+        .await
+        .unwrap();
+    host.wait_for_log("forged by a plugin", 1, Duration::from_secs(20))
+        .unwrap();
+    let (status, log) = host.terminate_with_log(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+    let logged: Vec<&String> = log
+        .iter()
+        .filter(|line| line.contains("forged by a plugin"))
+        .collect();
+    assert_eq!(logged.len(), 1, "{log:#?}");
+    // The escape character itself tracing-subscriber already writes as
+    // `\x1b`; line ends it did not.
+    assert!(
+        logged[0].contains(&format!("hello\\n{forged}\\r\\n")),
+        "{}",
+        logged[0]
+    );
+    assert!(logged[0].contains(&queue), "{}", logged[0]);
+    assert!(
+        log.iter()
+            .all(|line| !line.starts_with("2026-12-01T00:00:00") && !line.contains('\u{1b}')),
+        "{log:#?}"
+    );
+}
+
+/// `replay --compare` decodes with the config's codecs, as production
+/// does: MessagePack orders reach the order router as the JSON it reads,
+/// and it accepts every one. Without the codecs it saw the MessagePack
+/// bytes, which production never shows it, and rejected them all.
+#[tokio::test(flavor = "multi_thread")]
+async fn shadow_replay_decodes_with_the_configured_codecs_as_production_does() {
+    const ORDERS: usize = 20;
+    let broker = shared_broker();
+    let stream = unique_name("replay.codec");
+    let events = unique_name("replay.codec.events");
+    let consumer = format!("projection-{stream}");
+    {
+        use lapin::options::QueueDeclareOptions;
+        use lapin::types::{AMQPValue, FieldTable, LongString};
+        let connection = broker.connect().await.unwrap();
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString(LongString::from("stream")),
+        );
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        connection
+            .create_channel()
+            .await
+            .unwrap()
+            .queue_declare(stream.as_str().into(), options, arguments)
+            .await
+            .unwrap();
+        let _ = connection.close(200, "done".into()).await;
+    }
+    let codecs = msgpack_codec();
+    let mut orders = Vec::new();
+    for n in 0..ORDERS {
+        let json = format!(r#"{{"id":"o-{n}","customer":"acme","total":{n}.5}}"#);
+        let Conversion::Converted { body, .. } = codecs
+            .encode(Some("application/msgpack"), json.as_bytes())
+            .await
+        else {
+            panic!("encode refused");
+        };
+        orders.push((
+            body,
+            BasicProperties::default().with_content_type("application/msgpack".into()),
+        ));
+    }
+    broker.publish_many("", &stream, orders).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("host.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[broker]
+url = "{url}"
+
+[[exchanges]]
+name = "{events}"
+kind = "topic"
+
+[[queues]]
+name = "{stream}"
+type = "stream"
+
+[[codecs]]
+plugin = "{codec}"
+content_types = ["application/msgpack"]
+
+[[consumers]]
+queue = "{stream}"
+consumer_name = "{consumer}"
+checkpoint = "none"
+plugin = "{router}"
+publish_to = ["{events}"]
+
+[consumers.config]
+events_exchange = "{events}"
+"#,
+            url = broker.amqp_url(),
+            codec = plugin_path("msgpack-codec").display(),
+            router = plugin_path("order-router").display(),
+        ),
+    )
+    .unwrap();
+    let output = tokio::task::block_in_place(|| {
+        std::process::Command::new(acemq_tests::host::host_binary())
+            .args(["replay", "--consumer", &consumer, "--compare", "--config"])
+            .arg(&config)
+            // The router stamps the time it routed at: outputs differ by it.
+            .args(["--max-diff", &ORDERS.to_string()])
+            .arg("--plugin")
+            .arg(plugin_path("order-router"))
+            .env_remove("ACEMQ_URL")
+            .output()
+            .unwrap()
+    });
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{table}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        table.contains(&format!("messages read: {ORDERS}")),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|line| line == format!("{:<24} {:>10} {:>10}", "accept", ORDERS, ORDERS)),
+        "every order accepted by both versions: {table}"
+    );
+    assert!(!table.contains("reject"), "{table}");
+    assert!(
+        table.contains("candidate, median time per message: "),
+        "{table}"
+    );
+    broker.delete_queue(&stream).await.unwrap();
 }

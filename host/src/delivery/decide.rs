@@ -256,6 +256,10 @@ fn settlement_for(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy
             format!("the host failed while running the plugins: {reason}"),
             policy,
         ),
+        // The host's shortage, not the message's: given back, no attempt.
+        PluginRun::HostBusy { reason } => {
+            requeue(format!("the host had no room to run its plugins: {reason}"))
+        }
     }
 }
 
@@ -836,6 +840,23 @@ mod tests {
                     "exhausted 1 attempt: the host failed while running the plugins: task panicked"
                         .into(),
                 outcome: Outcome::DeadLettered,
+            }
+        );
+    }
+
+    /// No free instance slot is the host's shortage: the delivery goes back
+    /// with its attempt unchanged, whatever the policy (even none, which
+    /// would dead-letter a failure at once).
+    #[test]
+    fn a_host_without_room_for_the_plugin_gives_the_delivery_back() {
+        let e = envelope(1, 0);
+        let busy = PluginRun::HostBusy {
+            reason: "the host had no free plugin instance slot for 2s".into(),
+        };
+        assert_eq!(
+            decide(facts(&e, 0), busy, &RetryPolicy::none()),
+            Settlement::Requeue {
+                why: "the host had no room to run its plugins: the host had no free plugin instance slot for 2s".into()
             }
         );
     }

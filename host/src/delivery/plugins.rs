@@ -48,6 +48,11 @@ pub enum PluginRun {
     /// The host itself failed around the plugins (a bug of ours, not the
     /// plugin's): the delivery fails like any other, so it is not lost.
     HostFailed { reason: String },
+    /// The host had no room to run a plugin (no free slot in the engine's
+    /// instance pool until the deadline): neither the message's fault nor
+    /// the plugin's, so the delivery is given back without counting an
+    /// attempt, and no plugin verdict is recorded.
+    HostBusy { reason: String },
 }
 
 impl PluginRun {
@@ -60,7 +65,8 @@ impl PluginRun {
             | PluginRun::Misconfigured { version, .. } => Some(version),
             PluginRun::Undecodable { .. }
             | PluginRun::CodecFaulted { .. }
-            | PluginRun::HostFailed { .. } => None,
+            | PluginRun::HostFailed { .. }
+            | PluginRun::HostBusy { .. } => None,
         }
     }
 
@@ -73,7 +79,8 @@ impl PluginRun {
             | PluginRun::Misconfigured { fuel, .. } => *fuel,
             PluginRun::Undecodable { .. }
             | PluginRun::CodecFaulted { .. }
-            | PluginRun::HostFailed { .. } => None,
+            | PluginRun::HostFailed { .. }
+            | PluginRun::HostBusy { .. } => None,
         }
     }
 }
@@ -92,6 +99,7 @@ pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: In
         }
         Conversion::Refused(reason) => return PluginRun::Undecodable { reason },
         Conversion::Faulted(reason) => return PluginRun::CodecFaulted { reason },
+        Conversion::HostBusy(reason) => return PluginRun::HostBusy { reason },
     }
     let invocation = handler.invoke(input).await;
     let (version, fuel) = (invocation.version, invocation.fuel);
@@ -110,11 +118,12 @@ pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: In
                 version,
                 fuel,
             },
-            Err(reason) => PluginRun::OutputsRefused {
+            Err(NotEncoded::Refused(reason)) => PluginRun::OutputsRefused {
                 reason,
                 version,
                 fuel,
             },
+            Err(NotEncoded::HostBusy(reason)) => PluginRun::HostBusy { reason },
         },
         // Only an accept publishes: whatever else was buffered is dropped.
         Ok(verdict) => PluginRun::Decided {
@@ -122,6 +131,9 @@ pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: In
             outputs: Vec::new(),
             version,
             fuel,
+        },
+        Err(fault) if fault.kind.is_the_hosts() => PluginRun::HostBusy {
+            reason: fault.reason,
         },
         Err(fault) => PluginRun::Faulted {
             fault,
@@ -131,10 +143,18 @@ pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: In
     }
 }
 
+/// Why the outputs of an accept were not all encoded.
+enum NotEncoded {
+    /// A codec refused or failed on one: the message's run failed.
+    Refused(String),
+    /// The host had no instance slot for a codec: the host's fault.
+    HostBusy(String),
+}
+
 async fn encode_outputs(
     codecs: &CodecSet,
     outputs: Vec<Outgoing>,
-) -> Result<Vec<Outgoing>, String> {
+) -> Result<Vec<Outgoing>, NotEncoded> {
     if codecs.is_empty() {
         return Ok(outputs);
     }
@@ -150,11 +170,12 @@ async fn encode_outputs(
                 output.body = body;
             }
             Conversion::Refused(why) | Conversion::Faulted(why) => {
-                return Err(format!(
+                return Err(NotEncoded::Refused(format!(
                     "an output to '{}' could not be encoded: {why}",
                     output.exchange
-                ));
+                )));
             }
+            Conversion::HostBusy(why) => return Err(NotEncoded::HostBusy(why)),
         }
         encoded.push(output);
     }

@@ -147,13 +147,23 @@ impl CodecVersion {
     ) -> Result<(String, Vec<u8>), NotConverted> {
         let converted = async {
             let mut lease = self.instances.lease(true).await?;
+            let deadline = lease.deadline();
             let warm = lease.instance();
             // The limiter's memory of a refusal is per call.
             warm.store.data_mut().bounds.limiter.refused = None;
             let codec = warm.bindings.acemq_plugin_codec();
+            // Bounded on the host's side too, like a handler call (pool.rs).
             let result = match direction {
-                Direction::Decode => codec.call_decode(&mut warm.store, content_type, body).await,
-                Direction::Encode => codec.call_encode(&mut warm.store, content_type, body).await,
+                Direction::Decode => {
+                    deadline
+                        .bound(codec.call_decode(&mut warm.store, content_type, body))
+                        .await
+                }
+                Direction::Encode => {
+                    deadline
+                        .bound(codec.call_encode(&mut warm.store, content_type, body))
+                        .await
+                }
             };
             lease.finish(result)
         }
@@ -161,6 +171,7 @@ impl CodecVersion {
         // Ok(Err(why)) is the codec refusing, and its instance stays pooled.
         match converted {
             Ok(result) => result.map_err(NotConverted::Refused),
+            Err(fault) if fault.kind.is_the_hosts() => Err(NotConverted::HostBusy(fault.reason)),
             Err(fault) => Err(NotConverted::Faulted(fault.reason)),
         }
     }
@@ -172,6 +183,8 @@ enum NotConverted {
     Refused(String),
     /// It failed (trap, deadline, memory): another try may succeed.
     Faulted(String),
+    /// The host had no instance slot to run it in: the host's fault.
+    HostBusy(String),
 }
 
 /// What the codecs made of a body.
@@ -186,6 +199,9 @@ pub enum Conversion {
     /// No claimant converted it, and one failed rather than refused (a trap,
     /// the deadline, memory): worth another try, unlike a refusal.
     Faulted(String),
+    /// A claimant could not even be run: the host had no free instance
+    /// slot for it. Not the message's fault, nor the codec's.
+    HostBusy(String),
 }
 
 /// The codecs of a host, in config order, with the content types each claims.
@@ -250,6 +266,10 @@ impl CodecSet {
                 Err(NotConverted::Faulted(why)) => {
                     faulted = true;
                     reasons.push(format!("{} failed: {why}", codec.name));
+                }
+                // The next claimant would find the pool as full.
+                Err(NotConverted::HostBusy(why)) => {
+                    return Conversion::HostBusy(format!("{}: {why}", codec.name));
                 }
             }
         }

@@ -28,6 +28,11 @@ pub enum FaultKind {
     OutOfFuel,
     /// The instance could not be created.
     Instantiation,
+    /// No instance could be made because the host's instance pool had no
+    /// free slot for it (until the call's deadline): the host's shortage,
+    /// not the message's fault, so the delivery is given back rather than
+    /// counted as a failed attempt.
+    NoInstanceSlot,
 }
 
 impl FaultKind {
@@ -41,8 +46,29 @@ impl FaultKind {
             FaultKind::Trap => "trap",
             FaultKind::OutOfFuel => "out_of_fuel",
             FaultKind::Instantiation => "instantiation",
+            FaultKind::NoInstanceSlot => "no_instance_slot",
         }
     }
+
+    /// A fault of the host, not of the plugin or the message: whatever the
+    /// message, another try later may well succeed.
+    pub fn is_the_hosts(self) -> bool {
+        self == FaultKind::NoInstanceSlot
+    }
+}
+
+/// What a call or an instantiation fails with when its deadline passes
+/// while it waits inside the host: in a WASI sleep, in a poll of a clock,
+/// in any host function that awaits. No wasm runs there, so the epoch
+/// check that ends a running guest never comes; the host's own timer
+/// ([`super::pool::Deadline::bound`]) ends the wait instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "deadline of {} exceeded while the plugin waited inside the host (a WASI sleep or poll)",
+    humantime::format_duration(*deadline)
+)]
+pub struct WaitedPastDeadline {
+    pub deadline: Duration,
 }
 
 /// A failed handler call: what kind, and the reason text for the message.
@@ -75,6 +101,12 @@ pub fn classify(
     deadline: Duration,
     memory_limit: u64,
 ) -> Fault {
+    if let Some(waited) = error.downcast_ref::<WaitedPastDeadline>() {
+        return Fault {
+            kind: FaultKind::Deadline,
+            reason: waited.to_string(),
+        };
+    }
     let trap = error.downcast_ref::<Trap>().copied();
     let (kind, reason) = match trap {
         Some(Trap::Interrupt) => (
@@ -124,8 +156,32 @@ pub fn out_of_memory_reason(asked: usize, limit: impl fmt::Display) -> String {
     )
 }
 
-/// A fault for an instance that could not even be created.
-pub fn instantiation_failed(error: &wasmtime::Error) -> Fault {
+/// A fault for an instance that could not even be created: its start-up
+/// code ran or waited past `deadline` (a deadline fault like a call's), the
+/// host's instance pool had no free slot (the host's fault), or anything
+/// else (the plugin's).
+pub fn instantiation_failed(error: &wasmtime::Error, deadline: Duration) -> Fault {
+    let past_deadline = error.downcast_ref::<WaitedPastDeadline>().is_some()
+        || error.downcast_ref::<Trap>() == Some(&Trap::Interrupt);
+    if past_deadline {
+        return Fault {
+            kind: FaultKind::Deadline,
+            reason: format!(
+                "deadline of {} exceeded while the plugin was being instantiated (its start-up code)",
+                humantime::format_duration(deadline)
+            ),
+        };
+    }
+    if is_out_of_slots(error) {
+        return Fault {
+            kind: FaultKind::NoInstanceSlot,
+            reason: format!(
+                "the host had no free plugin instance slot for {}: {}",
+                humantime::format_duration(deadline),
+                first_line(error)
+            ),
+        };
+    }
     Fault {
         kind: FaultKind::Instantiation,
         reason: format!(
@@ -133,6 +189,14 @@ pub fn instantiation_failed(error: &wasmtime::Error) -> Fault {
             first_line(error)
         ),
     }
+}
+
+/// Whether an instantiation failed because the pooling allocator had no
+/// free slot of some kind (instances, memories, tables, stacks) left.
+pub fn is_out_of_slots(error: &wasmtime::Error) -> bool {
+    error
+        .chain()
+        .any(|cause| cause.is::<wasmtime::PoolConcurrencyLimitError>())
 }
 
 fn is_panic(evidence: &CallEvidence) -> bool {
@@ -168,6 +232,31 @@ mod tests {
         );
         assert_eq!(f.kind, FaultKind::Deadline);
         assert_eq!(f.reason, "deadline of 2s exceeded");
+    }
+
+    /// A wait cut by the host's own timer is a deadline fault, named so an
+    /// operator knows the plugin was waiting rather than computing.
+    #[test]
+    fn a_wait_past_the_deadline_is_a_deadline_fault() {
+        let error = wasmtime::Error::new(WaitedPastDeadline {
+            deadline: Duration::from_secs(2),
+        });
+        let f = classify(&error, &CallEvidence::default(), Duration::from_secs(2), 0);
+        assert_eq!(f.kind, FaultKind::Deadline);
+        assert_eq!(
+            f.reason,
+            "deadline of 2s exceeded while the plugin waited inside the host (a WASI sleep or poll)"
+        );
+        let f = instantiation_failed(&error, Duration::from_secs(2));
+        assert_eq!(f.kind, FaultKind::Deadline);
+        assert!(
+            f.reason
+                .starts_with("deadline of 2s exceeded while the plugin was being instantiated"),
+            "{}",
+            f.reason
+        );
+        let f = instantiation_failed(&trap(Trap::Interrupt), Duration::from_secs(2));
+        assert_eq!(f.kind, FaultKind::Deadline);
     }
 
     #[test]

@@ -168,15 +168,20 @@ impl HandlerVersion {
         let mut refused_publish = None;
         let result = async {
             let mut lease = self.instances.lease(reuse).await?;
+            let deadline = lease.deadline();
             let warm = lease.instance();
             let message = warm.store.data_mut().begin_call(input);
             let fuel_before = source
                 .fuel_metering
                 .then(|| warm.store.get_fuel().unwrap_or(0));
-            let result = warm
-                .bindings
-                .acemq_plugin_handler()
-                .call_handle(&mut warm.store, message)
+            // Bounded on the host's side too: a call waiting in a WASI sleep
+            // runs no wasm, so its epoch check never comes (pool.rs).
+            let result = deadline
+                .bound(
+                    warm.bindings
+                        .acemq_plugin_handler()
+                        .call_handle(&mut warm.store, message),
+                )
                 .await;
             fuel =
                 fuel_before.map(|before| before.saturating_sub(warm.store.get_fuel().unwrap_or(0)));
@@ -229,10 +234,15 @@ impl HandlerSlot {
         self.current.load_full()
     }
 
-    /// Installs a new version; returns the one it replaced.
+    /// Installs a new version; returns the one it replaced, retired: its
+    /// idle instances are dropped and its running calls keep theirs only
+    /// until they end, so the slots of the engine's instance pool a swap
+    /// takes are bounded (`capacity.rs`).
     pub fn swap(&self, version: Arc<HandlerVersion>) -> Arc<HandlerVersion> {
         *self.swapped_at.lock().expect("poisoned") = Instant::now();
-        self.current.swap(version)
+        let old = self.current.swap(version);
+        old.instances.retire();
+        old
     }
 
     pub async fn invoke(&self, input: Input) -> Invocation {

@@ -23,6 +23,7 @@ macro_rules! contract {
 }
 
 mod bindings;
+pub mod capacity;
 pub mod codec;
 pub mod componentize;
 pub mod config_keys;

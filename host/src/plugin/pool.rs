@@ -26,6 +26,23 @@
 //! - The deadline is armed before every call, not once per instance: it is a
 //!   wall-clock instant the epoch callback compares against, so one set when
 //!   the instance was made would have run out while the instance sat idle.
+//! - The epoch check only ends a guest that is running wasm. One waiting
+//!   inside the host (a WASI sleep, a poll of a clock: every Python build
+//!   imports WASI) runs no wasm, so every call and every instantiation is
+//!   also bounded by a host-side timer ([`Deadline::bound`]): past its
+//!   deadline the wait is dropped, the call fails as a deadline fault and
+//!   its instance is discarded like any failed one. The timer fires one
+//!   epoch tick after the deadline, so a guest computing is still ended by
+//!   its own epoch check, with the usual reason.
+//! - An instantiation that finds no free slot in the engine's instance pool
+//!   waits for one (calls ending free theirs) until its deadline, and then
+//!   fails as the host's fault ([`FaultKind::NoInstanceSlot`]), never the
+//!   message's. The engine is sized so this does not happen
+//!   (`capacity.rs`).
+//! - A version that hot swap replaced is retired ([`Pool::retire`]): its
+//!   idle instances are dropped at once and the calls still running on it
+//!   drop theirs when they end, so the slots a swap needs are bounded by the
+//!   consumer's concurrency, however many swaps follow each other.
 //! - A failure is classified ([`fault::classify`]) while the failed instance
 //!   is still at hand, so what the host saw during the call (a refused memory
 //!   growth, the panic message the guest logged) names the fault.
@@ -35,6 +52,7 @@
 //!
 //! [`EPOCH_TICK`]: super::engine::EPOCH_TICK
 //! [`Trap::Interrupt`]: wasmtime::Trap::Interrupt
+//! [`FaultKind::NoInstanceSlot`]: super::FaultKind::NoInstanceSlot
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -43,8 +61,55 @@ use std::time::{Duration, Instant};
 
 use wasmtime::{Engine, Store, UpdateDeadline};
 
-use super::fault::{self, CallEvidence, Fault};
+use super::engine::EPOCH_TICK;
+use super::fault::{self, CallEvidence, Fault, WaitedPastDeadline};
 use super::limiter::MemoryLimiter;
+
+/// How long after its deadline the host's timer cuts a call or an
+/// instantiation still waiting inside the host: one epoch tick, so that a
+/// guest running wasm meets its epoch check (and the reason that names
+/// it) first.
+const HOST_TIMER_GRACE: Duration = EPOCH_TICK;
+/// How often an instantiation that found the instance pool full tries
+/// again, until its deadline.
+const SLOT_RETRY: Duration = Duration::from_millis(5);
+
+/// When a call or an instantiation must end: the instant the epoch check
+/// compares against, and the limit it came from (named in the fault).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deadline {
+    pub at: Instant,
+    pub length: Duration,
+}
+
+impl Deadline {
+    /// A deadline `length` from now.
+    pub fn starting_now(length: Duration) -> Self {
+        Self {
+            at: Instant::now() + length,
+            length,
+        }
+    }
+
+    /// Runs `work` (a call into the plugin, or its instantiation) and ends
+    /// it should it still be waiting inside the host once the deadline has
+    /// passed: `work` is dropped there (wasmtime unwinds the guest's
+    /// suspended stack) and the result is [`WaitedPastDeadline`], a
+    /// deadline fault. Needs a tokio runtime with timers, as every caller
+    /// has ([`block_on_loading`] makes one for loading).
+    pub async fn bound<T>(
+        self,
+        work: impl Future<Output = wasmtime::Result<T>>,
+    ) -> wasmtime::Result<T> {
+        let cut_at = tokio::time::Instant::from_std(self.at + HOST_TIMER_GRACE);
+        match tokio::time::timeout_at(cut_at, work).await {
+            Ok(result) => result,
+            Err(_elapsed) => Err(wasmtime::Error::new(WaitedPastDeadline {
+                deadline: self.length,
+            })),
+        }
+    }
+}
 
 /// What the pool holds: something that can be armed with a deadline before a
 /// call and questioned after one failed.
@@ -60,7 +125,8 @@ pub(super) trait Instance: Send {
 /// Makes the instances of one version (its engine, pre-linked code, limits).
 pub(super) trait Instantiate: Send + Sync {
     type Instance: Instance;
-    /// Instantiates; start-up code in the plugin runs under `deadline`.
+    /// Instantiates; start-up code in the plugin runs under `deadline` (the
+    /// epoch check; the pool bounds the whole with [`Deadline::bound`]).
     fn instantiate(
         &self,
         deadline: Instant,
@@ -92,34 +158,45 @@ pub(super) trait Observed: Send + 'static {
     fn bounds_ref(&self) -> &CallBounds;
 }
 
-/// A store for one plugin instance, with `data`: memory bounded by its
-/// limiter, and calls bounded by the deadline in its data (see the module
-/// doc: they yield between epoch ticks and trap once it has passed).
 /// Drives `future` to its end, blocking this thread: how a plugin's warm-up
 /// instantiation runs while it loads (loading is blocking work).
 ///
-/// Never on a thread inside a tokio runtime: the epoch callback of
-/// [`new_store`] yields through `tokio::task::yield_now`, whose wake-up a
-/// runtime's worker defers until it next polls its own tasks, which a worker
-/// stuck here never does. An instantiation that outlasted one epoch tick
-/// then hung for good (`replay --compare` loading plugins on a worker, under
-/// load). Inside a runtime it runs on a thread of its own instead.
+/// On a tokio runtime of its own (current-thread, with timers): the
+/// instantiation's deadline is a tokio timer ([`Deadline::bound`]), and a
+/// plugin's start-up code may sleep through WASI, whose clocks are tokio
+/// timers too. Never on a thread inside another runtime: a runtime cannot
+/// be started there, and the epoch callback of [`new_store`] yields through
+/// `tokio::task::yield_now`, whose wake-up a worker of that runtime defers
+/// until it next polls its own tasks, which a worker stuck here never does
+/// (an instantiation that outlasted one epoch tick then hung for good:
+/// `replay --compare` loading plugins on a worker, under load). Inside a
+/// runtime it runs on a thread of its own instead.
 pub(super) fn block_on_loading<F>(future: F) -> F::Output
 where
     F: Future + Send,
     F::Output: Send,
 {
+    let run = |future: F| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("cannot start a runtime to load a plugin on")
+            .block_on(future)
+    };
     if tokio::runtime::Handle::try_current().is_err() {
-        return futures::executor::block_on(future);
+        return run(future);
     }
     std::thread::scope(|scope| {
         scope
-            .spawn(|| futures::executor::block_on(future))
+            .spawn(|| run(future))
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
 }
 
+/// A store for one plugin instance, with `data`: memory bounded by its
+/// limiter, and calls bounded by the deadline in its data (see the module
+/// doc: they yield between epoch ticks and trap once it has passed).
 pub(super) fn new_store<D: Observed>(engine: &Engine, data: D, deadline: Instant) -> Store<D> {
     let mut store = Store::new(engine, data);
     store.limiter(|data| &mut data.bounds().limiter);
@@ -171,7 +248,7 @@ impl<D: Observed, B: Send> Instance for Warm<D, B> {
 /// The warm instances of one version, and what a call of it is allowed.
 pub(super) struct Pool<S: Instantiate> {
     source: S,
-    idle: Mutex<Vec<S::Instance>>,
+    idle: Mutex<Idle<S::Instance>>,
     deadline: Duration,
     /// The linear-memory limit, named in an out-of-memory fault's reason.
     memory_limit: u64,
@@ -196,6 +273,13 @@ pub struct InstanceCost {
     pub memory_bytes: usize,
 }
 
+/// A pool's idle instances, and whether the pool still takes any back.
+struct Idle<I> {
+    instances: Vec<I>,
+    /// Set by [`Pool::retire`]: instances are dropped after their call.
+    retired: bool,
+}
+
 /// One call's instance, taken from its pool or made for it. Give it back
 /// with [`Lease::finish`]; dropped otherwise, it is never reused.
 pub(super) struct Lease<'p, S: Instantiate> {
@@ -203,11 +287,19 @@ pub(super) struct Lease<'p, S: Instantiate> {
     instance: S::Instance,
     /// Whether a successful call returns the instance to the pool.
     reuse: bool,
+    /// The call's deadline, armed in the instance; bound the call with it.
+    deadline: Deadline,
 }
 
 impl<S: Instantiate> Lease<'_, S> {
     pub fn instance(&mut self) -> &mut S::Instance {
         &mut self.instance
+    }
+
+    /// The call's deadline: the caller bounds the call with
+    /// [`Deadline::bound`], so a call waiting inside the host ends too.
+    pub fn deadline(&self) -> Deadline {
+        self.deadline
     }
 
     /// Ends the call with what it returned: a success gives a reusable
@@ -218,12 +310,13 @@ impl<S: Instantiate> Lease<'_, S> {
             pool,
             instance,
             reuse,
+            ..
         } = self;
         match result {
             Ok(answer) => {
                 pool.saw_memory(instance.memory_bytes());
                 if reuse {
-                    pool.idle.lock().expect("idle pool poisoned").push(instance);
+                    pool.give_back(instance);
                 }
                 Ok(answer)
             }
@@ -242,7 +335,10 @@ impl<S: Instantiate> Pool<S> {
     pub fn new(source: S, deadline: Duration, memory_limit: u64) -> Self {
         Self {
             source,
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(Idle {
+                instances: Vec::new(),
+                retired: false,
+            }),
             deadline,
             memory_limit,
             largest_memory: AtomicUsize::new(0),
@@ -264,14 +360,58 @@ impl<S: Instantiate> Pool<S> {
         self.largest_memory.fetch_max(bytes, Ordering::Relaxed);
     }
 
-    /// Makes an instance, timing it.
+    /// Makes an instance, timing it, within the pool's deadline: the
+    /// plugin's start-up code is bounded like a call, whether it computes
+    /// (the epoch check) or waits inside the host (the host's timer). An
+    /// engine pool with no free slot is tried again until the deadline;
+    /// what then fails still says so ([`fault::is_out_of_slots`]).
     async fn instantiate(&self) -> wasmtime::Result<S::Instance> {
-        let started = Instant::now();
-        let instance = self.source.instantiate(started + self.deadline).await?;
-        let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.last_instantiation_nanos.store(took, Ordering::Relaxed);
-        self.saw_memory(instance.memory_bytes());
-        Ok(instance)
+        let deadline = Deadline::starting_now(self.deadline);
+        loop {
+            let started = Instant::now();
+            let attempt = deadline.bound(self.source.instantiate(deadline.at)).await;
+            match attempt {
+                Ok(instance) => {
+                    let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    self.last_instantiation_nanos.store(took, Ordering::Relaxed);
+                    self.saw_memory(instance.memory_bytes());
+                    return Ok(instance);
+                }
+                Err(e)
+                    if fault::is_out_of_slots(&e) && Instant::now() + SLOT_RETRY < deadline.at =>
+                {
+                    tracing::debug!(error = %e, "no free plugin instance slot; waiting for one");
+                    tokio::time::sleep(SLOT_RETRY).await;
+                }
+                Err(e) => {
+                    if fault::is_out_of_slots(&e) {
+                        tracing::warn!(error = %e, deadline = %humantime::format_duration(self.deadline),
+                            "no free plugin instance slot until the deadline; the delivery is given back");
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Returns an instance after a successful call, unless the pool retired.
+    fn give_back(&self, instance: S::Instance) {
+        let mut idle = self.idle.lock().expect("idle pool poisoned");
+        if !idle.retired {
+            idle.instances.push(instance);
+        }
+    }
+
+    /// Retires the pool (its version was swapped out): the idle instances
+    /// are dropped now, and those of calls still running when they end, so
+    /// an old version holds no instance slot but its running calls'.
+    pub fn retire(&self) {
+        let dropped = {
+            let mut idle = self.idle.lock().expect("idle pool poisoned");
+            idle.retired = true;
+            std::mem::take(&mut idle.instances)
+        };
+        drop(dropped);
     }
 
     /// What makes this pool's instances.
@@ -282,13 +422,17 @@ impl<S: Instantiate> Pool<S> {
     /// Instantiates one instance and leaves it idle.
     pub async fn warm(&self) -> wasmtime::Result<()> {
         let instance = self.instantiate().await?;
-        self.idle.lock().expect("idle pool poisoned").push(instance);
+        self.give_back(instance);
         Ok(())
     }
 
     /// Idle instances currently pooled.
     pub fn idle(&self) -> usize {
-        self.idle.lock().expect("idle pool poisoned").len()
+        self.idle
+            .lock()
+            .expect("idle pool poisoned")
+            .instances
+            .len()
     }
 
     /// An instance for one call, armed with the call's deadline. With
@@ -297,7 +441,11 @@ impl<S: Instantiate> Pool<S> {
     /// the pool is not touched.
     pub async fn lease(&self, reuse: bool) -> Result<Lease<'_, S>, Fault> {
         let idle = if reuse {
-            self.idle.lock().expect("idle pool poisoned").pop()
+            self.idle
+                .lock()
+                .expect("idle pool poisoned")
+                .instances
+                .pop()
         } else {
             None
         };
@@ -306,14 +454,16 @@ impl<S: Instantiate> Pool<S> {
             None => self
                 .instantiate()
                 .await
-                .map_err(|e| fault::instantiation_failed(&e))?,
+                .map_err(|e| fault::instantiation_failed(&e, self.deadline))?,
         };
         // The call's own deadline starts now, whatever instantiating took.
-        instance.arm(Instant::now() + self.deadline);
+        let deadline = Deadline::starting_now(self.deadline);
+        instance.arm(deadline.at);
         Ok(Lease {
             pool: self,
             instance,
             reuse,
+            deadline,
         })
     }
 }
@@ -322,7 +472,6 @@ impl<S: Instantiate> Pool<S> {
 mod tests {
     use std::sync::atomic::AtomicBool;
 
-    use futures::executor::block_on;
     use wasmtime::Trap;
 
     use super::*;
@@ -356,11 +505,13 @@ mod tests {
         }
     }
 
-    /// Numbers the instances it makes; fails to make one when told to.
+    /// Numbers the instances it makes; fails to make one when told to, or
+    /// waits for ever (a start-up sleeping inside the host) when told to.
     #[derive(Default)]
     struct Counters {
         made: AtomicUsize,
         failing: AtomicBool,
+        hanging: AtomicBool,
     }
 
     impl Instantiate for Counters {
@@ -369,6 +520,9 @@ mod tests {
         async fn instantiate(&self, _deadline: Instant) -> wasmtime::Result<Counter> {
             if self.failing.load(Ordering::Relaxed) {
                 return Err(wasmtime::Error::msg("no slot left"));
+            }
+            if self.hanging.load(Ordering::Relaxed) {
+                std::future::pending::<()>().await;
             }
             Ok(Counter {
                 id: self.made.fetch_add(1, Ordering::Relaxed),
@@ -387,6 +541,15 @@ mod tests {
 
     fn made(pool: &Pool<Counters>) -> usize {
         pool.source().made.load(Ordering::Relaxed)
+    }
+
+    /// Drives `future` on a runtime with timers, as the host's calls run.
+    fn block_on<F: Future>(future: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(future)
     }
 
     /// One call through a lease, as handler and codec calls are made.
@@ -434,6 +597,180 @@ mod tests {
         finished
             .recv_timeout(std::time::Duration::from_secs(10))
             .expect("loading on a runtime thread hung on tokio's yield");
+    }
+
+    /// Outside any runtime too (the host loads its plugins before it starts
+    /// one): what loading drives may use tokio's timers.
+    #[test]
+    fn loading_outside_a_runtime_has_timers() {
+        block_on_loading(async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::task::yield_now().await;
+        });
+    }
+
+    /// A call waiting inside the host (a WASI sleep: no wasm runs, so no
+    /// epoch check) is cut by the host's timer soon after its deadline, as
+    /// a deadline fault; its instance is not pooled, and the next call
+    /// gets a fresh one.
+    #[test]
+    fn a_call_waiting_inside_the_host_ends_at_its_deadline_and_its_instance_is_dropped() {
+        let pool = pool();
+        block_on(pool.warm()).unwrap();
+        let started = Instant::now();
+        let fault = block_on(async {
+            let mut lease = pool.lease(true).await?;
+            let deadline = lease.deadline();
+            lease.instance().calls += 1;
+            let waited = deadline
+                .bound(std::future::pending::<wasmtime::Result<()>>())
+                .await;
+            lease.finish(waited)
+        })
+        .unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(fault.kind, FaultKind::Deadline, "{fault}");
+        assert_eq!(
+            fault.reason,
+            "deadline of 25ms exceeded while the plugin waited inside the host (a WASI sleep or poll)"
+        );
+        assert!(took >= DEADLINE && took < DEADLINE * 20, "{took:?}");
+        assert_eq!(pool.idle(), 0, "the instance that timed out was pooled");
+        assert_eq!(call(&pool, true, serve).unwrap(), (1, 0));
+    }
+
+    /// Start-up code that waits inside the host is bounded the same way:
+    /// warming (what loading and hot swap do) fails at the deadline, and so
+    /// does a call that has to instantiate, as a deadline fault.
+    #[test]
+    fn an_instantiation_waiting_inside_the_host_ends_at_its_deadline() {
+        let pool = pool();
+        pool.source().hanging.store(true, Ordering::Relaxed);
+        let started = Instant::now();
+        let error = block_on_loading(pool.warm()).unwrap_err();
+        assert!(started.elapsed() < DEADLINE * 20, "{:?}", started.elapsed());
+        assert!(
+            error.to_string().starts_with("deadline of 25ms exceeded"),
+            "{error:#}"
+        );
+        assert_eq!(pool.idle(), 0);
+        let fault = call(&pool, true, serve).unwrap_err();
+        assert_eq!(fault.kind, FaultKind::Deadline, "{fault}");
+        assert!(
+            fault
+                .reason
+                .contains("while the plugin was being instantiated"),
+            "{fault}"
+        );
+    }
+
+    /// A retired pool (its version swapped out) holds no idle instance, and
+    /// takes back none from calls that were still running on it.
+    #[test]
+    fn a_retired_pool_drops_its_idle_instances_and_keeps_none_after_a_call() {
+        let pool = pool();
+        block_on(pool.warm()).unwrap();
+        block_on(async {
+            let mut running = pool.lease(true).await.unwrap();
+            pool.warm().await.unwrap();
+            assert_eq!(pool.idle(), 1);
+            pool.retire();
+            assert_eq!(pool.idle(), 0);
+            let served = serve(running.instance());
+            running.finish(served).unwrap();
+        });
+        assert_eq!(pool.idle(), 0, "a retired pool took an instance back");
+        // Still callable: a call that had loaded the old version finishes.
+        call(&pool, true, serve).unwrap();
+        assert_eq!(pool.idle(), 0);
+    }
+
+    /// What the host's engine makes of a component with one memory: enough
+    /// to take one of its pool's slots.
+    struct OneMemory {
+        engine: Engine,
+        component: wasmtime::component::Component,
+    }
+
+    struct Bounds(CallBounds);
+
+    impl Observed for Bounds {
+        fn evidence(&self) -> CallEvidence {
+            CallEvidence::default()
+        }
+        fn bounds(&mut self) -> &mut CallBounds {
+            &mut self.0
+        }
+        fn bounds_ref(&self) -> &CallBounds {
+            &self.0
+        }
+    }
+
+    impl Instantiate for OneMemory {
+        type Instance = Warm<Bounds, ()>;
+
+        async fn instantiate(&self, deadline: Instant) -> wasmtime::Result<Self::Instance> {
+            let mut store = new_store(&self.engine, Bounds(CallBounds::new(1 << 20)), deadline);
+            wasmtime::component::Linker::new(&self.engine)
+                .instantiate_async(&mut store, &self.component)
+                .await?;
+            Ok(Warm {
+                store,
+                bindings: (),
+            })
+        }
+    }
+
+    /// On the host's engine sized for one instance: an instantiation that
+    /// finds the pool full waits for the slot and gets it when the running
+    /// call lets go; one that waits out its deadline fails as the host's
+    /// fault, not as the plugin's.
+    #[test]
+    fn an_instantiation_waits_for_a_slot_and_a_full_pool_is_the_hosts_fault() {
+        let engine = crate::plugin::PluginEngine::new(crate::plugin::EngineSettings {
+            max_instances: 1,
+            max_memory_bytes: 1 << 20,
+            ..crate::plugin::EngineSettings::default()
+        })
+        .unwrap();
+        if !engine.uses_pooling() {
+            return; // No address space for a pool here: nothing runs out.
+        }
+        let wat = "(component (core module $m (memory 1)) (core instance $i (instantiate $m)))";
+        let component =
+            wasmtime::component::Component::new(engine.engine(), wat::parse_str(wat).unwrap())
+                .unwrap();
+        let deadline = Duration::from_millis(300);
+        let pool = Pool::new(
+            OneMemory {
+                engine: engine.engine().clone(),
+                component,
+            },
+            deadline,
+            1 << 20,
+        );
+        block_on(async {
+            let first = pool.lease(false).await.unwrap();
+            let let_go = async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                drop(first);
+            };
+            let (second, ()) = tokio::join!(pool.lease(false), let_go);
+            let _second = second.expect("the slot the first call let go");
+            let started = Instant::now();
+            let fault = pool.lease(false).await.err().expect("a third instance");
+            assert_eq!(fault.kind, FaultKind::NoInstanceSlot, "{fault}");
+            assert!(fault.kind.is_the_hosts());
+            // It gives up once another try would end past the deadline.
+            let waited = started.elapsed();
+            assert!(waited >= deadline - SLOT_RETRY, "{waited:?}");
+            assert!(
+                fault
+                    .reason
+                    .starts_with("the host had no free plugin instance slot for 300ms"),
+                "{fault}"
+            );
+        });
     }
 
     #[test]

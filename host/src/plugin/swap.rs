@@ -20,6 +20,13 @@
 //!
 //! Reloads of one consumer are serialised, so two triggers at once load the
 //! file once: the second finds its hash already serving.
+//!
+//! Before every reload the file and every folder above it are checked again
+//! as at start (`fs_trust::check_plugin`): a folder made writable to others
+//! since, or a plugin folder swapped for someone else's, is refused with the
+//! reason, and the version serving keeps serving. A plugin's start-up code
+//! runs under the consumer's deadline, waiting or not (`pool.rs`), so it
+//! cannot hold the reload, or this consumer's later reloads, past it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -321,6 +328,13 @@ impl Reloader {
         // Reading, hashing, compiling and warming are blocking work (the
         // compile takes milliseconds to seconds): off the runtime's workers.
         let loaded = tokio::task::spawn_blocking(move || {
+            // Trusted at start is not trusted now: checked again each time.
+            crate::fs_trust::check_plugin(&path).map_err(|refused| {
+                (
+                    None,
+                    PluginError::new(&path, format!("is not trusted now: {refused}")),
+                )
+            })?;
             let bytes = std::fs::read(&path).map_err(|e| {
                 (
                     None,

@@ -229,6 +229,7 @@ pub fn render(report: &RunReport) -> String {
         PluginRun::Undecodable { reason } => (format!("undecodable: {reason}"), &none),
         PluginRun::CodecFaulted { reason } => (format!("codec fault: {reason}"), &none),
         PluginRun::HostFailed { reason } => (format!("host failure: {reason}"), &none),
+        PluginRun::HostBusy { reason } => (format!("host busy: {reason}"), &none),
     };
     out.push_str(&format!("outcome: {outcome}\n"));
     out.push_str(&format!("outputs: {}\n", outputs.len()));

@@ -6,6 +6,8 @@ test can check what the host's locked-down WASI grants:
 - `socket:HOST:PORT`: opens a TCP connection;
 - `print:TEXT`: prints TEXT to stdout and accepts;
 - `spin`: loops for ever (the host's deadline must end it);
+- `sleep:SECONDS`: sleeps that long through WASI, then accepts (no wasm
+  runs while it sleeps: the host's own timer must end it at the deadline);
 - `hog:MB`: keeps MB megabytes (the host's memory limit must end it);
 - `accept`: accepts.
 
@@ -20,6 +22,7 @@ Built by build.sh with componentize-py against wit/plugin.wit, world
 
 import os
 import socket
+import time
 
 from wit_world import exports
 from wit_world.imports import types
@@ -38,6 +41,9 @@ class Handler(exports.Handler):
         if verb == "spin":
             while True:
                 pass
+        if verb == "sleep":
+            time.sleep(float(rest))
+            return types.Outcome_Accept()
         if verb == "hog":
             kept = bytearray(int(rest) * 1024 * 1024)
             return types.Outcome_Reject(f"allowed: kept {len(kept)} bytes")
