@@ -495,6 +495,7 @@ impl Metrics {
             r.register(
                 "acemq_stream_checkpoint_failures",
                 "Stream checkpoint reads and saves that failed",
+                &["queue"],
                 metrics.stream_checkpoint_failures.clone(),
             );
             r.register(

@@ -291,7 +291,7 @@ impl Pipeline {
             match settled {
                 Ok(()) => return,
                 Err(panic) => {
-                    tracing::error!(queue, error = %envelope::bound_reason(&panic_message(panic.as_ref())), "setting aside an unreadable delivery panicked")
+                    tracing::error!(queue, error = %envelope::bound_reason(panic_message(panic.as_ref())), "setting aside an unreadable delivery panicked")
                 }
             }
         }
