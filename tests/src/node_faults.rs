@@ -333,9 +333,13 @@ pub fn run(cluster: &Cluster, settings: &Settings) -> Result<Report> {
             settings.max_unconfirmed
         );
         let host = format!("admin_listen = \"{admin}\"");
+        // A call's outputs take their places among the unconfirmed at
+        // once, so no consumer may publish more per call than that.
         let consumer = format!(
-            "prefetch = {}\nconcurrency = {}",
-            settings.prefetch, settings.concurrency
+            "prefetch = {}\nconcurrency = {}\nmax_outputs = {}",
+            settings.prefetch,
+            settings.concurrency,
+            settings.max_unconfirmed.min(1000)
         );
         StampConfig {
             broker: &broker,
