@@ -758,6 +758,7 @@ mod tests {
         m.stream_position.get_or_create(&q).set(1);
         m.stream_lag.get_or_create(&q).set(1);
         m.stream_checkpoint_age_seconds.get_or_create(&q).set(1.0);
+        m.stream_checkpoint_failures.get_or_create(&q).inc();
         m.render()
     }
 
