@@ -681,28 +681,7 @@ async fn shadow_replay_decodes_with_the_configured_codecs_as_production_does() {
     let stream = unique_name("replay.codec");
     let events = unique_name("replay.codec.events");
     let consumer = format!("projection-{stream}");
-    {
-        use lapin::options::QueueDeclareOptions;
-        use lapin::types::{AMQPValue, FieldTable, LongString};
-        let connection = broker.connect().await.unwrap();
-        let mut arguments = FieldTable::default();
-        arguments.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString(LongString::from("stream")),
-        );
-        let options = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        connection
-            .create_channel()
-            .await
-            .unwrap()
-            .queue_declare(stream.as_str().into(), options, arguments)
-            .await
-            .unwrap();
-        let _ = connection.close(200, "done".into()).await;
-    }
+    broker.declare_queue(&stream, "stream", &[]).await.unwrap();
     let codecs = msgpack_codec();
     let mut orders = Vec::new();
     for n in 0..ORDERS {

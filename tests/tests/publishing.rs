@@ -156,27 +156,7 @@ async fn an_optional_message_that_reaches_no_queue_is_confirmed_and_a_mandatory_
 
 /// Declares a durable classic queue named `queue`.
 async fn declare_queue(broker: &Broker, queue: &str) {
-    let connection = broker.connect().await.unwrap();
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        lapin::types::AMQPValue::LongString("classic".into()),
-    );
-    connection
-        .create_channel()
-        .await
-        .unwrap()
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            },
-            arguments,
-        )
-        .await
-        .unwrap();
-    let _ = connection.close(200, "declared".into()).await;
+    broker.declare_queue(queue, "classic", &[]).await.unwrap();
 }
 
 fn to_queue(queue: &str, id: String) -> Publication {

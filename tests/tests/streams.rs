@@ -10,29 +10,15 @@ use acemq_tests::stamp::StampConfig;
 use acemq_tests::{FaultProxy, shared_broker, unique_name};
 use lapin::BasicProperties;
 use lapin::options::QueueDeclareOptions;
-use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::types::{AMQPValue, FieldTable};
 use serde_json::Value;
 
 /// A stream declared as the host declares one (durable, `x-queue-type`).
 async fn declare_stream(name: &str) {
-    let connection = shared_broker().connect().await.unwrap();
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString(LongString::from("stream")),
-    );
-    let options = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    connection
-        .create_channel()
-        .await
-        .unwrap()
-        .queue_declare(name.into(), options, arguments)
+    shared_broker()
+        .declare_queue(name, "stream", &[])
         .await
         .unwrap();
-    let _ = connection.close(200, "done".into()).await;
 }
 
 async fn append(stream: &str, ids: &[String]) {
@@ -766,30 +752,19 @@ async fn the_broker_offers_no_single_active_consumer_on_a_stream_read_over_amqp(
     // RabbitMQ 3.10 refuses the argument on a stream (3.11 added single
     // active consumer for the stream protocol only).
     let stream = unique_name("streams.sac");
-    let connection = shared_broker().connect().await.unwrap();
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString(LongString::from("stream")),
-    );
-    arguments.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
-    let options = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    let refused = connection
-        .create_channel()
+    let refused = shared_broker()
+        .declare_queue(
+            &stream,
+            "stream",
+            &[("x-single-active-consumer", AMQPValue::Boolean(true))],
+        )
         .await
-        .unwrap()
-        .queue_declare(stream.as_str().into(), options, arguments)
-        .await
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+    let refused = format!("{refused:#}");
     assert!(
         refused.contains("invalid arg 'x-single-active-consumer'"),
         "{refused}"
     );
-    let _ = connection.close(200, "done".into()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -954,24 +929,7 @@ async fn during_a_memory_alarm_a_stream_consumer_keeps_reading_and_its_stop_ends
     // The alarm is broker-wide: a node of its own.
     let broker = acemq_tests::Broker::start().unwrap();
     let stream = unique_name("streams.alarm");
-    let connection = broker.connect().await.unwrap();
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString(LongString::from("stream")),
-    );
-    let options = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    connection
-        .create_channel()
-        .await
-        .unwrap()
-        .queue_declare(stream.as_str().into(), options, arguments)
-        .await
-        .unwrap();
-    let _ = connection.close(200, "done".into()).await;
+    broker.declare_queue(&stream, "stream", &[]).await.unwrap();
     // Accepted without outputs: the only publishes are checkpoints.
     let messages = (0..MESSAGES).map(|_| (b"accept".to_vec(), BasicProperties::default()));
     broker.publish_many("", &stream, messages).await.unwrap();

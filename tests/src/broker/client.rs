@@ -124,6 +124,41 @@ impl Broker {
         }
     }
 
+    /// Declares a durable queue of `queue_type` (`classic`, `quorum`,
+    /// `stream`) with `x-queue-type` and the `extra` arguments, as a test
+    /// sets one up outside the host. Fails with the broker's refusal.
+    pub async fn declare_queue(
+        &self,
+        name: &str,
+        queue_type: &str,
+        extra: &[(&str, AMQPValue)],
+    ) -> Result<()> {
+        let connection = self.connect().await?;
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString(queue_type.into()),
+        );
+        for (key, value) in extra {
+            arguments.insert((*key).into(), value.clone());
+        }
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        let declared = async {
+            connection
+                .create_channel()
+                .await?
+                .queue_declare(name.into(), options, arguments)
+                .await
+        }
+        .await
+        .with_context(|| format!("declaring the {queue_type} queue {name}"));
+        let _ = connection.close(200, "declared".into()).await;
+        declared.map(|_| ())
+    }
+
     /// Ready messages in `queue` (unacknowledged ones are not counted), from
     /// a passive `queue.declare`: exact and current, unlike the management
     /// API's counts, which lag 5-8 s. Fails if the queue does not exist.
