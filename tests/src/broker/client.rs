@@ -222,7 +222,13 @@ impl Broker {
         let connection = self.connect().await?;
         let result: Result<_> = async {
             let channel = connection.create_channel().await?;
-            drain_on(&channel, queue, expected, deadline).await
+            let drained = drain_on(&channel, queue, expected, deadline).await;
+            // The channel first, waiting for its close-ok: the broker has
+            // then settled the acks sent on it. Closing only the connection
+            // once left a drained quorum queue counting its 3 messages ready
+            // again under load (harness.rs round trip).
+            let _ = channel.close(200, "drained".into()).await;
+            drained
         }
         .await;
         close(&connection).await;
