@@ -300,3 +300,33 @@ async fn own_broker_stops_cleanly() -> Result<()> {
     broker.stop()?;
     Ok(())
 }
+
+/// During a resource alarm the broker blocks a connection at its first
+/// publish, and lapin then writes nothing on it, not even a close: the
+/// publish's confirm and the helper's close would wait for ever. The helper
+/// says so instead (a test that hung with no host left ended this way).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_publish_the_broker_blocks_fails_naming_the_alarm_instead_of_hanging() -> Result<()> {
+    if std::env::var_os("ACEMQ_TEST_URL").is_some() {
+        return Ok(()); // the alarm is broker-wide: only on a node of its own
+    }
+    let broker = Broker::start()?;
+    let queue = unique_name("harness.blocked");
+    declare_queue(&broker, &queue, FieldTable::default()).await?;
+    broker.rabbitmqctl(&["set_vm_memory_high_watermark", "0"])?;
+    let published = tokio::time::timeout(
+        Duration::from_secs(60),
+        broker.publish("", &queue, b"x", BasicProperties::default()),
+    )
+    .await;
+    broker.rabbitmqctl(&["set_vm_memory_high_watermark", "0.4"])?;
+    let error = published
+        .expect("the publish ended within 60 s")
+        .expect_err("a blocked publish is an error");
+    assert!(
+        format!("{error:#}").contains("the broker blocked the connection"),
+        "{error:#}"
+    );
+    broker.stop()?;
+    Ok(())
+}

@@ -458,6 +458,51 @@ async fn a_queue_deleted_under_its_consumer_is_restored_and_the_other_consumer_n
     );
 }
 
+/// A consumer that restarts alone first declares its topology again. On a
+/// connection that has stopped answering (here: the proxy forwards nothing,
+/// and heartbeats take minutes to notice), those declares wait until the
+/// connection fails; the stop used to wait with them, past the drain timeout.
+/// Nothing is subscribed while it resubscribes, so a stop must end at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_while_a_consumer_resubscribes_on_a_silent_connection_exits_within_the_drain_timeout()
+ {
+    let broker = shared_broker();
+    let proxy = FaultProxy::start(upstream(broker)).unwrap();
+    let run = Pipeline::new("resubscribing");
+    // Heartbeats every 60 s: the silence is not noticed during the test.
+    let url = format!("{}?heartbeat=60", proxy_url(broker, &proxy));
+    let mut host = run.start(&[url]);
+    host.wait_for_log(SUBSCRIBED, 1, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}\n{}", host.log_text()));
+    // The broker cancels the consumer; it restarts alone after about 1 s,
+    // declaring the topology first. The network goes silent before that.
+    broker.delete_queue(&run.input).await.unwrap();
+    host.wait_for_log(
+        "consumer stopped; restarting it alone",
+        1,
+        Duration::from_secs(30),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", host.log_text()));
+    proxy.set_blackhole(true);
+    // The pause before the restart is at most 1 s: the declares now wait.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let started = Instant::now();
+    let (status, log) = host
+        .terminate_with_log(Duration::from_secs(50))
+        .unwrap_or_else(|e| panic!("the stop did not end: {e}"));
+    assert!(status.success(), "{status}\n{}", log.join("\n"));
+    println!("stopped in {:?}", started.elapsed());
+    // The drain timeout is 20 s; nothing is in flight. The two connection
+    // closes that the silent broker never confirms take 5 s each.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}\n{}",
+        started.elapsed(),
+        log.join("\n")
+    );
+    proxy.set_blackhole(false);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn while_it_connects_health_is_down_and_says_what_it_waits_for() {
     let broker = shared_broker();

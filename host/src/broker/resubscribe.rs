@@ -54,7 +54,20 @@ pub async fn keep_subscribed<H, F>(
         else {
             return;
         };
-        if needs_repair && let Err(e) = repair(connection.clone()).await {
+        // The repair (declaring the topology again) waits on the broker with
+        // no bound of its own; on a connection that stopped answering it would
+        // hold a stop until the connection fails. Nothing is subscribed yet,
+        // and a declare is safe to leave half-done: shutdown simply wins.
+        let repaired = if needs_repair {
+            tokio::select! {
+                biased;
+                _ = env.shutdown.cancelled() => return,
+                repaired = repair(connection.clone()) => repaired,
+            }
+        } else {
+            Ok(())
+        };
+        if let Err(e) = repaired {
             let reason = format!("{e:#}");
             tracing::warn!(queue = %queue, error = %reason, "cannot restore the consumer's topology yet");
             env.board.set(&queue, Reading::Stopped { reason });

@@ -374,15 +374,6 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let queue = spec.queue.as_str();
-    let channel = connection.create_channel().await?;
-    // Quorum queues and streams refuse global QoS: prefetch is per consumer.
-    if let Err(e) = channel
-        .basic_qos(spec.prefetch, BasicQosOptions { global: false })
-        .await
-    {
-        let _ = tokio::time::timeout(STEP_LIMIT, channel.close(200, "qos refused".into())).await;
-        return Err(e.into());
-    }
     let tag = spec
         .consumer_tag
         .clone()
@@ -393,27 +384,22 @@ where
         arguments.insert(OFFSET_ARGUMENT.into(), start.to_amqp());
         reading = Some(this_subscription);
     }
-    let consumed = channel
-        .basic_consume(
-            queue.into(),
-            tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            arguments,
-        )
-        .await;
-    let mut deliveries = match consumed {
-        Ok(deliveries) => deliveries,
-        Err(e) => {
-            // A refused consume closes the channel; one that failed another
-            // way must not leave it open.
-            if channel.status().connected() {
-                let _ =
-                    tokio::time::timeout(STEP_LIMIT, channel.close(200, "consume failed".into()))
-                        .await;
-            }
-            anyhow::bail!("cannot consume from queue '{queue}': {e}");
+    // Subscribing waits on the broker with no bound of its own: on a
+    // connection that is up but does not answer (a silent broker, a
+    // partition the heartbeat has not noticed yet) it would wait until the
+    // connection fails, and a stop meanwhile would wait with it. Nothing is
+    // subscribed until consume-ok, so a shutdown may simply leave: a channel
+    // opened on the way, and anything the broker delivers on it, goes back
+    // when the host closes the connection (or the process exits).
+    let opened = tokio::select! {
+        biased;
+        _ = env.shutdown.cancelled() => {
+            tracing::info!(queue, "stopped while subscribing; nothing was consumed yet");
+            return Ok(());
         }
+        opened = open_consumer(connection, queue, spec.prefetch, &tag, arguments) => opened?,
     };
+    let (channel, mut deliveries) = opened;
     env.board.set(queue, Reading::Consuming);
     tracing::info!(
         queue,
@@ -538,6 +524,47 @@ where
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// Opens a channel with `prefetch` and starts consuming `queue` as `tag`.
+/// A channel that failed on the way is not left open.
+async fn open_consumer(
+    connection: &Connection,
+    queue: &str,
+    prefetch: u16,
+    tag: &str,
+    arguments: FieldTable,
+) -> anyhow::Result<(Channel, lapin::Consumer)> {
+    let channel = connection.create_channel().await?;
+    // Quorum queues and streams refuse global QoS: prefetch is per consumer.
+    if let Err(e) = channel
+        .basic_qos(prefetch, BasicQosOptions { global: false })
+        .await
+    {
+        let _ = tokio::time::timeout(STEP_LIMIT, channel.close(200, "qos refused".into())).await;
+        return Err(e.into());
+    }
+    let consumed = channel
+        .basic_consume(
+            queue.into(),
+            tag.into(),
+            BasicConsumeOptions::default(),
+            arguments,
+        )
+        .await;
+    match consumed {
+        Ok(deliveries) => Ok((channel, deliveries)),
+        Err(e) => {
+            // A refused consume closes the channel; one that failed another
+            // way must not leave it open.
+            if channel.status().connected() {
+                let _ =
+                    tokio::time::timeout(STEP_LIMIT, channel.close(200, "consume failed".into()))
+                        .await;
+            }
+            anyhow::bail!("cannot consume from queue '{queue}': {e}");
+        }
     }
 }
 

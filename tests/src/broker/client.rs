@@ -263,7 +263,7 @@ impl Broker {
         I: IntoIterator<Item = (B, BasicProperties)>,
     {
         let connection = self.connect().await?;
-        let result: Result<_> = async {
+        let publishing = async {
             let channel = connection.create_channel().await?;
             channel
                 .confirm_select(ConfirmSelectOptions::default())
@@ -297,8 +297,12 @@ impl Broker {
                 confirmed += 1;
             }
             Ok(confirmed)
-        }
-        .await;
+        };
+        // Publishing is the one thing the broker blocks a connection for.
+        let result: Result<_> = tokio::select! {
+            published = publishing => published,
+            blocked = blocked(&connection) => Err(blocked),
+        };
         close(&connection).await;
         result.with_context(|| {
             format!("publishing to exchange {exchange:?} with routing key {routing_key:?}")
@@ -524,8 +528,34 @@ fn check_confirmation(confirmation: Confirmation, exchange: &str, routing_key: &
 }
 
 /// Closes a helper's connection; a failure only means it is gone already.
+/// A blocked connection is left to be dropped: its close would never be
+/// written (see [`blocked`]).
 async fn close(connection: &Connection) {
+    if connection.status().blocked() {
+        return;
+    }
     let _ = connection
         .close(200, "acemq-tests helper done".into())
         .await;
+}
+
+/// Completes, with the error to report, once the broker has blocked
+/// `connection` (a memory or disk alarm, at its first publish).
+///
+/// Why a wait on such a connection never ends: lapin writes no frame at all
+/// on a connection the broker blocked (not a confirm's publish, not a
+/// channel or connection close, not a heartbeat: its io loop only writes
+/// while the connection is not blocked), and the broker reads nothing from
+/// it until the alarm ends. A broker that simply closes a channel or the
+/// connection is no such case: lapin then fails every call waiting on it.
+/// Tests on the shared broker never raise an alarm, so one there is a fault
+/// of the machine (a full disk): named, rather than a test that hangs.
+async fn blocked(connection: &Connection) -> anyhow::Error {
+    while !connection.status().blocked() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow!(
+        "the broker blocked the connection (a resource alarm: memory or disk, see its log); \
+         nothing can be published, or even closed, on it until the alarm ends"
+    )
 }
