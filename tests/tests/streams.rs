@@ -814,22 +814,7 @@ checkpoint_every = 1
             .to_string()
     };
     assert_eq!(saved(), "5", "held at the message whose copy failed");
-    let connection = broker.connect().await.unwrap();
-    connection
-        .create_channel()
-        .await
-        .unwrap()
-        .queue_declare(
-            dlq.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let _ = connection.close(200, "done".into()).await;
+    broker.declare_queue(&dlq, "classic", &[]).await.unwrap();
     let dead = broker
         .drain(&dlq, 1, Duration::from_secs(60))
         .await
