@@ -355,6 +355,7 @@ impl InProcessHost {
     /// current tokio runtime; returns once its topology is applied and its
     /// consumers are subscribed.
     pub async fn start(config: &str) -> Result<Self> {
+        let _step = crate::watchdog::step("starting an in-process host");
         log_when_asked();
         let loaded = LoadedConfig::parse(Path::new("test-host.toml"), config.to_string())
             .map_err(|e| anyhow!("{e}"))?;
@@ -403,6 +404,7 @@ impl InProcessHost {
     /// Stops the host as a signal would, and returns what its run
     /// returned; a host that has not stopped after 60 s is an error.
     pub async fn stop(self) -> Result<()> {
+        let _step = crate::watchdog::step("stopping an in-process host");
         self.shutdown.cancel();
         match tokio::time::timeout(Duration::from_secs(60), self.task).await {
             Ok(joined) => joined?,

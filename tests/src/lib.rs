@@ -25,6 +25,7 @@ pub mod node_faults;
 pub mod raw_amqp;
 pub mod stamp;
 pub mod tally;
+pub mod watchdog;
 
 pub use broker::{Broker, Cluster, ReceivedMessage, shared_broker, shared_cluster, unique_name};
 pub use fault_proxy::FaultProxy;

@@ -16,7 +16,7 @@ use acemq_host::envelope::{
     Envelope, header, now_ms, parse_rfc3339_ms, set_aside_properties, stamp,
 };
 use acemq_tests::host::{InProcessHost, host_binary, plugin_path};
-use acemq_tests::{ReceivedMessage, shared_broker, unique_name};
+use acemq_tests::{ReceivedMessage, shared_broker, unique_name, watchdog};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
@@ -76,6 +76,7 @@ plugin = "{plugin}"
 
     /// `acemq-host dlq ARGS --config ... --queue ...`, to its end.
     fn dlq(&self, args: &[&str]) -> Output {
+        let _step = watchdog::step(format!("acemq-host dlq {}", args.join(" ")));
         tokio::task::block_in_place(|| self.command(args).output().expect("acemq-host runs"))
     }
 

@@ -6,6 +6,7 @@
 //! closes its channel, which must not poison anything shared.
 
 use super::{Broker, encode_path_segment};
+use crate::watchdog;
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
 use lapin::message::Delivery;
@@ -133,7 +134,6 @@ impl Broker {
         queue_type: &str,
         extra: &[(&str, AMQPValue)],
     ) -> Result<()> {
-        let connection = self.connect().await?;
         let mut arguments = FieldTable::default();
         arguments.insert(
             "x-queue-type".into(),
@@ -146,31 +146,26 @@ impl Broker {
             durable: true,
             ..QueueDeclareOptions::default()
         };
-        let declared = async {
-            connection
-                .create_channel()
-                .await?
-                .queue_declare(name.into(), options, arguments)
-                .await
-        }
+        self.on_channel(
+            format!("declaring the {queue_type} queue {name}"),
+            async |channel| {
+                channel
+                    .queue_declare(name.into(), options, arguments)
+                    .await?;
+                Ok(())
+            },
+        )
         .await
-        .with_context(|| format!("declaring the {queue_type} queue {name}"));
-        let _ = connection.close(200, "declared".into()).await;
-        declared.map(|_| ())
     }
 
     /// Ready messages in `queue` (unacknowledged ones are not counted), from
     /// a passive `queue.declare`: exact and current, unlike the management
     /// API's counts, which lag 5-8 s. Fails if the queue does not exist.
     pub async fn message_count(&self, queue: &str) -> Result<u32> {
-        let connection = self.connect().await?;
-        let result: Result<_> = async {
-            let channel = connection.create_channel().await?;
+        self.on_channel(format!("counting queue {queue:?}"), async |channel| {
             passive_count(&channel, queue).await
-        }
-        .await;
-        close(&connection).await;
-        result
+        })
+        .await
     }
 
     /// Polls [`Broker::message_count`] until the queue holds at least
@@ -183,20 +178,17 @@ impl Broker {
         timeout: Duration,
     ) -> Result<u32> {
         let deadline = Instant::now() + timeout;
-        let connection = self.connect().await?;
-        let result: Result<_> = async {
-            let channel = connection.create_channel().await?;
-            loop {
+        self.on_channel(
+            format!("waiting for {expected} messages in queue {queue:?}"),
+            async |channel| loop {
                 let count = passive_count(&channel, queue).await?;
                 if count >= expected || Instant::now() >= deadline {
                     return Ok(count);
                 }
                 tokio::time::sleep(COUNT_POLL).await;
-            }
-        }
-        .await;
-        close(&connection).await;
-        result
+            },
+        )
+        .await
     }
 
     /// Consumes up to `expected` messages from `queue`, acknowledging them,
@@ -219,20 +211,10 @@ impl Broker {
             return Ok(Vec::new());
         }
         let deadline = Instant::now() + timeout;
-        let connection = self.connect().await?;
-        let result: Result<_> = async {
-            let channel = connection.create_channel().await?;
-            let drained = drain_on(&channel, queue, expected, deadline).await;
-            // The channel first, waiting for its close-ok: the broker has
-            // then settled the acks sent on it. Closing only the connection
-            // once left a drained quorum queue counting its 3 messages ready
-            // again under load (harness.rs round trip).
-            let _ = channel.close(200, "drained".into()).await;
-            drained
-        }
-        .await;
-        close(&connection).await;
-        result.with_context(|| format!("draining queue {queue:?}"))
+        self.on_channel(format!("draining queue {queue:?}"), async |channel| {
+            drain_on(&channel, queue, expected, deadline).await
+        })
+        .await
     }
 
     /// Publishes one message with publisher confirms, `mandatory` set:
@@ -262,9 +244,8 @@ impl Broker {
         B: AsRef<[u8]>,
         I: IntoIterator<Item = (B, BasicProperties)>,
     {
-        let connection = self.connect().await?;
-        let publishing = async {
-            let channel = connection.create_channel().await?;
+        let what = format!("publishing to exchange {exchange:?} with routing key {routing_key:?}");
+        self.on_channel(what, async |channel| {
             channel
                 .confirm_select(ConfirmSelectOptions::default())
                 .await?;
@@ -297,48 +278,70 @@ impl Broker {
                 confirmed += 1;
             }
             Ok(confirmed)
-        };
-        // Publishing is the one thing the broker blocks a connection for.
-        let result: Result<_> = tokio::select! {
-            published = publishing => published,
-            blocked = blocked(&connection) => Err(blocked),
-        };
-        close(&connection).await;
-        result.with_context(|| {
-            format!("publishing to exchange {exchange:?} with routing key {routing_key:?}")
         })
+        .await
     }
 
     /// Deletes a queue (whatever it holds). Deleting a missing queue is not
     /// an error in RabbitMQ 3.10.
     pub async fn delete_queue(&self, name: &str) -> Result<()> {
-        let connection = self.connect().await?;
-        let result: Result<_> = async {
-            let channel = connection.create_channel().await?;
+        self.on_channel(format!("deleting queue {name:?}"), async |channel| {
             channel
                 .queue_delete(name.into(), QueueDeleteOptions::default())
                 .await?;
             Ok(())
-        }
-        .await;
-        close(&connection).await;
-        result.with_context(|| format!("deleting queue {name:?}"))
+        })
+        .await
     }
 
     /// Deletes an exchange (and its bindings). Deleting a missing exchange
     /// is not an error in RabbitMQ 3.10.
     pub async fn delete_exchange(&self, name: &str) -> Result<()> {
-        let connection = self.connect().await?;
-        let result: Result<_> = async {
-            let channel = connection.create_channel().await?;
+        self.on_channel(format!("deleting exchange {name:?}"), async |channel| {
             channel
                 .exchange_delete(name.into(), ExchangeDeleteOptions::default())
                 .await?;
             Ok(())
+        })
+        .await
+    }
+
+    /// Runs `work` on a channel of a connection of its own, registered with
+    /// the [`watchdog`] as `what` (also the context of its error), then
+    /// closes the channel and the connection, in that order.
+    ///
+    /// The channel is closed first, waiting for its close-ok, for two
+    /// reasons. The broker has then settled every ack sent on it (closing
+    /// only the connection once left a drained quorum queue counting its 3
+    /// messages ready again under load). And a channel dropped while the
+    /// connection closes races lapin's own close of it against the
+    /// connection's: the broker then logs "client unexpectedly closed TCP
+    /// connection" and lapin reports a connection error after the close.
+    ///
+    /// The work is raced against the broker blocking the connection (a
+    /// resource alarm; see [`blocked`]), which would leave it waiting for
+    /// ever.
+    async fn on_channel<T>(
+        &self,
+        what: String,
+        work: impl AsyncFnOnce(Channel) -> Result<T>,
+    ) -> Result<T> {
+        let _step = watchdog::step(what.clone());
+        let connection = self.connect().await.with_context(|| what.clone())?;
+        let result: Result<T> = async {
+            let channel = connection.create_channel().await?;
+            let done = tokio::select! {
+                done = work(channel.clone()) => done,
+                blocked = blocked(&connection) => Err(blocked),
+            };
+            if channel.status().connected() && !connection.status().blocked() {
+                let _ = channel.close(200, "acemq-tests helper done".into()).await;
+            }
+            done
         }
         .await;
         close(&connection).await;
-        result.with_context(|| format!("deleting exchange {name:?}"))
+        result.with_context(|| what)
     }
 
     /// `GET {mgmt_url}{path}` as `guest` (or the external broker's user),
