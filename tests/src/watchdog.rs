@@ -82,7 +82,7 @@ pub fn stalled(older_than: Duration) -> Vec<String> {
         .map(|p| (now.duration_since(p.since), p.label.clone()))
         .filter(|(age, _)| *age >= older_than)
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|(age, _)| std::cmp::Reverse(*age));
     found
         .into_iter()
         .map(|(age, label)| format!("waiting for {} s: {label}", age.as_secs()))
