@@ -1,6 +1,6 @@
-//! The README's configuration reference against the real parser: every key
-//! the table lists is one the parser accepts, and every key the parser
-//! accepts is in the table.
+//! The configuration reference (`docs/configuration.md`) against the real
+//! parser: every key the table lists is one the parser accepts, and every
+//! key the parser accepts is in the table.
 //!
 //! The parser refuses unknown keys and names the ones it knows ("unknown
 //! field `x`, expected one of `a`, `b`"), so each table's keys are learnt by
@@ -18,19 +18,15 @@ const PROBE: &str = "zz_not_a_key";
 /// only to be refused with a sentence saying where the token goes instead.
 const NOT_SETTINGS: [(&str, &str); 1] = [("host", "admin_token")];
 
-/// The README's table: config table (as written, `[[queues]]` -> `queues`,
+/// The page of the configuration reference, from the workspace root.
+const CONFIGURATION_REFERENCE: &str = "docs/configuration.md";
+
+/// The reference's table: config table (as written, `[[queues]]` -> `queues`,
 /// `[retry.NAME]` -> `retry.NAME`) to the keys it lists.
 fn documented() -> BTreeMap<String, BTreeSet<String>> {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
-    let section = readme
-        .split("### Configuration reference")
-        .nth(1)
-        .expect("the README has a configuration reference")
-        .split("\n### ")
-        .next()
-        .unwrap();
+    let page = std::fs::read_to_string(workspace_root().join(CONFIGURATION_REFERENCE)).unwrap();
     let mut tables: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for row in section.lines().filter(|l| l.starts_with("| `")) {
+    for row in page.lines().filter(|l| l.starts_with("| `")) {
         let cell = row.split('|').nth(1).unwrap().trim().trim_matches('`');
         let (table, keys) = cell.split_once(']').expect("a row starts with its [table]");
         let table = table.trim_start_matches('[').to_string();
@@ -93,7 +89,7 @@ fn the_configuration_reference_lists_exactly_the_keys_the_parser_accepts() {
         };
         assert!(
             tables.contains(&written),
-            "the parser accepts [{top}], which the README's configuration reference does not list"
+            "the parser accepts [{top}], which {CONFIGURATION_REFERENCE} does not list"
         );
         tables.insert(written);
     }
@@ -104,11 +100,11 @@ fn the_configuration_reference_lists_exactly_the_keys_the_parser_accepts() {
         let unknown: Vec<_> = listed.difference(&parsed).collect();
         assert!(
             undocumented.is_empty(),
-            "[{table}]: the parser accepts {undocumented:?}, which the README does not list"
+            "[{table}]: the parser accepts {undocumented:?}, which {CONFIGURATION_REFERENCE} does not list"
         );
         assert!(
             unknown.is_empty(),
-            "[{table}]: the README lists {unknown:?}, which the parser refuses"
+            "[{table}]: {CONFIGURATION_REFERENCE} lists {unknown:?}, which the parser refuses"
         );
     }
 }
