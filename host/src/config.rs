@@ -430,7 +430,7 @@ impl ConsumerConfig {
     /// by projections that expect its order, and its position is the lowest
     /// offset not acked: deliveries finishing out of order would leave
     /// acked ones above it, read again after a crash beyond the
-    /// `checkpoint_every` + 2 × `prefetch` the README promises.
+    /// `checkpoint_every` + 2 × `prefetch` `docs/streams.md` promises.
     pub fn concurrency_for(&self, stream: bool) -> usize {
         self.concurrency
             .unwrap_or(if stream { 1 } else { defaults::concurrency() })

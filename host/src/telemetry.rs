@@ -220,8 +220,8 @@ pub struct Metrics {
     catalogue: Vec<MetricEntry>,
 }
 
-/// One metric as `/metrics` shows it, for operators (the README's metric
-/// table) and for checks of what the dashboard queries.
+/// One metric as `/metrics` shows it, for operators (the metric table of
+/// `docs/operating.md`) and for checks of what the dashboard queries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetricEntry {
     /// The name a query uses: a counter's with `_total`, a histogram's
@@ -762,7 +762,7 @@ mod tests {
         m.render()
     }
 
-    /// The catalogue (the README's metric table) says exactly which labels
+    /// The catalogue (the metric table of `docs/operating.md`) says exactly which labels
     /// each metric's samples carry.
     #[test]
     fn the_catalogue_names_every_metric_and_exactly_its_labels() {

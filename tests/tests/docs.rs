@@ -1,13 +1,18 @@
-//! The README's configuration reference against the real parser: every key
-//! the table lists is one the parser accepts, and every key the parser
-//! accepts is in the table.
+//! The documentation against what it documents: the configuration
+//! reference (`docs/configuration.md`) against the real parser (every key the
+//! table lists is one the parser accepts, and every key the parser accepts
+//! is in the table), and every relative link of every Markdown file against
+//! the files and headings it points to.
 //!
 //! The parser refuses unknown keys and names the ones it knows ("unknown
 //! field `x`, expected one of `a`, `b`"), so each table's keys are learnt by
 //! offering it a key it cannot know.
 
+#[path = "docs/markdown.rs"]
+mod markdown;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use acemq_host::config::LoadedConfig;
 use acemq_tests::host::workspace_root;
@@ -18,19 +23,15 @@ const PROBE: &str = "zz_not_a_key";
 /// only to be refused with a sentence saying where the token goes instead.
 const NOT_SETTINGS: [(&str, &str); 1] = [("host", "admin_token")];
 
-/// The README's table: config table (as written, `[[queues]]` -> `queues`,
+/// The page of the configuration reference, from the workspace root.
+const CONFIGURATION_REFERENCE: &str = "docs/configuration.md";
+
+/// The reference's table: config table (as written, `[[queues]]` -> `queues`,
 /// `[retry.NAME]` -> `retry.NAME`) to the keys it lists.
 fn documented() -> BTreeMap<String, BTreeSet<String>> {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
-    let section = readme
-        .split("### Configuration reference")
-        .nth(1)
-        .expect("the README has a configuration reference")
-        .split("\n### ")
-        .next()
-        .unwrap();
+    let page = std::fs::read_to_string(workspace_root().join(CONFIGURATION_REFERENCE)).unwrap();
     let mut tables: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for row in section.lines().filter(|l| l.starts_with("| `")) {
+    for row in page.lines().filter(|l| l.starts_with("| `")) {
         let cell = row.split('|').nth(1).unwrap().trim().trim_matches('`');
         let (table, keys) = cell.split_once(']').expect("a row starts with its [table]");
         let table = table.trim_start_matches('[').to_string();
@@ -93,7 +94,7 @@ fn the_configuration_reference_lists_exactly_the_keys_the_parser_accepts() {
         };
         assert!(
             tables.contains(&written),
-            "the parser accepts [{top}], which the README's configuration reference does not list"
+            "the parser accepts [{top}], which {CONFIGURATION_REFERENCE} does not list"
         );
         tables.insert(written);
     }
@@ -104,11 +105,112 @@ fn the_configuration_reference_lists_exactly_the_keys_the_parser_accepts() {
         let unknown: Vec<_> = listed.difference(&parsed).collect();
         assert!(
             undocumented.is_empty(),
-            "[{table}]: the parser accepts {undocumented:?}, which the README does not list"
+            "[{table}]: the parser accepts {undocumented:?}, which {CONFIGURATION_REFERENCE} does not list"
         );
         assert!(
             unknown.is_empty(),
-            "[{table}]: the README lists {unknown:?}, which the parser refuses"
+            "[{table}]: {CONFIGURATION_REFERENCE} lists {unknown:?}, which the parser refuses"
         );
     }
+}
+
+/// Folders (by name anywhere, or by path from the root) whose Markdown is not
+/// the project's: build output, installed tools, generated bindings, and the
+/// conformance fixtures, kept byte for byte as upstream wrote them (see
+/// `tests/fixtures/README.md`). Hidden folders (`.git`) are skipped too.
+const NOT_DOCUMENTATION: [&str; 4] = ["target", "node_modules", "bindings", "tests/fixtures/acemq"];
+
+/// Every Markdown file of the repository, relative to its root, in order.
+fn markdown_files(root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut folders = vec![PathBuf::new()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(root.join(&folder)).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let relative = folder.join(&name);
+            let skipped = name.starts_with('.')
+                || NOT_DOCUMENTATION
+                    .iter()
+                    .any(|n| relative == Path::new(n) || name == *n);
+            if skipped {
+                continue;
+            }
+            if entry.file_type().unwrap().is_dir() {
+                folders.push(relative);
+            } else if name.ends_with(".md") {
+                found.push(relative);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Why `link`, written in `file` (relative to `root`), leads nowhere; `None`
+/// when the file it names exists inside the repository and, for an anchor,
+/// when that file is Markdown with a heading of that anchor.
+fn broken(root: &Path, file: &Path, link: &markdown::Link) -> Option<String> {
+    let (path, anchor) = link.split();
+    let target = if path.is_empty() {
+        file.to_path_buf()
+    } else {
+        file.parent().unwrap().join(path)
+    };
+    let Ok(resolved) = root.join(&target).canonicalize() else {
+        return Some(format!("{} does not exist", target.display()));
+    };
+    if !resolved.starts_with(root.canonicalize().unwrap()) {
+        return Some(format!("{} is outside the repository", target.display()));
+    }
+    let anchor = anchor?;
+    if resolved.extension().is_none_or(|e| e != "md") {
+        return Some(format!(
+            "#{anchor}: only a Markdown file's anchors can be checked, and {} is not one",
+            target.display()
+        ));
+    }
+    let text = std::fs::read_to_string(&resolved).unwrap();
+    if markdown::anchors(&text).contains(anchor) {
+        return None;
+    }
+    Some(format!(
+        "{} has no heading whose anchor is #{anchor}",
+        target.display()
+    ))
+}
+
+#[test]
+fn every_relative_link_in_readme_and_docs_resolves() {
+    let root = workspace_root();
+    let files = markdown_files(&root);
+    for expected in [
+        "README.md",
+        "docs/configuration.md",
+        "docs/plugins/sandbox.md",
+    ] {
+        assert!(
+            files.contains(&PathBuf::from(expected)),
+            "{expected} is not among the Markdown files read: {files:?}"
+        );
+    }
+    let mut problems = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        for link in markdown::links(&text).iter().filter(|l| !l.is_external()) {
+            if let Some(why) = broken(&root, file, link) {
+                problems.push(format!(
+                    "{}:{}: ({}): {why}",
+                    file.display(),
+                    link.line,
+                    link.target
+                ));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "links that lead nowhere:\n{}",
+        problems.join("\n")
+    );
 }

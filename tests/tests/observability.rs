@@ -425,18 +425,19 @@ fn label_names(expr: &str) -> Vec<String> {
     labels
 }
 
-/// The README's metric table names exactly the metrics the host declares,
-/// each with exactly its labels (a label's values may follow it in
-/// parentheses, a description after a colon).
+/// The metric table of `docs/operating.md` names exactly the metrics the
+/// host declares, each with exactly its labels (a label's values may follow
+/// it in parentheses, a description after a colon).
 #[test]
-fn the_readme_metric_table_says_exactly_which_labels_exist() {
-    let readme =
-        std::fs::read_to_string(acemq_tests::host::workspace_root().join("README.md")).unwrap();
-    let section = readme
-        .split("\n### Metrics\n")
+fn the_documented_metric_table_says_exactly_which_labels_exist() {
+    let page =
+        std::fs::read_to_string(acemq_tests::host::workspace_root().join("docs/operating.md"))
+            .unwrap();
+    let section = page
+        .split("\n## Metrics\n")
         .nth(1)
-        .expect("the README has a Metrics section")
-        .split("\n### ")
+        .expect("docs/operating.md has a Metrics section")
+        .split("\n## ")
         .next()
         .unwrap();
     let mut documented = Vec::new();

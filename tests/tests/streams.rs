@@ -353,7 +353,7 @@ async fn after_a_kill_a_restarted_host_resumes_at_its_checkpoint_and_skips_nothi
     // was done out of order above the saved position (under PREFETCH: up
     // to PREFETCH deliveries are settled at once while one call runs at a
     // time) and what had its outputs out but was not done (PREFETCH), as
-    // the README says. It catches a checkpoint that lags (a whole EVERY
+    // docs/streams.md says. It catches a checkpoint that lags (a whole EVERY
     // more) or a restart from "first" (5000).
     let bound = EVERY + 2 * PREFETCH;
     assert!(again <= bound, "{again} read twice (bound {bound})");

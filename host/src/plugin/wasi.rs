@@ -28,7 +28,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 pub const MAX_CALL_OUTPUT_BYTES: usize = 64 * 1024;
 
 /// What each WASI package a plugin may import is granted, for
-/// `plugin inspect` and the README.
+/// `plugin inspect` and `docs/plugins/python-and-javascript.md`.
 pub const GRANTS: [(&str, &str); 6] = [
     (
         "wasi:cli",
