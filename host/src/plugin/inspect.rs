@@ -73,7 +73,7 @@ fn classify(imports: &[String], exports: &[String]) -> Result<&'static str, Stri
     // WASI is linked, locked down, for components that import it.
     let foreign: Vec<&String> = imports
         .iter()
-        .filter(|i| !i.starts_with("acemq:plugin/") && !super::wasi::granted(i))
+        .filter(|i| !i.starts_with("acemq:plugin/") && !super::host::wasi::granted(i))
         .collect();
     if !foreign.is_empty() {
         let names: Vec<&str> = foreign.iter().map(|s| s.as_str()).collect();
@@ -115,7 +115,7 @@ fn render(path: &Path, facts: &PluginFacts) -> String {
     };
     let _ = writeln!(out, "imports: {}", list(&facts.imports));
     let _ = writeln!(out, "exports: {}", list(&facts.exports));
-    let wasi: Vec<&(&str, &str)> = super::wasi::GRANTS
+    let wasi: Vec<&(&str, &str)> = super::host::wasi::GRANTS
         .iter()
         .filter(|(package, _)| {
             facts

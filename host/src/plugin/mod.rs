@@ -30,12 +30,11 @@ pub mod config_keys;
 mod engine;
 mod fault;
 mod handler;
-mod host_state;
+mod host;
 pub mod inspect;
 mod limiter;
 mod pool;
 pub mod swap;
-pub mod wasi;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -49,6 +48,7 @@ pub use codec::{CodecSet, CodecVersion, Conversion};
 pub use engine::{CompiledPlugin, EPOCH_TICK, EngineSettings, PluginEngine};
 pub use fault::{Fault, FaultKind};
 pub use handler::{HandlerSlot, HandlerVersion, Invocation};
+pub use host::wasi;
 pub use pool::InstanceCost;
 
 use crate::config::Isolation;

@@ -23,6 +23,9 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::super::ConsumerContext;
+use super::HostInterface;
+
 /// Most bytes a call's stdout or stderr keeps; beyond them the output is
 /// dropped (and the drop is said in the log).
 pub const MAX_CALL_OUTPUT_BYTES: usize = 64 * 1024;
@@ -70,6 +73,12 @@ pub fn link<T: WasiView + 'static>(linker: &mut Linker<T>) -> wasmtime::Result<(
 /// A store's WASI state, built the first time the plugin calls into WASI.
 #[derive(Default)]
 pub struct LazyWasi(Option<Box<Sandbox>>);
+
+impl HostInterface for LazyWasi {
+    fn prepare(_context: &Arc<ConsumerContext>, _plugin: &Arc<str>) -> Self {
+        Self::default()
+    }
+}
 
 struct Sandbox {
     ctx: WasiCtx,
