@@ -1,8 +1,14 @@
 //! Plugins: loading components, running them under limits, pooling their
 //! instances and swapping versions while the host runs.
 //!
-//! A plugin reaches nothing but the `host` interface of `wit/plugin.wit`: no
-//! WASI is linked, so it has no files, sockets, environment or clocks.
+//! The sandbox, as `wit/plugin.wit` and `SECURITY.md` say it too: A plugin
+//! has no files, sockets or environment: it reaches the broker, the log and
+//! its configuration only through the `host` interface. A component that
+//! imports WASI 0.2 (as Python and JavaScript runtimes do) gets the part of
+//! it SECURITY.md lists, locked down: its clocks and random numbers, but no
+//! file, socket or environment variable. The grant is stated once in code,
+//! in `host/wasi.rs` (`GRANT`); each interface of `host` has its file in
+//! `host/`.
 
 /// The version of `wit/plugin.wit` (`package acemq:plugin@...`) this host
 /// implements. A plugin built against another version of the contract is

@@ -19,6 +19,8 @@ pub mod config;
 pub mod log;
 pub mod message;
 pub mod publish;
+#[cfg(test)]
+mod sandbox_doc;
 pub mod wasi;
 
 use std::sync::Arc;

@@ -5,15 +5,10 @@
 //! guest SDK imports none of it and pays nothing (no WASI is linked for it,
 //! and its stores never build a WASI context).
 //!
-//! What each part of WASI grants ([`GRANTS`]):
-//! - filesystem: linked, with no directory opened: every path is refused;
-//! - sockets: linked, every use denied (no TCP, no UDP, no name lookup, no
-//!   address passes the check);
-//! - environment and arguments: empty; stdin: empty;
-//! - stdout and stderr: captured per call and written to the host log with
-//!   the consumer and the message id, bounded like the plugin's own log lines;
-//! - clocks and random: allowed (they reveal nothing the `now-ms` import
-//!   does not, and language runtimes seed their hashing from them).
+//! [`GRANT`] is the sandbox promise: every WASI interface a plugin may
+//! import, and what it gets from each. The linker is held to it (the tests
+//! below link each interface, and refuse every other), and so are
+//! `SECURITY.md`, `wit/plugin.wit` and `plugin/mod.rs` (`sandbox_doc.rs`).
 
 use std::sync::{Arc, Mutex};
 
@@ -30,31 +25,130 @@ use super::HostInterface;
 /// dropped (and the drop is said in the log).
 pub const MAX_CALL_OUTPUT_BYTES: usize = 64 * 1024;
 
-/// What each WASI package a plugin may import is granted, for
-/// `plugin inspect` and the README.
-pub const GRANTS: [(&str, &str); 6] = [
-    (
-        "wasi:cli",
-        "empty environment, arguments and stdin; stdout and stderr go to the host log",
-    ),
-    ("wasi:io", "streams and polling, for the rest"),
-    ("wasi:clocks", "allowed"),
-    ("wasi:random", "allowed"),
-    (
-        "wasi:filesystem",
-        "no directory opened: every path is refused",
-    ),
-    (
-        "wasi:sockets",
-        "every use denied (no TCP, UDP or name lookup)",
-    ),
+/// The sandbox promise in one sentence, said the same by `wit/plugin.wit`,
+/// `plugin/mod.rs` and `SECURITY.md` (`sandbox_doc.rs` holds them to it);
+/// [`GRANT`] is its detail.
+pub const PROMISE: &str = "A plugin has no files, sockets or environment: it reaches the broker, \
+    the log and its configuration only through the `host` interface. A component that imports \
+    WASI 0.2 (as Python and JavaScript runtimes do) gets the part of it SECURITY.md lists, locked \
+    down: its clocks and random numbers, but no file, socket or environment variable.";
+
+/// What a plugin gets from some interfaces of one WASI 0.2 package.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// The package, such as `wasi:cli`.
+    pub package: &'static str,
+    /// Its interfaces this row covers, such as `stdout`.
+    pub interfaces: &'static [&'static str],
+    /// What a plugin that imports them gets.
+    pub policy: &'static str,
+    /// Why that is safe, or needed.
+    pub why: &'static str,
+}
+
+/// Every WASI interface a plugin may import. Anything else (another
+/// interface of these packages, `wasi:http`, any other package) is not
+/// linked: a plugin that imports it is refused when it loads.
+pub const GRANT: &[Grant] = &[
+    Grant {
+        package: "wasi:cli",
+        interfaces: &["environment"],
+        policy: "empty: no variables, no arguments, no working directory",
+        why: "the host's environment is the operator's (it may hold the admin token)",
+    },
+    Grant {
+        package: "wasi:cli",
+        interfaces: &["stdin"],
+        policy: "empty",
+        why: "a plugin's only input is the message it is handed",
+    },
+    Grant {
+        package: "wasi:cli",
+        interfaces: &["stdout", "stderr"],
+        policy: "captured per call (at most 64 KiB each) and written to the host log, \
+                 tagged with the consumer and the message id, bounded like the plugin's own log lines",
+        why: "printing is how an interpreted plugin reports; it cannot flood the log",
+    },
+    Grant {
+        package: "wasi:cli",
+        interfaces: &[
+            "terminal-input",
+            "terminal-output",
+            "terminal-stdin",
+            "terminal-stdout",
+            "terminal-stderr",
+        ],
+        policy: "no terminal: no stream is one",
+        why: "language runtimes ask; there is nothing to reveal",
+    },
+    Grant {
+        package: "wasi:cli",
+        interfaces: &["exit"],
+        policy: "ends the call as a fault; its instance is dropped",
+        why: "a runtime's exit must not stop the host",
+    },
+    Grant {
+        package: "wasi:clocks",
+        interfaces: &["wall-clock", "monotonic-clock"],
+        policy: "the host's clocks; a wait on them counts against the call's deadline",
+        why: "they reveal no more than `now-ms`; runtimes time and seed with them",
+    },
+    Grant {
+        package: "wasi:random",
+        interfaces: &["random", "insecure", "insecure-seed"],
+        policy: "allowed",
+        why: "runtimes seed their hash tables from it; it reveals nothing of the host",
+    },
+    Grant {
+        package: "wasi:filesystem",
+        interfaces: &["types", "preopens"],
+        policy: "no directory opened: every path is refused",
+        why: "a plugin has no files",
+    },
+    Grant {
+        package: "wasi:sockets",
+        interfaces: &[
+            "network",
+            "instance-network",
+            "tcp",
+            "tcp-create-socket",
+            "udp",
+            "udp-create-socket",
+            "ip-name-lookup",
+        ],
+        policy: "every use denied: no TCP, no UDP, no name lookup, no address passes the check",
+        why: "a plugin reaches the broker only through `publish`",
+    },
+    Grant {
+        package: "wasi:io",
+        interfaces: &["error", "poll", "streams"],
+        policy: "streams and polling, for the interfaces above; nothing of their own",
+        why: "the rows above hand out streams",
+    },
 ];
 
-/// Whether `import` (an interface name) is in a WASI package the host links.
-pub fn granted(import: &str) -> bool {
-    GRANTS
+impl Grant {
+    /// The interfaces' full names, such as `wasi:cli/stdout`.
+    pub fn names(&self) -> impl Iterator<Item = String> + '_ {
+        self.interfaces
+            .iter()
+            .map(|interface| format!("{}/{interface}", self.package))
+    }
+}
+
+/// The grant row of `import` (an interface name, with or without its
+/// version), if the host links it.
+pub fn grant_of(import: &str) -> Option<&'static Grant> {
+    let name = import.split('@').next().unwrap_or(import);
+    let (package, interface) = name.split_once('/')?;
+    GRANT
         .iter()
-        .any(|(package, _)| import.starts_with(&format!("{package}/")))
+        .find(|grant| grant.package == package && grant.interfaces.contains(&interface))
+}
+
+/// Whether `import` (an interface name) is one the host links.
+pub fn granted(import: &str) -> bool {
+    grant_of(import).is_some()
 }
 
 /// Whether `component` imports any WASI interface.
@@ -66,6 +160,7 @@ pub fn imports_wasi(engine: &wasmtime::Engine, component: &Component) -> bool {
 }
 
 /// Links wasmtime's WASI 0.2 into `linker`: for components that import it.
+/// What it links is [`GRANT`], no more (the tests hold it to that).
 pub fn link<T: WasiView + 'static>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     wasmtime_wasi::p2::add_to_linker_async(linker)
 }
@@ -253,6 +348,109 @@ impl tokio::io::AsyncWrite for Captured {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every interface of the WASI 0.2 packages wasmtime implements, and of
+    /// `wasi:http`: the host links exactly those [`GRANT`] lists.
+    const WASI_0_2: &[(&str, &[&str])] = &[
+        (
+            "wasi:cli",
+            &[
+                "environment",
+                "exit",
+                "run",
+                "stdin",
+                "stdout",
+                "stderr",
+                "terminal-input",
+                "terminal-output",
+                "terminal-stdin",
+                "terminal-stdout",
+                "terminal-stderr",
+            ],
+        ),
+        (
+            "wasi:clocks",
+            &["monotonic-clock", "wall-clock", "timezone"],
+        ),
+        ("wasi:filesystem", &["types", "preopens"]),
+        ("wasi:io", &["error", "poll", "streams"]),
+        ("wasi:random", &["insecure-seed", "insecure", "random"]),
+        (
+            "wasi:sockets",
+            &[
+                "network",
+                "instance-network",
+                "ip-name-lookup",
+                "tcp",
+                "tcp-create-socket",
+                "udp",
+                "udp-create-socket",
+            ],
+        ),
+        (
+            "wasi:http",
+            &["types", "incoming-handler", "outgoing-handler"],
+        ),
+    ];
+
+    /// The WASI 0.2 release wasmtime 48 implements (the packages of its
+    /// `wit/deps`); it moves with wasmtime.
+    const WASI_VERSION: &str = "0.2.12";
+
+    struct Probe(LazyWasi);
+
+    impl WasiView for Probe {
+        fn ctx(&mut self) -> WasiCtxView<'_> {
+            self.0.view()
+        }
+    }
+
+    /// Whether the host's WASI linker defines `interface` (in the 0.2
+    /// release wasmtime implements): defining anything else under its name
+    /// is then refused (the linker allows no shadowing).
+    fn links(engine: &wasmtime::Engine, interface: &str) -> bool {
+        let mut linker = Linker::<Probe>::new(engine);
+        link(&mut linker).unwrap();
+        let name = format!("{interface}@{WASI_VERSION}");
+        linker.root().func_new(&name, |_, _, _, _| Ok(())).is_err()
+    }
+
+    #[test]
+    fn the_linker_links_exactly_the_grant() {
+        let engine = wasmtime::Engine::default();
+        assert!(
+            links(&engine, "wasi:io/streams"),
+            "WASI_VERSION is not the release this wasmtime links: update it"
+        );
+        let mut mismatches = Vec::new();
+        for (package, interfaces) in WASI_0_2 {
+            for interface in *interfaces {
+                let name = format!("{package}/{interface}");
+                if links(&engine, &name) != granted(&name) {
+                    mismatches.push(format!("{name}: linked {}", links(&engine, &name)));
+                }
+            }
+        }
+        assert!(
+            mismatches.is_empty(),
+            "the grant is not what is linked: {mismatches:#?}"
+        );
+        for grant in GRANT {
+            for name in grant.names() {
+                assert!(links(&engine, &name), "{name} is granted but not linked");
+            }
+        }
+    }
+
+    #[test]
+    fn the_grant_states_the_output_bound() {
+        let stdout = grant_of("wasi:cli/stdout@0.2.0").unwrap();
+        let bound = format!("at most {} KiB each", MAX_CALL_OUTPUT_BYTES / 1024);
+        assert!(stdout.policy.contains(&bound), "{}", stdout.policy);
+        assert_eq!(grant_of("wasi:cli/stderr"), Some(stdout));
+        assert_eq!(grant_of("wasi:http/types@0.2.0"), None);
+        assert_eq!(grant_of("wasi:cli/run@0.2.0"), None);
+    }
 
     #[test]
     fn output_beyond_the_bound_is_dropped_and_counted() {
