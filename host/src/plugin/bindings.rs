@@ -9,7 +9,7 @@ pub mod handler_world {
         path: "../wit",
         world: "handler-plugin",
         // Every import may trap: the message methods do when a plugin uses a
-        // message after its `handle` call returned (see `host_state`).
+        // message after its `handle` call returned (see `host/message.rs`).
         imports: { default: trappable },
         // Calls are futures on the async runtime (see `pool.rs`); the
         // imports stay synchronous: they only read and buffer.
@@ -17,7 +17,7 @@ pub mod handler_world {
         with: {
             // The message lent to a call is kept in the store's state, not in
             // a resource table: the handle only names the call it belongs to.
-            "acemq:plugin/types.message": super::super::host_state::LentMessage,
+            "acemq:plugin/types.message": super::super::host::message::LentMessage,
         },
     });
 }

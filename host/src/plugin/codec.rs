@@ -24,7 +24,7 @@ use super::{Limits, PluginError};
 struct CodecState {
     bounds: CallBounds,
     /// WASI, for a codec that imports it; what it prints is not kept.
-    wasi: super::wasi::LazyWasi,
+    wasi: super::host::wasi::LazyWasi,
 }
 
 impl wasmtime_wasi::WasiView for CodecState {
@@ -64,7 +64,7 @@ impl Instantiate for Instances {
     async fn instantiate(&self, deadline: Instant) -> wasmtime::Result<Self::Instance> {
         let state = CodecState {
             bounds: CallBounds::new(self.limits.max_memory_bytes),
-            wasi: super::wasi::LazyWasi::default(),
+            wasi: super::host::wasi::LazyWasi::default(),
         };
         let mut store = new_store(&self.engine, state, deadline);
         let bindings = self.pre.instantiate_async(&mut store).await?;
@@ -96,8 +96,8 @@ impl CodecVersion {
     ) -> Result<Arc<Self>, PluginError> {
         let compiled = engine.compile_file(path)?;
         let mut linker: Linker<CodecState> = Linker::new(engine.engine());
-        if super::wasi::imports_wasi(engine.engine(), &compiled.component) {
-            super::wasi::link(&mut linker)
+        if super::host::wasi::imports_wasi(engine.engine(), &compiled.component) {
+            super::host::wasi::link(&mut linker)
                 .map_err(|e| PluginError::new(path, format!("cannot link WASI: {e:#}")))?;
         }
         let instance_pre = linker.instantiate_pre(&compiled.component).map_err(|e| {

@@ -235,7 +235,7 @@ fn engine_config(settings: &EngineSettings, pooling: bool) -> Config {
     if pooling {
         let slots = settings.max_instances.max(1);
         // The pool admits exactly what each store's `MemoryLimiter` admits
-        // (host_state.rs), so a plugin behaves the same with and without
+        // (limiter.rs), so a plugin behaves the same with and without
         // pooling, and a pool sized for `slots` instances of the largest
         // plugin allowed never runs out of memory or table slots first.
         let per_instance = |count: usize| u32::try_from(count).expect("a small constant");

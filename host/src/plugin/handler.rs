@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use arc_swap::ArcSwap;
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::Linker;
 
 use super::bindings::handler_world::acemq::plugin::types;
 use super::bindings::handler_world::{HandlerPlugin, HandlerPluginPre};
 use super::engine::{CompiledPlugin, PluginEngine};
 use super::fault::Fault;
-use super::host_state::HostState;
+use super::host::{self, HostState};
 use super::pool::{Instantiate, Pool, Warm, new_store};
 use super::{ConsumerContext, Input, Outgoing, PluginError, Verdict};
 use crate::config::Isolation;
@@ -70,7 +70,7 @@ pub struct Invocation {
     /// Fuel the call burned, when fuel metering is on.
     pub fuel: Option<u64>,
     /// A publish the consumer's `publish_to` refused during the call,
-    /// whatever the handler returned afterwards (see `CallEnd`).
+    /// whatever the handler returned afterwards (see `host::CallEnd`).
     pub refused_publish: Option<String>,
 }
 
@@ -92,17 +92,13 @@ impl HandlerVersion {
         context: Arc<ConsumerContext>,
     ) -> Result<Arc<Self>, PluginError> {
         let path = compiled.path.clone();
-        warn_of_unknown_config_keys(&compiled, &context);
+        host::check_config(&compiled, &context)?;
         let mut linker: Linker<HostState> = Linker::new(engine.engine());
-        HandlerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(|e| {
-            PluginError::new(&path, format!("cannot link the host interface: {e:#}"))
-        })?;
-        if super::wasi::imports_wasi(engine.engine(), &compiled.component) {
-            super::wasi::link(&mut linker)
-                .map_err(|e| PluginError::new(&path, format!("cannot link WASI: {e:#}")))?;
-        }
+        let imports_wasi = super::host::wasi::imports_wasi(engine.engine(), &compiled.component);
+        host::link(&mut linker, imports_wasi).map_err(|e| PluginError::new(&path, e))?;
         // instantiate_pre checks every import against what the linker offers:
-        // a plugin importing WASI, or another version of the contract, fails here.
+        // a plugin importing WASI beyond the grant, or another version of the
+        // contract, fails here.
         let instance_pre = linker.instantiate_pre(&compiled.component).map_err(|e| {
             PluginError::new(
                 &path,
@@ -266,23 +262,4 @@ fn chain(error: &wasmtime::Error) -> String {
         .map(|c| c.to_string())
         .collect::<Vec<_>>()
         .join(": ")
-}
-
-/// Warns of each `[consumers.config]` key the plugin does not declare it
-/// reads (when it declares any): usually a typo, which would leave the
-/// plugin on its default without a word.
-fn warn_of_unknown_config_keys(compiled: &super::CompiledPlugin, context: &ConsumerContext) {
-    let Some(declared) = &compiled.config_keys else {
-        return;
-    };
-    for key in super::config_keys::unknown(declared, context.config.keys()) {
-        tracing::warn!(
-            queue = %context.queue,
-            plugin = %compiled.path.display(),
-            key,
-            declared = %declared.join(", "),
-            "[consumers.config] key '{key}' is not one this plugin reads; it reads: {}",
-            declared.join(", ")
-        );
-    }
 }

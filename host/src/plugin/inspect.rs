@@ -73,7 +73,7 @@ fn classify(imports: &[String], exports: &[String]) -> Result<&'static str, Stri
     // WASI is linked, locked down, for components that import it.
     let foreign: Vec<&String> = imports
         .iter()
-        .filter(|i| !i.starts_with("acemq:plugin/") && !super::wasi::granted(i))
+        .filter(|i| !i.starts_with("acemq:plugin/") && !super::host::wasi::granted(i))
         .collect();
     if !foreign.is_empty() {
         let names: Vec<&str> = foreign.iter().map(|s| s.as_str()).collect();
@@ -115,22 +115,14 @@ fn render(path: &Path, facts: &PluginFacts) -> String {
     };
     let _ = writeln!(out, "imports: {}", list(&facts.imports));
     let _ = writeln!(out, "exports: {}", list(&facts.exports));
-    let wasi: Vec<&(&str, &str)> = super::wasi::GRANTS
-        .iter()
-        .filter(|(package, _)| {
-            facts
-                .imports
-                .iter()
-                .any(|i| i.starts_with(&format!("{package}/")))
-        })
-        .collect();
-    // (A WASI package the host does not link is named by `world` above.)
+    // (A WASI interface the host does not link is named by `world` above.)
+    let wasi = wasi_grants(&facts.imports);
     if wasi.is_empty() {
         let _ = writeln!(out, "wasi:    none imported");
     } else {
         let _ = writeln!(out, "wasi:    imported, locked down:");
-        for (package, grant) in wasi {
-            let _ = writeln!(out, "  {package}: {grant}");
+        for line in wasi {
+            let _ = writeln!(out, "  {line}");
         }
     }
     match &facts.config_keys {
@@ -142,6 +134,21 @@ fn render(path: &Path, facts: &PluginFacts) -> String {
         }
     }
     out
+}
+
+/// One line per row of the sandbox grant that `imports` use: the
+/// interfaces imported, and what they get.
+fn wasi_grants(imports: &[String]) -> Vec<String> {
+    super::host::wasi::GRANT
+        .iter()
+        .filter_map(|grant| {
+            let imported: Vec<String> = grant
+                .names()
+                .filter(|name| imports.iter().any(|i| i.split('@').next() == Some(name)))
+                .collect();
+            (!imported.is_empty()).then(|| format!("{}: {}", imported.join(", "), grant.policy))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,8 +1,14 @@
 //! Plugins: loading components, running them under limits, pooling their
 //! instances and swapping versions while the host runs.
 //!
-//! A plugin reaches nothing but the `host` interface of `wit/plugin.wit`: no
-//! WASI is linked, so it has no files, sockets, environment or clocks.
+//! The sandbox, as `wit/plugin.wit` and `SECURITY.md` say it too: A plugin
+//! has no files, sockets or environment: it reaches the broker, the log and
+//! its configuration only through the `host` interface. A component that
+//! imports WASI 0.2 (as Python and JavaScript runtimes do) gets the part of
+//! it SECURITY.md lists, locked down: its clocks and random numbers, but no
+//! file, socket or environment variable. The grant is stated once in code,
+//! in `host/wasi.rs` (`GRANT`); each interface of `host` has its file in
+//! `host/`.
 
 /// The version of `wit/plugin.wit` (`package acemq:plugin@...`) this host
 /// implements. A plugin built against another version of the contract is
@@ -30,12 +36,11 @@ pub mod config_keys;
 mod engine;
 mod fault;
 mod handler;
-mod host_state;
+mod host;
 pub mod inspect;
 mod limiter;
 mod pool;
 pub mod swap;
-pub mod wasi;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -49,6 +54,7 @@ pub use codec::{CodecSet, CodecVersion, Conversion};
 pub use engine::{CompiledPlugin, EPOCH_TICK, EngineSettings, PluginEngine};
 pub use fault::{Fault, FaultKind};
 pub use handler::{HandlerSlot, HandlerVersion, Invocation};
+pub use host::wasi;
 pub use pool::InstanceCost;
 
 use crate::config::Isolation;

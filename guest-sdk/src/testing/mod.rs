@@ -6,6 +6,12 @@
 //! published and logged, and answers `config` and `now_ms` from what the test
 //! set. Outside [`TestHost::handle`] / [`TestHost::run`] they panic.
 //!
+//! Each interface of the host has its part here, named as the host names
+//! its file (`host/src/plugin/host/`): `message` (the messages a test
+//! hands in: [`message()`], [`json_message`]), `log`, `publish`
+//! ([`TestHost::publish_to`]), `config` ([`TestHost::config`]) and `clock`
+//! ([`TestHost::now_ms`]).
+//!
 //! ```
 //! use acemq_guest::prelude::*;
 //! use acemq_guest::testing::{self, TestHost};
@@ -29,18 +35,20 @@
 //! assert!(matches!(done.outcome, Outcome::Reject(_)));
 //! ```
 
+mod clock;
+mod config;
+mod log;
+mod message;
+mod publish;
+
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
-
 pub use crate::bindings::wit_types::Outgoing;
 use crate::log::Level;
-use crate::{Delivery, Envelope, Handler, Headers, Message, Outcome};
-
-/// `now_ms` of a [`TestHost`] unless set: 2023-11-14T22:13:20Z. Also the
-/// `first_seen_ms` of [`message`].
-pub const DEFAULT_NOW_MS: u64 = 1_700_000_000_000;
+use crate::{Handler, Message, Outcome};
+pub use clock::DEFAULT_NOW_MS;
+pub use message::{json_message, message};
 
 /// A stand-in for `acemq-host` in native tests.
 #[derive(Clone, Debug)]
@@ -90,26 +98,6 @@ impl TestHost {
         Self::default()
     }
 
-    /// Sets a `[consumers.config]` value.
-    pub fn config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.config.insert(key.into(), value.into());
-        self
-    }
-
-    /// Sets what `now_ms()` returns.
-    pub fn now_ms(mut self, now_ms: u64) -> Self {
-        self.now_ms = now_ms;
-        self
-    }
-
-    /// Refuses publishes to exchanges not listed, as the host does with the
-    /// consumer's `publish_to`. Without it every exchange is allowed (the
-    /// real host allows none that `publish_to` does not list).
-    pub fn publish_to<S: Into<String>>(mut self, exchanges: impl IntoIterator<Item = S>) -> Self {
-        self.publish_to = Some(exchanges.into_iter().map(Into::into).collect());
-        self
-    }
-
     /// Runs handler `H` on `msg`, as the host would call it.
     pub fn handle<H: Handler>(&self, msg: Message) -> Handled {
         let ran = self.run(|| crate::__private::decide::<H>(msg));
@@ -153,50 +141,6 @@ impl TestHost {
     }
 }
 
-/// A message with `body` and test defaults: id `test-message-1`, type `test`,
-/// version 1, attempt 1, from queue `test.queue`; no content type, no
-/// headers. Change any part before handling it, with the `_mut` methods:
-///
-/// ```
-/// let mut msg = acemq_guest::testing::message("hi");
-/// msg.envelope_mut().attempt = 3;
-/// msg.headers_mut().insert("tenant", "acme");
-/// *msg.content_type_mut() = Some("text/plain".into());
-/// assert_eq!(msg.envelope().attempt, 3);
-/// ```
-pub fn message(body: impl Into<Vec<u8>>) -> Message {
-    Message::local(
-        Envelope {
-            id: "test-message-1".into(),
-            message_type: "test".into(),
-            version: 1,
-            correlation_id: "test-correlation-1".into(),
-            causation_id: None,
-            attempt: 1,
-            first_seen_ms: DEFAULT_NOW_MS,
-            origin: None,
-        },
-        Delivery {
-            queue: "test.queue".into(),
-            exchange: "test.exchange".into(),
-            routing_key: "test".into(),
-            redelivered: false,
-            stream_offset: None,
-        },
-        None,
-        Headers::new(),
-        body.into(),
-    )
-}
-
-/// [`message`] with `value` serialized as JSON and content type
-/// `application/json`.
-pub fn json_message<T: Serialize + ?Sized>(value: &T) -> Message {
-    let mut msg = message(serde_json::to_vec(value).expect("test value serializes to JSON"));
-    *msg.content_type_mut() = Some("application/json".into());
-    msg
-}
-
 struct State {
     host: TestHost,
     published: Vec<Outgoing>,
@@ -218,52 +162,13 @@ fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
     })
 }
 
-/// The native side of `host::sys`: same signatures as the WIT imports.
+/// The native side of `host::sys`: same signatures as the WIT imports,
+/// one per interface's part.
 pub(crate) mod sys {
-    use super::*;
-
-    const RESERVED_PREFIX: &str = "x-acemq-";
-
-    pub(crate) fn log(level: Level, text: &str) {
-        with_state(|s| s.logs.push((level, text.to_owned())));
-    }
-
-    pub(crate) fn publish(msg: &Outgoing) -> Result<(), String> {
-        with_state(|s| {
-            // The same checks, in the same order and words, as the host's
-            // `host_state.rs`; its output limits are not modelled.
-            if let Some(allowed) = &s.host.publish_to
-                && !allowed.contains(&msg.exchange)
-            {
-                let allowed: Vec<String> = allowed.iter().map(|e| format!("'{e}'")).collect();
-                return Err(format!(
-                    "publishing to exchange '{}' is not allowed for this consumer (publish_to = [{}])",
-                    msg.exchange,
-                    allowed.join(", ")
-                ));
-            }
-            let reserved = msg.headers.iter().find(|(name, _)| {
-                name.get(..RESERVED_PREFIX.len())
-                    .is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_PREFIX))
-            });
-            if let Some((name, _)) = reserved {
-                return Err(format!(
-                    "header '{name}' is in the reserved '{RESERVED_PREFIX}' namespace, which belongs to AceMQ; \
-                     use a namespace of your own, such as x-yourcompany-"
-                ));
-            }
-            s.published.push(msg.clone());
-            Ok(())
-        })
-    }
-
-    pub(crate) fn config(key: &str) -> Option<String> {
-        with_state(|s| s.host.config.get(key).cloned())
-    }
-
-    pub(crate) fn now_ms() -> u64 {
-        with_state(|s| s.host.now_ms)
-    }
+    pub(crate) use super::clock::now_ms;
+    pub(crate) use super::config::config;
+    pub(crate) use super::log::log;
+    pub(crate) use super::publish::publish;
 }
 
 #[cfg(test)]
