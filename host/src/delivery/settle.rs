@@ -228,74 +228,15 @@ async fn carry_out(
     subject: Subject<'_>,
     settlement: &mut Settlement,
 ) -> Result<Done, Setback> {
-    let queue = subject.queue;
-    let id = subject.envelope.id.as_str();
     match settlement {
         Settlement::Accept { outputs, version } => {
-            let now_ms = port.now_ms();
-            let mut spans = Vec::with_capacity(outputs.len());
-            let publications = std::mem::take(outputs)
-                .into_iter()
-                .enumerate()
-                .map(|(position, o)| {
-                    let id = envelope::output_id(&subject.envelope.id, version, position);
-                    let span = subject.trace.publish_span();
-                    spans.push(span);
-                    output_publication(subject, id, o, now_ms, port.frame_max(), &span)
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(Setback::OutputsFailed)?;
-            let started = SystemTime::now();
-            let published = port.publish(&publications).await;
-            for (publication, span) in publications.iter().zip(spans) {
-                publish_span(subject, span, publication, started, &published);
-            }
-            if let Err(e) = published {
-                log_publish_failure(queue, id, "outputs were not confirmed", &e);
-                return Err(broker_trouble_or(e, Setback::OutputsFailed));
-            }
-            port.ack().await;
-            tracing::debug!(queue, message_id = id, "acked");
-            Ok(Done::Acked)
+            accept(port, subject, std::mem::take(outputs), version).await
         }
         Settlement::RetryInConsumer { wait, reason } => {
-            // Checked before the wait: a copy that cannot be sent is not
-            // worth waiting for.
-            let (properties, span) = retry_copy(subject, port.frame_max())?;
-            match port.wait(*wait).await {
-                Waited::Elapsed => {}
-                Waited::ShutDown => return Err(Setback::ShutdownDuringWait),
-                Waited::ChannelLost => {
-                    return Err(Setback::BrokerTrouble(
-                        "its channel closed during the retry wait".to_string(),
-                    ));
-                }
-            }
-            if let Err(e) = republish(port, subject, queue, properties, span).await {
-                log_publish_failure(queue, id, "retry republish failed; requeueing", &e);
-                return Err(broker_trouble_or(e, Setback::RetryNotPublished));
-            }
-            port.ack().await;
-            tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), wait_ms = wait.as_millis() as u64, reason, "retried after waiting in the consumer");
-            Ok(Done::Retried(RetryPlace::Consumer))
+            retry_in_consumer(port, subject, *wait, reason).await
         }
         Settlement::RetryInBroker { rung, reason, .. } => {
-            let (properties, span) = retry_copy(subject, port.frame_max())?;
-            match republish(port, subject, rung, properties, span).await {
-                Ok(()) => {
-                    port.ack().await;
-                    tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), rung = %rung, reason = %reason, "retrying through the broker");
-                    Ok(Done::Retried(RetryPlace::Broker))
-                }
-                Err(PublishError::Unroutable { .. }) => {
-                    tracing::warn!(queue, rung = %rung, "retry rung missing; waiting in the consumer instead");
-                    Err(Setback::RungMissing)
-                }
-                Err(e) => {
-                    log_publish_failure(queue, id, "retry republish failed; requeueing", &e);
-                    Err(broker_trouble_or(e, Setback::RetryNotPublished))
-                }
-            }
+            retry_in_broker(port, subject, rung, reason).await
         }
         Settlement::DeadLetter {
             queue: target,
@@ -305,46 +246,137 @@ async fn carry_out(
         | Settlement::Park {
             queue: target,
             reason,
-        } => {
-            let span = subject.trace.publish_span();
-            let traced = subject.trace.stamp(subject.properties.clone(), &span);
-            let Some(properties) = envelope::set_aside_within_frame(
-                &traced,
-                subject.envelope,
-                reason,
-                port.frame_max(),
-            ) else {
-                tracing::error!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, "even its envelope alone is too big for a frame; requeueing");
-                return Err(Setback::SetAsideFailed(
-                    "even its envelope alone is too big for the broker's frame".to_string(),
-                ));
-            };
-            if let Err(e) = republish(port, subject, target, properties, span).await {
-                log_publish_failure(
-                    queue,
-                    id,
-                    &format!("set-aside publish to {target} failed; requeueing"),
-                    &e,
-                );
-                return Err(broker_trouble_or(e, Setback::SetAsideFailed));
-            }
-            port.ack().await;
-            tracing::warn!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, reason = %reason, "set aside");
-            Ok(Done::SetAside)
-        }
-        // Decided for queues only (see decide::follow_up); a stream
-        // delivery that got here anyway is read again, never requeued.
-        Settlement::Requeue { why } | Settlement::ReadAgain { why } if subject.from_stream => {
-            port.read_again();
-            tracing::info!(queue, message_id = id, why = %why, "left to be read again from its stream offset");
-            Ok(Done::Retried(RetryPlace::ReadAgain))
-        }
+        } => set_aside(port, subject, target, reason).await,
         Settlement::Requeue { why } | Settlement::ReadAgain { why } => {
-            port.requeue().await;
-            tracing::debug!(queue, message_id = id, why = %why, "requeued");
-            Ok(Done::Retried(RetryPlace::Requeued))
+            Ok(give_back(port, subject, why).await)
         }
     }
+}
+
+/// Publishes the handler's outputs, then acks.
+async fn accept(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    outputs: Vec<Outgoing>,
+    version: &str,
+) -> Result<Done, Setback> {
+    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    let (publications, spans) =
+        output_publications(subject, outputs, version, port.now_ms(), port.frame_max())
+            .map_err(Setback::OutputsFailed)?;
+    let started = SystemTime::now();
+    let published = port.publish(&publications).await;
+    for (publication, span) in publications.iter().zip(spans) {
+        publish_span(subject, span, publication, started, &published);
+    }
+    if let Err(e) = published {
+        log_publish_failure(queue, id, "outputs were not confirmed", &e);
+        return Err(broker_trouble_or(e, Setback::OutputsFailed));
+    }
+    port.ack().await;
+    tracing::debug!(queue, message_id = id, "acked");
+    Ok(Done::Acked)
+}
+
+/// Waits `wait` in the consumer, republishes the delivery to its own queue
+/// with the attempt advanced, then acks.
+async fn retry_in_consumer(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    wait: Duration,
+    reason: &str,
+) -> Result<Done, Setback> {
+    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    // Checked before the wait: a copy that cannot be sent is not worth
+    // waiting for.
+    let (properties, span) = retry_copy(subject, port.frame_max())?;
+    match port.wait(wait).await {
+        Waited::Elapsed => {}
+        Waited::ShutDown => return Err(Setback::ShutdownDuringWait),
+        Waited::ChannelLost => {
+            return Err(Setback::BrokerTrouble(
+                "its channel closed during the retry wait".to_string(),
+            ));
+        }
+    }
+    if let Err(e) = republish(port, subject, queue, properties, span).await {
+        log_publish_failure(queue, id, "retry republish failed; requeueing", &e);
+        return Err(broker_trouble_or(e, Setback::RetryNotPublished));
+    }
+    port.ack().await;
+    tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), wait_ms = wait.as_millis() as u64, reason, "retried after waiting in the consumer");
+    Ok(Done::Retried(RetryPlace::Consumer))
+}
+
+/// Republishes the delivery to its retry `rung`, then acks.
+async fn retry_in_broker(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    rung: &str,
+    reason: &str,
+) -> Result<Done, Setback> {
+    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    let (properties, span) = retry_copy(subject, port.frame_max())?;
+    match republish(port, subject, rung, properties, span).await {
+        Ok(()) => {
+            port.ack().await;
+            tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), rung = %rung, reason = %reason, "retrying through the broker");
+            Ok(Done::Retried(RetryPlace::Broker))
+        }
+        Err(PublishError::Unroutable { .. }) => {
+            tracing::warn!(queue, rung = %rung, "retry rung missing; waiting in the consumer instead");
+            Err(Setback::RungMissing)
+        }
+        Err(e) => {
+            log_publish_failure(queue, id, "retry republish failed; requeueing", &e);
+            Err(broker_trouble_or(e, Setback::RetryNotPublished))
+        }
+    }
+}
+
+/// Republishes the delivery to `target` (its `.dlq` or `.parked`) with its
+/// reason, then acks.
+async fn set_aside(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    target: &str,
+    reason: &str,
+) -> Result<Done, Setback> {
+    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    let Some((properties, span)) = set_aside_copy(subject, reason, port.frame_max()) else {
+        tracing::error!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, "even its envelope alone is too big for a frame; requeueing");
+        return Err(Setback::SetAsideFailed(
+            "even its envelope alone is too big for the broker's frame".to_string(),
+        ));
+    };
+    if let Err(e) = republish(port, subject, target, properties, span).await {
+        log_publish_failure(
+            queue,
+            id,
+            &format!("set-aside publish to {target} failed; requeueing"),
+            &e,
+        );
+        return Err(broker_trouble_or(e, Setback::SetAsideFailed));
+    }
+    port.ack().await;
+    tracing::warn!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, reason = %reason, "set aside");
+    Ok(Done::SetAside)
+}
+
+/// Gives the delivery back: requeued, or, from a stream, left to be read
+/// again.
+async fn give_back(port: &impl BrokerPort, subject: Subject<'_>, why: &str) -> Done {
+    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    // Decided for queues only (see decide::follow_up); a stream delivery
+    // that got here anyway is read again, never requeued.
+    if subject.from_stream {
+        port.read_again();
+        tracing::info!(queue, message_id = id, why = %why, "left to be read again from its stream offset");
+        return Done::Retried(RetryPlace::ReadAgain);
+    }
+    port.requeue().await;
+    tracing::debug!(queue, message_id = id, why = %why, "requeued");
+    Done::Retried(RetryPlace::Requeued)
 }
 
 /// Logs a publish that failed: a warning, unless the broker or the
@@ -381,6 +413,45 @@ fn retry_copy(
     envelope::check_frame(&properties, frame_max)
         .map_err(|e| Setback::RetryTooLarge(e.to_string()))?;
     Ok((properties, span))
+}
+
+/// The properties of the set-aside copy (its envelope and `reason`, within
+/// a frame of `frame_max`: see [`envelope::set_aside_within_frame`]), and
+/// the span that publishes it; `None` when not even the envelope fits.
+fn set_aside_copy(
+    subject: Subject<'_>,
+    reason: &str,
+    frame_max: u32,
+) -> Option<(BasicProperties, TraceParent)> {
+    let span = subject.trace.publish_span();
+    let traced = subject.trace.stamp(subject.properties.clone(), &span);
+    let properties =
+        envelope::set_aside_within_frame(&traced, subject.envelope, reason, frame_max)?;
+    Some((properties, span))
+}
+
+/// Each output as a publication (see [`output_publication`]), with the span
+/// that publishes it.
+fn output_publications(
+    subject: Subject<'_>,
+    outputs: Vec<Outgoing>,
+    version: &str,
+    now_ms: u64,
+    frame_max: u32,
+) -> Result<(Vec<Publication>, Vec<TraceParent>), String> {
+    let mut spans = Vec::with_capacity(outputs.len());
+    let publications = outputs
+        .into_iter()
+        .enumerate()
+        .map(|(position, o)| {
+            let id = envelope::output_id(&subject.envelope.id, version, position);
+            let span = subject.trace.publish_span();
+            let publication = output_publication(subject, id, o, now_ms, frame_max, &span);
+            spans.push(span);
+            publication
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((publications, spans))
 }
 
 /// Republishes the delivery to `queue` with `properties`, in `span`.
