@@ -44,7 +44,7 @@ pub enum Settlement {
     DeadLetter {
         queue: String,
         reason: String,
-        outcome: Outcome,
+        outcome: ConsumeOutcome,
     },
     /// Republish to `{queue}.parked` with `x-acemq-error`, then ack.
     Park { queue: String, reason: String },
@@ -67,7 +67,7 @@ pub enum Settlement {
 /// The contract's settlement outcome words: the `outcome` label of
 /// `acemq.consume.total`, exactly one per delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Outcome {
+pub enum ConsumeOutcome {
     Acked,
     Retried,
     /// Exhausted, too old, or failed without a retry policy.
@@ -77,22 +77,22 @@ pub enum Outcome {
     Parked,
 }
 
-impl Outcome {
-    pub const ALL: [Outcome; 5] = [
-        Outcome::Acked,
-        Outcome::Retried,
-        Outcome::DeadLettered,
-        Outcome::Rejected,
-        Outcome::Parked,
+impl ConsumeOutcome {
+    pub const ALL: [ConsumeOutcome; 5] = [
+        ConsumeOutcome::Acked,
+        ConsumeOutcome::Retried,
+        ConsumeOutcome::DeadLettered,
+        ConsumeOutcome::Rejected,
+        ConsumeOutcome::Parked,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Acked => "acked",
-            Outcome::Retried => "retried",
-            Outcome::DeadLettered => "dead_lettered",
-            Outcome::Rejected => "rejected",
-            Outcome::Parked => "parked",
+            ConsumeOutcome::Acked => "acked",
+            ConsumeOutcome::Retried => "retried",
+            ConsumeOutcome::DeadLettered => "dead_lettered",
+            ConsumeOutcome::Rejected => "rejected",
+            ConsumeOutcome::Parked => "parked",
         }
     }
 }
@@ -120,15 +120,15 @@ impl Settlement {
         }
     }
 
-    pub fn outcome(&self) -> Outcome {
+    pub fn outcome(&self) -> ConsumeOutcome {
         match self {
-            Settlement::Accept { .. } => Outcome::Acked,
+            Settlement::Accept { .. } => ConsumeOutcome::Acked,
             Settlement::RetryInConsumer { .. }
             | Settlement::RetryInBroker { .. }
             | Settlement::Requeue { .. }
-            | Settlement::ReadAgain { .. } => Outcome::Retried,
+            | Settlement::ReadAgain { .. } => ConsumeOutcome::Retried,
             Settlement::DeadLetter { outcome, .. } => *outcome,
-            Settlement::Park { .. } => Outcome::Parked,
+            Settlement::Park { .. } => ConsumeOutcome::Parked,
         }
     }
 }
@@ -276,13 +276,13 @@ fn decide_verdict(
         Verdict::Retry(reason) if facts.from_stream => Settlement::DeadLetter {
             queue: naming::dead_letter_queue(facts.queue),
             reason: stream_retry_refused(facts.queue, &facts.envelope.id, &or_no_reason(reason)),
-            outcome: Outcome::DeadLettered,
+            outcome: ConsumeOutcome::DeadLettered,
         },
         Verdict::Retry(reason) => retry_or_give_up(facts, or_no_reason(reason), policy),
         Verdict::Reject(reason) => Settlement::DeadLetter {
             queue: naming::dead_letter_queue(facts.queue),
             reason: format!("the handler rejected it: {}", or_no_reason(reason)),
-            outcome: Outcome::Rejected,
+            outcome: ConsumeOutcome::Rejected,
         },
         Verdict::Park(reason) => Settlement::Park {
             queue: naming::parked_queue(facts.queue),
@@ -405,7 +405,7 @@ fn next_after(
                 reason: format!(
                     "its retry copy could not be published ({why}); it failed with: {reason}"
                 ),
-                outcome: Outcome::DeadLettered,
+                outcome: ConsumeOutcome::DeadLettered,
             }
         }
         Setback::SetAsideFailed(why) => requeue(format!("the set-aside was not published: {why}")),
@@ -459,7 +459,7 @@ fn retry_or_give_up(facts: DeliveryFacts<'_>, reason: String, policy: &RetryPoli
         Decision::GiveUp(give_up) => Settlement::DeadLetter {
             queue: naming::dead_letter_queue(facts.queue),
             reason: give_up.error_text(&reason),
-            outcome: Outcome::DeadLettered,
+            outcome: ConsumeOutcome::DeadLettered,
         },
     }
 }
@@ -542,7 +542,7 @@ mod tests {
         let dead_letter = Settlement::DeadLetter {
             queue: "orders.new.dlq".into(),
             reason: "the handler rejected it: bad".into(),
-            outcome: Outcome::Rejected,
+            outcome: ConsumeOutcome::Rejected,
         };
         // A set-aside whose copy was not confirmed is tried again in place;
         // on a queue it is requeued.
@@ -628,7 +628,7 @@ mod tests {
                 version: "v1".into(),
             }
         );
-        assert_eq!(s.outcome(), Outcome::Acked);
+        assert_eq!(s.outcome(), ConsumeOutcome::Acked);
     }
 
     #[test]
@@ -640,7 +640,7 @@ mod tests {
             Settlement::DeadLetter {
                 queue: "orders.new.dlq".into(),
                 reason: "exhausted 1 attempt: db down".into(),
-                outcome: Outcome::DeadLettered,
+                outcome: ConsumeOutcome::DeadLettered,
             }
         );
     }
@@ -667,7 +667,7 @@ mod tests {
                 reason: "x".into()
             }
         );
-        assert_eq!(s.outcome(), Outcome::Retried);
+        assert_eq!(s.outcome(), ConsumeOutcome::Retried);
     }
 
     #[test]
@@ -707,7 +707,7 @@ mod tests {
         let e = envelope(1, 1_000);
         let s = decide(facts(&e, 121_000), retry("slow"), &policy);
         assert!(
-            matches!(&s, Settlement::DeadLetter { reason, outcome: Outcome::DeadLettered, .. }
+            matches!(&s, Settlement::DeadLetter { reason, outcome: ConsumeOutcome::DeadLettered, .. }
             if reason.starts_with("exceeded the maximum message age of 2m")),
             "{s:?}"
         );
@@ -726,7 +726,7 @@ mod tests {
             Settlement::DeadLetter {
                 queue: "orders.new.dlq".into(),
                 reason: "the handler rejected it: missing field `total`".into(),
-                outcome: Outcome::Rejected
+                outcome: ConsumeOutcome::Rejected
             }
         );
         let s = decide(
@@ -741,7 +741,7 @@ mod tests {
                 reason: "the handler parked it: no reason given".into()
             }
         );
-        assert_eq!(s.outcome(), Outcome::Parked);
+        assert_eq!(s.outcome(), ConsumeOutcome::Parked);
     }
 
     #[test]
@@ -839,7 +839,7 @@ mod tests {
                 reason:
                     "exhausted 1 attempt: the host failed while running the plugins: task panicked"
                         .into(),
-                outcome: Outcome::DeadLettered,
+                outcome: ConsumeOutcome::DeadLettered,
             }
         );
     }
@@ -985,7 +985,7 @@ mod tests {
                 queue: "orders.new.dlq".into(),
                 reason: "its retry copy could not be published (too big); it failed with: db down"
                     .into(),
-                outcome: Outcome::DeadLettered,
+                outcome: ConsumeOutcome::DeadLettered,
             }
         );
     }
@@ -1026,7 +1026,7 @@ mod tests {
         ] {
             let s = follow_up(facts(&e, 0), &waiting, setback, &policy);
             assert_eq!(s, Settlement::Requeue { why: why.into() });
-            assert_eq!(s.outcome(), Outcome::Retried);
+            assert_eq!(s.outcome(), ConsumeOutcome::Retried);
         }
     }
 }

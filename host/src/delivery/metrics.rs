@@ -14,7 +14,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
-use super::decide::Outcome;
+use super::decide::ConsumeOutcome;
 use super::settle::{Report, RetryPlace};
 use crate::plugin::FaultKind;
 use crate::telemetry::{
@@ -27,7 +27,7 @@ pub struct ConsumerMetrics {
     queue: String,
     metrics: std::sync::Arc<Metrics>,
     in_flight: Gauge,
-    consumed: [OnceLock<Settled>; Outcome::ALL.len()],
+    consumed: [OnceLock<Settled>; ConsumeOutcome::ALL.len()],
     attempts: OnceLock<Histogram>,
     retried: [OnceLock<Counter>; RetryPlace::ALL.len()],
     /// `dead_lettered` and `parked` copies.
@@ -98,7 +98,7 @@ impl ConsumerMetrics {
         }
         if report.set_aside {
             // A rejected message goes to `.dlq` like an exhausted one.
-            let parked = report.outcome == Outcome::Parked;
+            let parked = report.outcome == ConsumeOutcome::Parked;
             let word = if parked { "parked" } else { "dead_lettered" };
             self.set_aside[usize::from(parked)]
                 .get_or_init(|| {
@@ -192,8 +192,8 @@ impl ConsumerMetrics {
         }
     }
 
-    fn consumed(&self, outcome: Outcome) -> &Settled {
-        let index = Outcome::ALL
+    fn consumed(&self, outcome: ConsumeOutcome) -> &Settled {
+        let index = ConsumeOutcome::ALL
             .iter()
             .position(|o| *o == outcome)
             .expect("every outcome is in ALL");
@@ -243,13 +243,13 @@ mod tests {
     fn a_report_is_counted_in_every_series_it_concerns() {
         let metrics = Arc::new(Metrics::new());
         let consumer = ConsumerMetrics::new(metrics.clone(), "orders.new");
-        consumer.count(&Report::new(Outcome::Acked), 1, MS);
-        consumer.count(&Report::new(Outcome::Acked), 1, MS);
+        consumer.count(&Report::new(ConsumeOutcome::Acked), 1, MS);
+        consumer.count(&Report::new(ConsumeOutcome::Acked), 1, MS);
         consumer.count(
             &Report {
                 retried: Some(RetryPlace::Consumer),
                 rung_missing: Some("orders.new.retry.40s".into()),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             },
             2,
             MS,
@@ -257,7 +257,7 @@ mod tests {
         consumer.count(
             &Report {
                 set_aside: true,
-                ..Report::new(Outcome::Parked)
+                ..Report::new(ConsumeOutcome::Parked)
             },
             1,
             MS,
@@ -265,7 +265,7 @@ mod tests {
         consumer.count(
             &Report {
                 set_aside: true,
-                ..Report::new(Outcome::Rejected)
+                ..Report::new(ConsumeOutcome::Rejected)
             },
             3,
             MS,
@@ -274,7 +274,7 @@ mod tests {
             &Report {
                 retried: Some(RetryPlace::Requeued),
                 set_aside_failed: Some("orders.new.dlq".into()),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             },
             12,
             MS,

@@ -34,7 +34,7 @@ use futures::FutureExt as _;
 use lapin::BasicProperties;
 use tokio_util::sync::CancellationToken;
 
-pub use decide::{DeliveryFacts, Outcome, Settlement};
+pub use decide::{ConsumeOutcome, DeliveryFacts, Settlement};
 pub use plugins::{PluginRun, run_plugins};
 use settle::{BrokerPort, Subject, Waited};
 

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use lapin::BasicProperties;
 
-use super::decide::{DeliveryFacts, Outcome, Setback, Settlement, follow_up};
+use super::decide::{ConsumeOutcome, DeliveryFacts, Setback, Settlement, follow_up};
 use crate::broker::publisher::{Publication, PublishError, PublishOutcome};
 use crate::envelope::{self, Envelope};
 use crate::plugin::Outgoing;
@@ -114,7 +114,7 @@ impl RetryPlace {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
     /// The settlement that was carried out in the end.
-    pub outcome: Outcome,
+    pub outcome: ConsumeOutcome,
     /// Set when the delivery was retried.
     pub retried: Option<RetryPlace>,
     /// Set when a copy went to `.dlq` or `.parked` (the outcome says which).
@@ -127,7 +127,7 @@ pub struct Report {
 
 impl Report {
     /// A delivery that ended in `outcome`, with nothing else to count yet.
-    pub fn new(outcome: Outcome) -> Self {
+    pub fn new(outcome: ConsumeOutcome) -> Self {
         Self {
             outcome,
             retried: None,
@@ -819,7 +819,7 @@ mod tests {
             output("audit", "order.seen"),
         ];
         let r = run(&port, 1, verdict(Verdict::Accept, outputs), &policy()).await;
-        assert_eq!(r, Report::new(Outcome::Acked));
+        assert_eq!(r, Report::new(ConsumeOutcome::Acked));
         let (parent, _) = delivered(1);
         let calls = port.calls();
         let [Call::Publish(published), Call::Ack] = &calls[..] else {
@@ -922,7 +922,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Consumer),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         let calls = port.calls();
@@ -954,7 +954,7 @@ mod tests {
             r,
             Report {
                 set_aside: true,
-                ..Report::new(Outcome::DeadLettered)
+                ..Report::new(ConsumeOutcome::DeadLettered)
             }
         );
         let copy = copy_to(&port, "orders.new.dlq");
@@ -974,7 +974,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Consumer),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         let calls = port.calls();
@@ -999,7 +999,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Broker),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         assert_eq!(copy_to(&port, "orders.new.retry.40s").attempt, 4);
@@ -1021,7 +1021,7 @@ mod tests {
             Report {
                 retried: Some(RetryPlace::Consumer),
                 rung_missing: Some("orders.new.retry.40s".into()),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         let calls = port.calls();
@@ -1063,7 +1063,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Requeued),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         // It pauses before the requeue, so a failing copy does not spin.
@@ -1085,7 +1085,7 @@ mod tests {
             r,
             Report {
                 set_aside: true,
-                ..Report::new(Outcome::DeadLettered)
+                ..Report::new(ConsumeOutcome::DeadLettered)
             }
         );
         let copy = copy_to(&port, "orders.new.dlq");
@@ -1101,7 +1101,7 @@ mod tests {
         let port = Recorder::default();
         let policy = policy().give_up_after(Duration::from_secs(60));
         let r = run(&port, 1, retry("slow"), &policy).await;
-        assert_eq!(r.outcome, Outcome::DeadLettered);
+        assert_eq!(r.outcome, ConsumeOutcome::DeadLettered);
         let copy = copy_to(&port, "orders.new.dlq");
         let error = copy.error.as_deref().unwrap_or_default();
         assert!(
@@ -1116,13 +1116,13 @@ mod tests {
             (
                 verdict(Verdict::Reject("bad total".into()), vec![]),
                 "orders.new.dlq",
-                Outcome::Rejected,
+                ConsumeOutcome::Rejected,
                 "the handler rejected it: bad total",
             ),
             (
                 verdict(Verdict::Park("needs a human".into()), vec![]),
                 "orders.new.parked",
-                Outcome::Parked,
+                ConsumeOutcome::Parked,
                 "the handler parked it: needs a human",
             ),
         ] {
@@ -1157,7 +1157,7 @@ mod tests {
             Report {
                 retried: Some(RetryPlace::Requeued),
                 set_aside_failed: Some("orders.new.parked".into()),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         // It pauses before the requeue, so a failing copy does not spin.
@@ -1185,7 +1185,7 @@ mod tests {
             Report {
                 set_aside: true,
                 set_aside_failed: Some("orders.new.dlq".into()),
-                ..Report::new(Outcome::Rejected)
+                ..Report::new(ConsumeOutcome::Rejected)
             }
         );
         // Each try pauses longer than the one before.
@@ -1253,7 +1253,7 @@ mod tests {
             r,
             Report {
                 set_aside: true,
-                ..Report::new(Outcome::Rejected)
+                ..Report::new(ConsumeOutcome::Rejected)
             }
         );
         let copy = copy_to(&port, "orders.new.dlq");
@@ -1282,7 +1282,7 @@ mod tests {
             &RetryPolicy::none(),
         )
         .await;
-        assert_eq!(r.outcome, Outcome::DeadLettered);
+        assert_eq!(r.outcome, ConsumeOutcome::DeadLettered);
         let copy = copy_to(&port, "orders.new.dlq");
         let error = copy.error.as_deref().unwrap_or_default();
         assert!(
@@ -1303,7 +1303,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Requeued),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         assert_eq!(
