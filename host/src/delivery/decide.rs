@@ -15,7 +15,7 @@ use super::plugins::PluginRun;
 use std::sync::Arc;
 
 use crate::envelope::{self, Envelope, NO_REASON};
-use crate::plugin::{Outgoing, Verdict};
+use crate::plugin::{Outcome, Outgoing};
 use crate::retry::{Decision, LONGEST_CONSUMER_WAIT, RetryPolicy, WaitPlace};
 use crate::topology::naming;
 
@@ -232,11 +232,11 @@ fn settlement_for(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy
             reason: format!("could not be decoded: {reason}"),
         },
         PluginRun::Decided {
-            verdict,
+            outcome,
             outputs,
             version,
             ..
-        } => decide_verdict(facts, verdict, outputs, version, policy),
+        } => decide_outcome(facts, outcome, outputs, version, policy),
         // A fault is a failure like any other: the policy decides.
         PluginRun::Faulted { fault, .. } => retry_or_give_up(facts, fault.reason, policy),
         PluginRun::OutputsRefused { reason, .. } => retry_or_give_up(facts, reason, policy),
@@ -263,28 +263,28 @@ fn settlement_for(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy
     }
 }
 
-/// The settlement for the handler's verdict.
-fn decide_verdict(
+/// The settlement for the handler's outcome.
+fn decide_outcome(
     facts: DeliveryFacts<'_>,
-    verdict: Verdict,
+    outcome: Outcome,
     outputs: Vec<Outgoing>,
     version: Arc<str>,
     policy: &RetryPolicy,
 ) -> Settlement {
-    match verdict {
-        Verdict::Accept => Settlement::Accept { outputs, version },
-        Verdict::Retry(reason) if facts.from_stream => Settlement::DeadLetter {
+    match outcome {
+        Outcome::Accept => Settlement::Accept { outputs, version },
+        Outcome::Retry(reason) if facts.from_stream => Settlement::DeadLetter {
             queue: naming::dead_letter_queue(facts.queue),
             reason: stream_retry_refused(facts.queue, &facts.envelope.id, &or_no_reason(reason)),
             outcome: ConsumeOutcome::DeadLettered,
         },
-        Verdict::Retry(reason) => retry_or_give_up(facts, or_no_reason(reason), policy),
-        Verdict::Reject(reason) => Settlement::DeadLetter {
+        Outcome::Retry(reason) => retry_or_give_up(facts, or_no_reason(reason), policy),
+        Outcome::Reject(reason) => Settlement::DeadLetter {
             queue: naming::dead_letter_queue(facts.queue),
             reason: format!("the handler rejected it: {}", or_no_reason(reason)),
             outcome: ConsumeOutcome::Rejected,
         },
-        Verdict::Park(reason) => Settlement::Park {
+        Outcome::Park(reason) => Settlement::Park {
             queue: naming::parked_queue(facts.queue),
             reason: format!("the handler parked it: {}", or_no_reason(reason)),
         },
@@ -499,7 +499,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_message_is_never_retried_and_a_retry_verdict_says_why() {
+    fn a_stream_message_is_never_retried_and_a_retry_outcome_says_why() {
         let e = envelope(1, 0);
         let stream_facts = || DeliveryFacts {
             from_stream: true,
@@ -583,9 +583,9 @@ mod tests {
         ));
     }
 
-    fn verdict(verdict: Verdict) -> PluginRun {
+    fn decided(outcome: Outcome) -> PluginRun {
         PluginRun::Decided {
-            verdict,
+            outcome,
             outputs: vec![],
             version: "v1".into(),
             fuel: None,
@@ -593,7 +593,7 @@ mod tests {
     }
 
     fn retry(reason: &str) -> PluginRun {
-        verdict(Verdict::Retry(reason.into()))
+        decided(Outcome::Retry(reason.into()))
     }
 
     fn two_minutes_of_tries() -> RetryPolicy {
@@ -615,7 +615,7 @@ mod tests {
             mandatory: None,
         };
         let run = PluginRun::Decided {
-            verdict: Verdict::Accept,
+            outcome: Outcome::Accept,
             outputs: vec![output.clone()],
             version: "v1".into(),
             fuel: None,
@@ -718,7 +718,7 @@ mod tests {
         let e = envelope(1, 0);
         let s = decide(
             facts(&e, 0),
-            verdict(Verdict::Reject("missing field `total`".into())),
+            decided(Outcome::Reject("missing field `total`".into())),
             &RetryPolicy::none(),
         );
         assert_eq!(
@@ -731,7 +731,7 @@ mod tests {
         );
         let s = decide(
             facts(&e, 0),
-            verdict(Verdict::Park(String::new())),
+            decided(Outcome::Park(String::new())),
             &RetryPolicy::none(),
         );
         assert_eq!(
@@ -899,8 +899,8 @@ mod tests {
         let e = envelope(1, 0);
         let huge = format!("order {} is bad", "9".repeat(200_000));
         for run in [
-            verdict(Verdict::Reject(huge.clone())),
-            verdict(Verdict::Park(huge.clone())),
+            decided(Outcome::Reject(huge.clone())),
+            decided(Outcome::Park(huge.clone())),
             retry(&huge),
             PluginRun::HostFailed {
                 reason: huge.clone(),

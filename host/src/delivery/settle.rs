@@ -549,7 +549,7 @@ mod tests {
     use super::*;
     use crate::delivery::decide::decide;
     use crate::delivery::plugins::PluginRun;
-    use crate::plugin::Verdict;
+    use crate::plugin::Outcome;
 
     const NOW_MS: u64 = 1_700_000_100_000;
     const FIRST_SEEN_MS: u64 = 1_700_000_000_000;
@@ -703,9 +703,9 @@ mod tests {
         }
     }
 
-    fn verdict(verdict: Verdict, outputs: Vec<Outgoing>) -> PluginRun {
+    fn decided(outcome: Outcome, outputs: Vec<Outgoing>) -> PluginRun {
         PluginRun::Decided {
-            verdict,
+            outcome,
             outputs,
             version: "v1".into(),
             fuel: None,
@@ -713,7 +713,7 @@ mod tests {
     }
 
     fn retry(reason: &str) -> PluginRun {
-        verdict(Verdict::Retry(reason.into()), vec![])
+        decided(Outcome::Retry(reason.into()), vec![])
     }
 
     fn unroutable(routing_key: &str) -> PublishError {
@@ -818,7 +818,7 @@ mod tests {
             output("orders.events", "order.accepted"),
             output("audit", "order.seen"),
         ];
-        let r = run(&port, 1, verdict(Verdict::Accept, outputs), &policy()).await;
+        let r = run(&port, 1, decided(Outcome::Accept, outputs), &policy()).await;
         assert_eq!(r, Report::new(ConsumeOutcome::Acked));
         let (parent, _) = delivered(1);
         let calls = port.calls();
@@ -873,7 +873,7 @@ mod tests {
                     jitter_sample: 0.0,
                     from_stream: false,
                 },
-                verdict(Verdict::Accept, outputs()),
+                decided(Outcome::Accept, outputs()),
                 &policy(),
             );
             settle(&port, subject, &policy(), settlement).await;
@@ -890,7 +890,7 @@ mod tests {
         let ids = || async {
             let port = Recorder::default();
             let outputs = vec![output("orders.events", "a"), output("orders.events", "b")];
-            run(&port, 1, verdict(Verdict::Accept, outputs), &policy()).await;
+            run(&port, 1, decided(Outcome::Accept, outputs), &policy()).await;
             let calls = port.calls();
             let [Call::Publish(published), Call::Ack] = &calls[..] else {
                 panic!("publish then ack, got {calls:?}");
@@ -916,7 +916,7 @@ mod tests {
             }),
             ..Recorder::default()
         };
-        let accepted = verdict(Verdict::Accept, vec![output("orders.events", "nowhere")]);
+        let accepted = decided(Outcome::Accept, vec![output("orders.events", "nowhere")]);
         let r = run(&port, 1, accepted, &policy()).await;
         assert_eq!(
             r,
@@ -946,7 +946,7 @@ mod tests {
         let r = run(
             &port,
             1,
-            verdict(Verdict::Accept, vec![bad]),
+            decided(Outcome::Accept, vec![bad]),
             &RetryPolicy::none(),
         )
         .await;
@@ -1114,13 +1114,13 @@ mod tests {
     async fn reject_and_park_set_a_copy_aside_with_the_reason() {
         for (plugins, queue, outcome, error) in [
             (
-                verdict(Verdict::Reject("bad total".into()), vec![]),
+                decided(Outcome::Reject("bad total".into()), vec![]),
                 "orders.new.dlq",
                 ConsumeOutcome::Rejected,
                 "the handler rejected it: bad total",
             ),
             (
-                verdict(Verdict::Park("needs a human".into()), vec![]),
+                decided(Outcome::Park("needs a human".into()), vec![]),
                 "orders.new.parked",
                 ConsumeOutcome::Parked,
                 "the handler parked it: needs a human",
@@ -1150,7 +1150,7 @@ mod tests {
             .into(),
             ..Recorder::default()
         };
-        let parked = verdict(Verdict::Park("odd".into()), vec![]);
+        let parked = decided(Outcome::Park("odd".into()), vec![]);
         let r = run(&port, 1, parked, &policy()).await;
         assert_eq!(
             r,
@@ -1178,7 +1178,7 @@ mod tests {
             republish_fails_times: Some(Mutex::new(2)),
             ..Recorder::default()
         };
-        let rejected = verdict(Verdict::Reject("bad".into()), vec![]);
+        let rejected = decided(Outcome::Reject("bad".into()), vec![]);
         let r = run_on_stream(&port, rejected).await;
         assert_eq!(
             r,
@@ -1214,7 +1214,7 @@ mod tests {
             shutting_down: true,
             ..Recorder::default()
         };
-        let rejected = verdict(Verdict::Reject("bad".into()), vec![]);
+        let rejected = decided(Outcome::Reject("bad".into()), vec![]);
         let r = run_on_stream(&port, rejected).await;
         assert_eq!(r.retried, Some(RetryPlace::ReadAgain));
         assert_eq!(
@@ -1231,7 +1231,7 @@ mod tests {
             }),
             ..Recorder::default()
         };
-        let accepted = verdict(Verdict::Accept, vec![output("x", "k")]);
+        let accepted = decided(Outcome::Accept, vec![output("x", "k")]);
         let r = run_on_stream(&port, accepted).await;
         assert_eq!(r.retried, Some(RetryPlace::ReadAgain));
         assert!(matches!(
@@ -1247,7 +1247,7 @@ mod tests {
             ..Recorder::default()
         };
         let reason = format!("order {} is bad", "9".repeat(100_000));
-        let rejected = verdict(Verdict::Reject(reason), vec![]);
+        let rejected = decided(Outcome::Reject(reason), vec![]);
         let r = run(&port, 1, rejected, &policy()).await;
         assert_eq!(
             r,
@@ -1278,7 +1278,7 @@ mod tests {
         let r = run(
             &port,
             1,
-            verdict(Verdict::Accept, vec![big]),
+            decided(Outcome::Accept, vec![big]),
             &RetryPolicy::none(),
         )
         .await;
