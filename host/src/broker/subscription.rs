@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use lapin::message::Delivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Connection};
@@ -179,7 +178,7 @@ pub struct Received {
 
 impl Received {
     fn new(
-        delivery: Delivery,
+        delivery: lapin::message::Delivery,
         acks: Arc<AckBatcher>,
         slot: Slot,
         in_hand: Option<OwnedSemaphorePermit>,
@@ -559,7 +558,7 @@ impl<'a> Receiving<'a> {
     /// is one).
     async fn admit<H, F>(
         &mut self,
-        delivery: Delivery,
+        delivery: lapin::message::Delivery,
         handle: &H,
         shutdown: &CancellationToken,
     ) -> ControlFlow<Option<anyhow::Error>>

@@ -163,7 +163,7 @@ impl Pipeline {
                 return;
             }
         };
-        let delivery = Delivery {
+        let delivery = Unsettled {
             envelope: &envelope,
             properties: &properties,
             receipt: &receipt,
@@ -311,7 +311,7 @@ impl Pipeline {
         let trace = DeliveryTrace::start(&self.tracer, None);
         let bare = BasicProperties::default();
         for properties in [properties, &bare] {
-            let delivery = Delivery {
+            let delivery = Unsettled {
                 envelope: &envelope,
                 properties,
                 receipt,
@@ -333,8 +333,8 @@ impl Pipeline {
 
     /// Carries `settlement` out on the broker, then counts how it ended and
     /// ends the delivery's span.
-    async fn settle(&self, delivery: Delivery<'_>, settlement: Settlement) {
-        let Delivery {
+    async fn settle(&self, delivery: Unsettled<'_>, settlement: Settlement) {
+        let Unsettled {
             envelope,
             properties,
             receipt,
@@ -426,8 +426,9 @@ fn unreadable_note(properties: &BasicProperties) -> Option<String> {
     }
 }
 
-/// One delivery on its way to settlement, as the pipeline holds it.
-struct Delivery<'a> {
+/// One delivery on its way to settlement, as the pipeline holds it (read,
+/// not yet settled).
+struct Unsettled<'a> {
     envelope: &'a Envelope,
     properties: &'a BasicProperties,
     receipt: &'a Receipt,
