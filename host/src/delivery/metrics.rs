@@ -30,12 +30,30 @@ pub struct ConsumerMetrics {
     consumed: [OnceLock<Settled>; ConsumeOutcome::ALL.len()],
     attempts: OnceLock<Histogram>,
     retried: [OnceLock<Counter>; RetryPlace::ALL.len()],
-    /// `dead_lettered` and `parked` copies.
-    set_aside: [OnceLock<Counter>; 2],
+    set_aside: SetAsideSeries,
     fuel: OnceLock<Counter>,
     /// The series of the plugin version that made the last call: a swap
     /// changes it once, every other call finds it here.
     calls: Mutex<Option<VersionSeries>>,
+}
+
+/// `acemq.messages.dead.lettered.total`'s series, one per place a copy
+/// is set aside in.
+#[derive(Default)]
+struct SetAsideSeries {
+    dead_lettered: OnceLock<Counter>,
+    parked: OnceLock<Counter>,
+}
+
+impl SetAsideSeries {
+    /// The series of a delivery set aside with `outcome`, and its outcome
+    /// word. A rejected message goes to `.dlq` like an exhausted one.
+    fn of(&self, outcome: ConsumeOutcome) -> (&OnceLock<Counter>, &'static str) {
+        match outcome {
+            ConsumeOutcome::Parked => (&self.parked, "parked"),
+            _ => (&self.dead_lettered, "dead_lettered"),
+        }
+    }
 }
 
 /// One outcome's series of `acemq.consume.*`.
@@ -97,10 +115,8 @@ impl ConsumerMetrics {
             self.retried(place).inc();
         }
         if report.set_aside {
-            // A rejected message goes to `.dlq` like an exhausted one.
-            let parked = report.outcome == ConsumeOutcome::Parked;
-            let word = if parked { "parked" } else { "dead_lettered" };
-            self.set_aside[usize::from(parked)]
+            let (series, word) = self.set_aside.of(report.outcome);
+            series
                 .get_or_init(|| {
                     self.metrics
                         .dead_lettered_total
