@@ -145,7 +145,7 @@ struct PublishSeries {
 /// each made at its first count.
 ///
 /// [`PublishOutcome`]: crate::broker::publisher::PublishOutcome
-type OutcomeSeries = [Option<PublishSeries>; 4];
+type PublishOutcomeSeries = [Option<PublishSeries>; 4];
 
 /// Every metric the host keeps.
 pub struct Metrics {
@@ -213,7 +213,7 @@ pub struct Metrics {
     blocked_since: Mutex<HashMap<String, Instant>>,
     /// `publish_total`'s series by exchange and outcome, found without
     /// building a label set (two strings) for every publish.
-    publish_series: Mutex<HashMap<String, OutcomeSeries>>,
+    publish_series: Mutex<HashMap<String, PublishOutcomeSeries>>,
     /// See [`Metrics::sample_names`].
     sample_names: BTreeSet<String>,
     /// See [`Metrics::catalogue`].
