@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acemq_host::config::Isolation;
-use acemq_host::delivery::{self, DeliveryFacts, Outcome};
+use acemq_host::delivery::{self, ConsumeOutcome, DeliveryFacts};
 use acemq_host::envelope::{self, Envelope};
 use acemq_host::plugin::{
     CodecSet, ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits, PluginEngine,
@@ -121,7 +121,7 @@ fn dispatch_one(
         from_stream: false,
     };
     let settlement = delivery::decide::decide(facts, run, policy);
-    assert_eq!(settlement.outcome(), Outcome::Acked);
+    assert_eq!(settlement.outcome(), ConsumeOutcome::Acked);
 }
 
 /// The host's side of a dispatch alone: reading the envelope and the

@@ -33,7 +33,7 @@ use crate::broker::stream::{OFFSET_ARGUMENT, StreamOffset};
 use crate::config::LoadedConfig;
 use crate::delivery::{self, PluginRun};
 use crate::envelope::{self, Envelope};
-use crate::plugin::{HandlerSlot, HandlerVersion, Outgoing, PluginEngine, Verdict};
+use crate::plugin::{HandlerSlot, HandlerVersion, Outcome, Outgoing, PluginEngine};
 
 /// How long the stream may stay silent before the replay counts it read.
 const QUIET_END: Duration = Duration::from_secs(2);
@@ -334,15 +334,15 @@ fn seen(run: &PluginRun) -> Seen {
     };
     let (word, outputs) = match run {
         PluginRun::Decided {
-            verdict,
+            outcome,
             outputs: o,
             ..
         } => (
-            match verdict {
-                Verdict::Accept => "accept",
-                Verdict::Retry(_) => "retry",
-                Verdict::Reject(_) => "reject",
-                Verdict::Park(_) => "park",
+            match outcome {
+                Outcome::Accept => "accept",
+                Outcome::Retry(_) => "retry",
+                Outcome::Reject(_) => "reject",
+                Outcome::Park(_) => "park",
             }
             .to_string(),
             outputs(o),

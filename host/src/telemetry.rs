@@ -145,7 +145,7 @@ struct PublishSeries {
 /// each made at its first count.
 ///
 /// [`PublishOutcome`]: crate::broker::publisher::PublishOutcome
-type OutcomeSeries = [Option<PublishSeries>; 4];
+type PublishOutcomeSeries = [Option<PublishSeries>; 4];
 
 /// Every metric the host keeps.
 pub struct Metrics {
@@ -213,7 +213,7 @@ pub struct Metrics {
     blocked_since: Mutex<HashMap<String, Instant>>,
     /// `publish_total`'s series by exchange and outcome, found without
     /// building a label set (two strings) for every publish.
-    publish_series: Mutex<HashMap<String, OutcomeSeries>>,
+    publish_series: Mutex<HashMap<String, PublishOutcomeSeries>>,
     /// See [`Metrics::sample_names`].
     sample_names: BTreeSet<String>,
     /// See [`Metrics::catalogue`].
@@ -303,7 +303,32 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut metrics = Self {
+        let mut metrics = Self::unregistered();
+        let mut sample_names = BTreeSet::new();
+        let mut catalogue = Vec::new();
+        {
+            let mut registry = metrics.registry.lock().expect("registry poisoned");
+            let mut declare = Declare {
+                registry: &mut registry,
+                names: &mut sample_names,
+                catalogue: &mut catalogue,
+            };
+            // In this order on `/metrics` and in the catalogue.
+            metrics.declare_consume(&mut declare);
+            metrics.declare_plugin(&mut declare);
+            metrics.declare_publish(&mut declare);
+            metrics.declare_connection(&mut declare);
+            metrics.declare_stream(&mut declare);
+            metrics.declare_scraped(&mut declare);
+        }
+        metrics.sample_names = sample_names;
+        metrics.catalogue = catalogue;
+        metrics
+    }
+
+    /// Every family empty, none registered yet.
+    fn unregistered() -> Self {
+        Self {
             registry: Mutex::new(Registry::default()),
             consume_total: Family::default(),
             consume_duration: Family::new_with_constructor(seconds_histogram),
@@ -335,179 +360,190 @@ impl Metrics {
             publish_series: Mutex::new(HashMap::new()),
             sample_names: BTreeSet::new(),
             catalogue: Vec::new(),
-        };
-        let mut sample_names = BTreeSet::new();
-        let mut catalogue = Vec::new();
-        {
-            let mut registry = metrics.registry.lock().expect("registry poisoned");
-            let mut r = Declare {
-                registry: &mut registry,
-                names: &mut sample_names,
-                catalogue: &mut catalogue,
-            };
-            r.register(
-                "acemq_consume",
-                "Deliveries settled, by outcome",
-                &["queue", "outcome"],
-                metrics.consume_total.clone(),
-            );
-            r.register_with_unit(
-                "acemq_consume_duration",
-                "From a delivery to its settlement, by outcome",
-                Unit::Seconds,
-                &["queue", "outcome"],
-                metrics.consume_duration.clone(),
-            );
-            r.register(
-                "acemq_consume_attempts",
-                "The attempt each delivery arrived with",
-                &["queue"],
-                metrics.consume_attempts.clone(),
-            );
-            r.register(
-                "acemq_consume_in_flight",
-                "Deliveries being handled",
-                &["queue"],
-                metrics.in_flight.clone(),
-            );
-            r.register(
-                "acemq_messages_retried",
-                "Retries, by where the wait happens",
-                &["queue", "where"],
-                metrics.retried_total.clone(),
-            );
-            r.register(
-                "acemq_messages_dead_lettered",
-                "Messages set aside to .dlq or .parked",
-                &["queue", "outcome"],
-                metrics.dead_lettered_total.clone(),
-            );
-            r.register(
-                "acemq_messages_set_aside_failed",
-                "Set-aside publishes that failed (the delivery was requeued)",
-                &["queue", "target"],
-                metrics.set_aside_failed.clone(),
-            );
-            r.register(
-                "acemq_retry_rung_missing",
-                "Retries that found no rung queue and waited in the consumer",
-                &["queue", "rung"],
-                metrics.rung_missing.clone(),
-            );
-            r.register(
-                "acemq_plugin_faults",
-                "Handler calls that failed, by fault",
-                &["queue", "fault"],
-                metrics.plugin_faults.clone(),
-            );
-            r.register(
-                "acemq_plugin_swaps",
-                "Plugin hot-swap attempts, by result",
-                &["queue", "result"],
-                metrics.plugin_swaps.clone(),
-            );
-            r.register(
-                "acemq_plugin_version",
-                "The plugin version serving a consumer",
-                &["queue", "sha256"],
-                metrics.plugin_version.clone(),
-            );
-            r.register(
-                "acemq_plugin_fuel",
-                "Fuel burned by handler calls",
-                &["queue"],
-                metrics.plugin_fuel.clone(),
-            );
-            r.register_with_unit(
-                "acemq_plugin_call_duration",
-                "Handler calls (decode, handle, encode), by plugin version",
-                Unit::Seconds,
-                &["queue", "sha256"],
-                metrics.plugin_call_duration.clone(),
-            );
-            r.register(
-                "acemq_plugin_call_fuel",
-                "Fuel of each handler call, by plugin version (when metering is on)",
-                &["queue", "sha256"],
-                metrics.plugin_call_fuel.clone(),
-            );
-            r.register(
-                "acemq_publish",
-                "Publishes, by outcome (refused: declined unsent while the connection was lost, recovering or blocked)",
-                &["exchange", "outcome"],
-                metrics.publish_total.clone(),
-            );
-            r.register_with_unit(
-                "acemq_publish_duration",
-                "From a publish to its confirm or failure, by outcome",
-                Unit::Seconds,
-                &["exchange", "outcome"],
-                metrics.publish_duration.clone(),
-            );
-            r.register(
-                "acemq_publish_unconfirmed",
-                "Publishes waiting for a broker confirm",
-                &[],
-                metrics.publish_unconfirmed.clone(),
-            );
-            r.register(
-                "acemq_connection_up",
-                "1 while the connection is open",
-                &["connection"],
-                metrics.connection_up.clone(),
-            );
-            r.register(
-                "acemq_connection_blocked",
-                "1 while the broker blocks the connection (a resource alarm)",
-                &["connection"],
-                metrics.connection_blocked.clone(),
-            );
-            r.register(
-                "acemq_connection_blocked_seconds",
-                "Seconds the broker kept the connection blocked",
-                &["connection"],
-                metrics.connection_blocked_seconds.clone(),
-            );
-            r.register(
-                "acemq_connection_recoveries",
-                "Connections lost and recovered",
-                &["connection"],
-                metrics.connection_recoveries.clone(),
-            );
-            r.register(
-                "acemq_stream_position",
-                "The offset each stream consumer resumes from",
-                &["queue"],
-                metrics.stream_position.clone(),
-            );
-            r.register(
-                "acemq_stream_lag",
-                "Messages a stream consumer is behind the newest (probed every 30 s)",
-                &["queue"],
-                metrics.stream_lag.clone(),
-            );
-            r.register(
-                "acemq_stream_checkpoint_age_seconds",
-                "Seconds since a stream consumer's checkpoint was last saved",
-                &["queue"],
-                metrics.stream_checkpoint_age_seconds.clone(),
-            );
-            r.register(
-                "acemq_stream_checkpoint_failures",
-                "Stream checkpoint reads and saves that failed",
-                &["queue"],
-                metrics.stream_checkpoint_failures.clone(),
-            );
-            r.register(
-                "acemq_consume_oldest_unacked_seconds",
-                "Age of the oldest delivery not yet acked (0 when none)",
-                &["queue"],
-                metrics.oldest_unacked_seconds.clone(),
-            );
         }
-        metrics.sample_names = sample_names;
-        metrics.catalogue = catalogue;
-        metrics
+    }
+
+    /// The consume path: one series set per delivery settled.
+    fn declare_consume(&self, declare: &mut Declare<'_>) {
+        declare.register(
+            "acemq_consume",
+            "Deliveries settled, by outcome",
+            &["queue", "outcome"],
+            self.consume_total.clone(),
+        );
+        declare.register_with_unit(
+            "acemq_consume_duration",
+            "From a delivery to its settlement, by outcome",
+            Unit::Seconds,
+            &["queue", "outcome"],
+            self.consume_duration.clone(),
+        );
+        declare.register(
+            "acemq_consume_attempts",
+            "The attempt each delivery arrived with",
+            &["queue"],
+            self.consume_attempts.clone(),
+        );
+        declare.register(
+            "acemq_consume_in_flight",
+            "Deliveries being handled",
+            &["queue"],
+            self.in_flight.clone(),
+        );
+        declare.register(
+            "acemq_messages_retried",
+            "Retries, by where the wait happens",
+            &["queue", "where"],
+            self.retried_total.clone(),
+        );
+        declare.register(
+            "acemq_messages_dead_lettered",
+            "Messages set aside to .dlq or .parked",
+            &["queue", "outcome"],
+            self.dead_lettered_total.clone(),
+        );
+        declare.register(
+            "acemq_messages_set_aside_failed",
+            "Set-aside publishes that failed (the delivery was requeued)",
+            &["queue", "target"],
+            self.set_aside_failed.clone(),
+        );
+        declare.register(
+            "acemq_retry_rung_missing",
+            "Retries that found no rung queue and waited in the consumer",
+            &["queue", "rung"],
+            self.rung_missing.clone(),
+        );
+    }
+
+    /// The handler calls and the plugin versions behind them.
+    fn declare_plugin(&self, declare: &mut Declare<'_>) {
+        declare.register(
+            "acemq_plugin_faults",
+            "Handler calls that failed, by fault",
+            &["queue", "fault"],
+            self.plugin_faults.clone(),
+        );
+        declare.register(
+            "acemq_plugin_swaps",
+            "Plugin hot-swap attempts, by result",
+            &["queue", "result"],
+            self.plugin_swaps.clone(),
+        );
+        declare.register(
+            "acemq_plugin_version",
+            "The plugin version serving a consumer",
+            &["queue", "sha256"],
+            self.plugin_version.clone(),
+        );
+        declare.register(
+            "acemq_plugin_fuel",
+            "Fuel burned by handler calls",
+            &["queue"],
+            self.plugin_fuel.clone(),
+        );
+        declare.register_with_unit(
+            "acemq_plugin_call_duration",
+            "Handler calls (decode, handle, encode), by plugin version",
+            Unit::Seconds,
+            &["queue", "sha256"],
+            self.plugin_call_duration.clone(),
+        );
+        declare.register(
+            "acemq_plugin_call_fuel",
+            "Fuel of each handler call, by plugin version (when metering is on)",
+            &["queue", "sha256"],
+            self.plugin_call_fuel.clone(),
+        );
+    }
+
+    /// Publishing and its confirms.
+    fn declare_publish(&self, declare: &mut Declare<'_>) {
+        declare.register(
+            "acemq_publish",
+            "Publishes, by outcome (refused: declined unsent while the connection was lost, recovering or blocked)",
+            &["exchange", "outcome"],
+            self.publish_total.clone(),
+        );
+        declare.register_with_unit(
+            "acemq_publish_duration",
+            "From a publish to its confirm or failure, by outcome",
+            Unit::Seconds,
+            &["exchange", "outcome"],
+            self.publish_duration.clone(),
+        );
+        declare.register(
+            "acemq_publish_unconfirmed",
+            "Publishes waiting for a broker confirm",
+            &[],
+            self.publish_unconfirmed.clone(),
+        );
+    }
+
+    /// The broker connections' state.
+    fn declare_connection(&self, declare: &mut Declare<'_>) {
+        declare.register(
+            "acemq_connection_up",
+            "1 while the connection is open",
+            &["connection"],
+            self.connection_up.clone(),
+        );
+        declare.register(
+            "acemq_connection_blocked",
+            "1 while the broker blocks the connection (a resource alarm)",
+            &["connection"],
+            self.connection_blocked.clone(),
+        );
+        declare.register(
+            "acemq_connection_blocked_seconds",
+            "Seconds the broker kept the connection blocked",
+            &["connection"],
+            self.connection_blocked_seconds.clone(),
+        );
+        declare.register(
+            "acemq_connection_recoveries",
+            "Connections lost and recovered",
+            &["connection"],
+            self.connection_recoveries.clone(),
+        );
+    }
+
+    /// Stream consumers' positions and checkpoints.
+    fn declare_stream(&self, declare: &mut Declare<'_>) {
+        declare.register(
+            "acemq_stream_position",
+            "The offset each stream consumer resumes from",
+            &["queue"],
+            self.stream_position.clone(),
+        );
+        declare.register(
+            "acemq_stream_lag",
+            "Messages a stream consumer is behind the newest (probed every 30 s)",
+            &["queue"],
+            self.stream_lag.clone(),
+        );
+        declare.register(
+            "acemq_stream_checkpoint_age_seconds",
+            "Seconds since a stream consumer's checkpoint was last saved",
+            &["queue"],
+            self.stream_checkpoint_age_seconds.clone(),
+        );
+        declare.register(
+            "acemq_stream_checkpoint_failures",
+            "Stream checkpoint reads and saves that failed",
+            &["queue"],
+            self.stream_checkpoint_failures.clone(),
+        );
+    }
+
+    /// Set when `/metrics` is scraped, not as deliveries go.
+    fn declare_scraped(&self, declare: &mut Declare<'_>) {
+        declare.register(
+            "acemq_consume_oldest_unacked_seconds",
+            "Age of the oldest delivery not yet acked (0 when none)",
+            &["queue"],
+            self.oldest_unacked_seconds.clone(),
+        );
     }
 
     /// Every metric the host keeps, with its kind and labels, in the order

@@ -10,7 +10,7 @@ use std::time::Duration;
 use acemq_host::envelope::{self, Envelope};
 use acemq_host::plugin::{
     CodecSet, CodecVersion, CompiledPlugin, ConsumerContext, Conversion, EngineSettings, FaultKind,
-    HandlerVersion, Input, Limits, PluginEngine, Verdict,
+    HandlerVersion, Input, Limits, Outcome, PluginEngine,
 };
 use acemq_tests::host::{
     HostProcess, InProcessHost, cache_entry, free_port, http_get, metric_sum, plugin_path,
@@ -204,7 +204,7 @@ fn a_message_read_after_its_call_returned_traps_with_a_reason() {
     // Pooled, one call at a time: both calls meet the same instance.
     let kept = block_on(faults.invoke(input("stale")));
     assert!(
-        matches!(&kept.result, Ok(Verdict::Retry(why)) if why.starts_with("kept this message")),
+        matches!(&kept.result, Ok(Outcome::Retry(why)) if why.starts_with("kept this message")),
         "{kept:?}"
     );
     let stale = block_on(faults.invoke(input("stale")));
@@ -221,7 +221,7 @@ fn a_message_read_after_its_call_returned_traps_with_a_reason() {
     );
 
     let healthy = block_on(faults.invoke(input("hello")));
-    assert_eq!(healthy.result, Ok(Verdict::Accept));
+    assert_eq!(healthy.result, Ok(Outcome::Accept));
     let [output] = &healthy.outputs[..] else {
         panic!("one output expected: {:?}", healthy.outputs)
     };
@@ -257,7 +257,7 @@ fn stamped_version(engine: &PluginEngine, compiled: CompiledPlugin) -> String {
         body: b"hello".to_vec().into(),
         trace_id: None,
     }));
-    assert_eq!(done.result, Ok(Verdict::Accept));
+    assert_eq!(done.result, Ok(Outcome::Accept));
     let stamped: serde_json::Value = serde_json::from_slice(&done.outputs[0].body).unwrap();
     stamped["version"].as_str().unwrap().to_string()
 }

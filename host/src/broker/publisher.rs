@@ -540,17 +540,61 @@ impl Publisher {
         results
     }
 
+    /// One batch, in phases: refuse what cannot be sent, take places and a
+    /// round, write, wait for the confirms, leave the round once every
+    /// member pooled its returns, and match the returns to the messages.
     async fn publish_each(&self, publications: &[Publication]) -> Vec<Result<(), PublishError>> {
+        if let Some(refused) = self.refuse_unsendable(publications) {
+            return refused;
+        }
+        let mut deadline = Deadline::new(&self.shared.link, self.shared.settings.confirm_timeout);
+        let entered = match self.enter_round(publications, &mut deadline).await {
+            Ok(entered) => entered,
+            Err(declined) => return declined,
+        };
+        let Entered {
+            mut places,
+            membership,
+            connection,
+            generation,
+        } = entered;
+        let round = membership.round.clone();
+        let (mut results, waiting) = write(&round, &connection, publications, &mut places).await;
+        let confirmations = self.confirmations(waiting, generation, &mut deadline).await;
+        // Confirms still owed when the deadline passed: the channel may yet
+        // carry their returns, which must not land in another round.
+        let owed = confirmations
+            .iter()
+            .any(|(_, outcome)| matches!(outcome, Err(NoConfirm::TimedOut)));
+        let mut seen = Vec::new();
+        for (index, outcome) in confirmations {
+            let result = self.confirmed(&publications[index], outcome, &connection, &mut seen);
+            results[index] = Some(result);
+        }
+        self.leave_round(&round, membership, seen, owed).await;
+        let results = results
+            .into_iter()
+            .map(|r| r.expect("every publication has a result"))
+            .collect();
+        match_returns(&round, publications, results)
+    }
+
+    /// Each message's refusal, when the batch cannot be sent at all: empty,
+    /// a name AMQP cannot carry, more messages than may wait for confirms,
+    /// or the link not up.
+    fn refuse_unsendable(
+        &self,
+        publications: &[Publication],
+    ) -> Option<Vec<Result<(), PublishError>>> {
         if publications.is_empty() {
-            return Vec::new();
+            return Some(Vec::new());
         }
         // Checked before anything is written: lapin panics on a name too
         // long for an AMQP short string, and a batch is all or nothing.
         if let Some(error) = publications.iter().find_map(name_too_long) {
-            return publications.iter().map(|_| Err(error.clone())).collect();
+            return Some(publications.iter().map(|_| Err(error.clone())).collect());
         }
-        let settings = &self.shared.settings;
-        let bound = settings.max_unconfirmed.max(1);
+        let bound = self.shared.settings.max_unconfirmed.max(1);
         if publications.len() > bound {
             // It could never hold its places at once; the config keeps
             // plugin outputs below this (`max_outputs`).
@@ -559,131 +603,119 @@ impl Publisher {
                  for a confirm at once ([broker] max_unconfirmed), so it was not sent",
                 publications.len()
             );
-            return publications
-                .iter()
-                .map(|p| Err(unknown(p, &reason)))
-                .collect();
+            return Some(
+                publications
+                    .iter()
+                    .map(|p| Err(unknown(p, &reason)))
+                    .collect(),
+            );
         }
-        if let Some(declined) = self.paused(publications) {
-            return declined;
-        }
-        let mut deadline = Deadline::new(&self.shared.link, settings.confirm_timeout);
-        // Every place first, in one step: see the module's note on places.
-        let Some(mut places) = deadline.within(self.places(publications.len())).await else {
-            return decline_all(publications, &self.no_places_sentence());
+        self.paused(publications)
+    }
+
+    /// The batch's places (every one, in one step: see the module's note on
+    /// places) and its membership of a round; or each message declined,
+    /// unsent.
+    async fn enter_round(
+        &self,
+        publications: &[Publication],
+        deadline: &mut Deadline<'_>,
+    ) -> Result<Entered, Vec<Result<(), PublishError>>> {
+        let Some(places) = deadline.within(self.places(publications.len())).await else {
+            return Err(decline_all(publications, &self.no_places_sentence()));
         };
         // The link may have changed while the batch waited for places; on a
         // blocked connection lapin would hold every write until the block
         // ends.
         if let Some(declined) = self.paused(publications) {
-            return declined;
+            return Err(declined);
         }
         let state = self.shared.link.state();
         let Some(connection) = state.connection.clone() else {
-            return decline_all(publications, LOST);
+            return Err(decline_all(publications, LOST));
         };
         let joined = deadline
             .within(self.join(&connection, state.generation))
             .await;
-        let mut membership = match joined {
-            Some(Ok(membership)) => membership,
+        match joined {
+            Some(Ok(membership)) => Ok(Entered {
+                places,
+                membership,
+                connection,
+                generation: state.generation,
+            }),
             // Nothing was written: a channel that cannot open on a
             // connection that just dropped is the recovery's business.
             Some(Err(_)) if !connection.status().connected() => {
-                return decline_all(publications, LOST);
+                Err(decline_all(publications, LOST))
             }
-            Some(Err(e)) => {
-                return publications
-                    .iter()
-                    .map(|p| Err(unknown(p, &e.to_string())))
-                    .collect();
-            }
-            None => return decline_all(publications, &self.no_channel_sentence()),
-        };
-        let round = membership.round.clone();
-
-        let mut results: Vec<Option<Result<(), PublishError>>> = vec![None; publications.len()];
-        let mut waiting = Vec::with_capacity(publications.len());
-        for (index, publication) in publications.iter().enumerate() {
-            let place = places.take_one();
-            let sent = round
-                .channel
-                .basic_publish(
-                    publication.exchange.as_str().into(),
-                    publication.routing_key.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: publication.mandatory,
-                        ..BasicPublishOptions::default()
-                    },
-                    &publication.body,
-                    publication.properties.clone(),
-                )
-                .await;
-            match sent {
-                Ok(confirm) => waiting.push((index, confirm, place)),
-                // lapin refuses to write on a channel that is not open: the
-                // connection closed between the check and the write.
-                Err(_)
-                    if !round.channel.status().connected() && !connection.status().connected() =>
-                {
-                    results[index] = Some(Err(declined(publication, LOST)));
-                }
-                Err(e) => results[index] = Some(Err(unknown(publication, &e.to_string()))),
-            }
+            Some(Err(e)) => Err(publications
+                .iter()
+                .map(|p| Err(unknown(p, &e.to_string())))
+                .collect()),
+            None => Err(decline_all(publications, &self.no_channel_sentence())),
         }
-        let mut seen = Vec::new();
-        // Confirms still owed when the deadline passed: the channel may yet
-        // carry their returns, which must not land in another round.
-        let mut owed = false;
-        for (index, outcome) in self
-            .confirmations(waiting, state.generation, &mut deadline)
-            .await
-        {
-            owed |= matches!(outcome, Err(NoConfirm::TimedOut));
-            let p = &publications[index];
-            results[index] = Some(match outcome {
-                Ok(Confirmation::Ack(returned)) => {
-                    seen.extend(returned.map(|ret| returned_of(&ret)));
-                    Ok(())
-                }
-                Ok(Confirmation::Nack(returned)) => {
-                    // A return may ride on a nack: it belongs to another
-                    // member's message as much as one on an ack does.
-                    seen.extend(returned.map(|ret| returned_of(&ret)));
-                    Err(refused(p))
-                }
-                Ok(Confirmation::NotRequested) => Ok(()),
-                Err(NoConfirm::Failed(e)) if !connection.status().connected() => Err(interrupted(
-                    p,
-                    &format!("the connection dropped before the broker confirmed it ({e})"),
-                )),
-                Err(NoConfirm::Failed(e)) => Err(unknown(p, &e.to_string())),
-                Err(NoConfirm::ConnectionLost) => Err(interrupted(
-                    p,
-                    "the connection was lost before the broker confirmed it",
-                )),
-                // The broker is slow, not the message wrong: it most likely
-                // arrives (a timeout does not cancel a publish), and its
-                // input is held and published again, not failed.
-                Err(NoConfirm::TimedOut) => Err(interrupted(
-                    p,
-                    &format!(
-                        "no confirm came within {}; the broker is not keeping up",
-                        humantime::format_duration(settings.confirm_timeout)
-                    ),
-                )),
-            });
-        }
+    }
 
-        // Pool what this member saw, close the round to newcomers, and wait
-        // until every member has pooled its returns.
+    /// One message's result from how waiting for its confirm ended; a
+    /// return riding on the confirm goes to `seen`.
+    fn confirmed(
+        &self,
+        p: &Publication,
+        outcome: Result<Confirmation, NoConfirm>,
+        connection: &Connection,
+        seen: &mut Vec<Returned>,
+    ) -> Result<(), PublishError> {
+        match outcome {
+            Ok(Confirmation::Ack(returned)) => {
+                seen.extend(returned.map(|ret| returned_of(&ret)));
+                Ok(())
+            }
+            Ok(Confirmation::Nack(returned)) => {
+                // A return may ride on a nack: it belongs to another
+                // member's message as much as one on an ack does.
+                seen.extend(returned.map(|ret| returned_of(&ret)));
+                Err(refused(p))
+            }
+            Ok(Confirmation::NotRequested) => Ok(()),
+            Err(NoConfirm::Failed(e)) if !connection.status().connected() => Err(interrupted(
+                p,
+                &format!("the connection dropped before the broker confirmed it ({e})"),
+            )),
+            Err(NoConfirm::Failed(e)) => Err(unknown(p, &e.to_string())),
+            Err(NoConfirm::ConnectionLost) => Err(interrupted(
+                p,
+                "the connection was lost before the broker confirmed it",
+            )),
+            // The broker is slow, not the message wrong: it most likely
+            // arrives (a timeout does not cancel a publish), and its input
+            // is held and published again, not failed.
+            Err(NoConfirm::TimedOut) => Err(interrupted(
+                p,
+                &format!(
+                    "no confirm came within {}; the broker is not keeping up",
+                    humantime::format_duration(self.shared.settings.confirm_timeout)
+                ),
+            )),
+        }
+    }
+
+    /// Pools what this member saw, closes the round to newcomers, and waits
+    /// until every member has pooled its returns.
+    async fn leave_round(
+        &self,
+        round: &Arc<Round>,
+        mut membership: Membership,
+        seen: Vec<Returned>,
+        owed: bool,
+    ) {
         {
             let mut round_state = round.state();
             round_state.returned.extend(seen);
             round_state.sealed = true;
             round_state.abandoned |= owed;
         }
-        self.close(&round);
+        self.close(round);
         let mut others = round.busy.subscribe();
         membership.leave();
         // Every member leaves, even a dropped one: this cannot wait forever
@@ -691,31 +723,6 @@ impl Publisher {
         // deadline. A member joins only once it holds its places, so none
         // waits for places while others wait for it.
         let _ = others.wait_for(|busy| *busy == 0).await;
-
-        // Matched under the round's lock (no await below): nothing is copied.
-        let round_state = round.state();
-        let mut results: Vec<_> = results
-            .into_iter()
-            .map(|r| r.expect("every publication has a result"))
-            .collect();
-        for (p, result) in publications.iter().zip(&mut results) {
-            if result.is_err() {
-                continue;
-            }
-            if let Some(ret) = round_state.returned.iter().find(|r| r.is_of(p)) {
-                *result = Err(PublishError::Unroutable {
-                    id: ret.id.clone(),
-                    exchange: p.exchange.clone(),
-                    routing_key: p.routing_key.clone(),
-                    reason: if ret.reply_text == "NO_ROUTE" {
-                        "no queue is bound to receive it".to_string()
-                    } else {
-                        ret.reply_text.clone()
-                    },
-                });
-            }
-        }
-        results
     }
 
     /// Every message declined, unsent, while the link is not up.
@@ -918,6 +925,85 @@ impl Publisher {
             ))
         })
     }
+}
+
+/// A batch's places and its round, once it may write.
+struct Entered {
+    places: Places,
+    membership: Membership,
+    connection: Arc<Connection>,
+    /// The connection's generation (see [`Round`]).
+    generation: u64,
+}
+
+/// Writes every message of the batch on its round's channel: the confirms
+/// to wait for (each with its place), and the results of those that could
+/// not be written.
+async fn write(
+    round: &Round,
+    connection: &Connection,
+    publications: &[Publication],
+    places: &mut Places,
+) -> (
+    Vec<Option<Result<(), PublishError>>>,
+    Vec<(usize, PublisherConfirm, Unconfirmed)>,
+) {
+    let mut results: Vec<Option<Result<(), PublishError>>> = vec![None; publications.len()];
+    let mut waiting = Vec::with_capacity(publications.len());
+    for (index, publication) in publications.iter().enumerate() {
+        let place = places.take_one();
+        let sent = round
+            .channel
+            .basic_publish(
+                publication.exchange.as_str().into(),
+                publication.routing_key.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: publication.mandatory,
+                    ..BasicPublishOptions::default()
+                },
+                &publication.body,
+                publication.properties.clone(),
+            )
+            .await;
+        match sent {
+            Ok(confirm) => waiting.push((index, confirm, place)),
+            // lapin refuses to write on a channel that is not open: the
+            // connection closed between the check and the write.
+            Err(_) if !round.channel.status().connected() && !connection.status().connected() => {
+                results[index] = Some(Err(declined(publication, LOST)));
+            }
+            Err(e) => results[index] = Some(Err(unknown(publication, &e.to_string()))),
+        }
+    }
+    (results, waiting)
+}
+
+/// `results` with each confirmed message the round's returns name failed as
+/// unroutable. Matched under the round's lock (no await): nothing is copied.
+fn match_returns(
+    round: &Round,
+    publications: &[Publication],
+    mut results: Vec<Result<(), PublishError>>,
+) -> Vec<Result<(), PublishError>> {
+    let round_state = round.state();
+    for (p, result) in publications.iter().zip(&mut results) {
+        if result.is_err() {
+            continue;
+        }
+        if let Some(ret) = round_state.returned.iter().find(|r| r.is_of(p)) {
+            *result = Err(PublishError::Unroutable {
+                id: ret.id.clone(),
+                exchange: p.exchange.clone(),
+                routing_key: p.routing_key.clone(),
+                reason: if ret.reply_text == "NO_ROUTE" {
+                    "no queue is bound to receive it".to_string()
+                } else {
+                    ret.reply_text.clone()
+                },
+            });
+        }
+    }
+    results
 }
 
 /// The contract's sentence for publishing while the link is in `phase`.

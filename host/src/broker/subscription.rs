@@ -15,12 +15,12 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use lapin::message::Delivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Connection};
@@ -178,7 +178,7 @@ pub struct Received {
 
 impl Received {
     fn new(
-        delivery: Delivery,
+        delivery: lapin::message::Delivery,
         acks: Arc<AckBatcher>,
         slot: Slot,
         in_hand: Option<OwnedSemaphorePermit>,
@@ -361,7 +361,8 @@ where
 }
 
 /// [`run`] once the start is known: `stream` is where a stream subscription
-/// starts and its handle on the position.
+/// starts and its handle on the position. Three phases: subscribe, receive
+/// until something ends the subscription, stop.
 async fn consume<H, F>(
     connection: &Connection,
     spec: SubscriptionSpec,
@@ -378,28 +379,11 @@ where
         .consumer_tag
         .clone()
         .unwrap_or_else(|| format!("acemq-host.{}.{}", queue, uuid::Uuid::new_v4().simple()));
-    let mut arguments = FieldTable::default();
-    let mut reading = None;
-    if let Some((start, this_subscription)) = stream {
-        arguments.insert(OFFSET_ARGUMENT.into(), start.to_amqp());
-        reading = Some(this_subscription);
-    }
-    // Subscribing waits on the broker with no bound of its own: on a
-    // connection that is up but does not answer (a silent broker, a
-    // partition the heartbeat has not noticed yet) it would wait until the
-    // connection fails, and a stop meanwhile would wait with it. Nothing is
-    // subscribed until consume-ok, so a shutdown may simply leave: a channel
-    // opened on the way, and anything the broker delivers on it, goes back
-    // when the host closes the connection (or the process exits).
-    let opened = tokio::select! {
-        biased;
-        _ = env.shutdown.cancelled() => {
-            tracing::info!(queue, "stopped while subscribing; nothing was consumed yet");
-            return Ok(());
-        }
-        opened = open_consumer(connection, queue, spec.prefetch, &tag, arguments) => opened?,
+    let (start, reading) = stream.unzip();
+    let Some((channel, mut deliveries)) = subscribe(connection, &spec, &env, &tag, start).await?
+    else {
+        return Ok(());
     };
-    let (channel, mut deliveries) = opened;
     env.board.set(queue, Reading::Consuming);
     tracing::info!(
         queue,
@@ -407,105 +391,13 @@ where
         concurrency = spec.concurrency,
         "consuming"
     );
-
-    let permits = Arc::new(Semaphore::new(spec.concurrency));
-    // A stream's deliveries in hand (received, their receipt not yet
-    // dropped): at most the prefetch. The broker keeps to the prefetch on
-    // classic and quorum queues, but sends a stream's chunks whole, past
-    // it; without this window a stream consumer would have a chunk's worth
-    // of outputs awaiting confirms, all read again after a crash.
-    let in_hand = spec
-        .stream
-        .is_some()
-        .then(|| Arc::new(Semaphore::new(usize::from(spec.prefetch.max(1)))));
     let subscribed = Subscribed::start(queue, channel, tag, spec.prefetch, reading.clone());
-    let acks = subscribed.acks.clone();
-    env.board.track_oldest(queue, Some(acks.oldest()));
-    let channel_lost = CancellationToken::new();
-    // Cancelled when a stream delivery is left to be read again (see
-    // Receipt::read_again): the subscription ends, and the next one starts
-    // at the lowest offset not done.
-    let read_again = CancellationToken::new();
-    let mut running = JoinSet::new();
-    let mut failure = None;
-
-    let time_up = tokio::time::sleep(spec.ends_after.unwrap_or(Duration::MAX / 4));
-    tokio::pin!(time_up);
-    loop {
-        let next = tokio::select! {
-            biased;
-            _ = env.shutdown.cancelled() => break,
-            _ = &mut time_up => break,
-            _ = read_again.cancelled() => {
-                failure = Some(anyhow::anyhow!(
-                    "a delivery of the stream '{queue}' is to be read again; resubscribing from offset {:?}, the lowest not done",
-                    reading.as_ref().and_then(SubscriptionPosition::resume)
-                ));
-                break;
-            }
-            next = deliveries.next() => next,
-        };
-        match next {
-            Some(Ok(delivery)) => {
-                acks.received(delivery.delivery_tag);
-                if let Some(position) = &reading
-                    && let Some(offset) =
-                        StreamOffset::of_delivery(delivery.properties.headers().as_ref())
-                {
-                    position.received(delivery.delivery_tag, offset);
-                }
-                // Wait for room in a stream's window, then for a free place.
-                // A delivery that shutdown overtakes never starts: it is
-                // left unsettled, and closing the channel gives it back (see
-                // below). While the window is full no delivery comes to
-                // report a failed channel, so its state is watched too.
-                let held = match &in_hand {
-                    None => None,
-                    Some(window) => tokio::select! {
-                        biased;
-                        _ = env.shutdown.cancelled() => break,
-                        held = window.clone().acquire_owned() => Some(held.expect("semaphore never closed")),
-                        _ = closed(&subscribed.channel) => {
-                            failure = Some(anyhow::anyhow!(
-                                "the subscription to queue '{queue}' failed: its channel closed"
-                            ));
-                            break;
-                        }
-                    },
-                };
-                let permit = tokio::select! {
-                    biased;
-                    _ = env.shutdown.cancelled() => break,
-                    permit = permits.clone().acquire_owned() => permit.expect("semaphore never closed"),
-                };
-                let stream = reading.as_ref().map(|_| read_again.clone());
-                running.spawn(handle(Received::new(
-                    delivery,
-                    acks.clone(),
-                    Slot(permit),
-                    held,
-                    stream,
-                    channel_lost.clone(),
-                )));
-            }
-            Some(Err(e)) => {
-                failure = Some(anyhow::anyhow!(
-                    "the subscription to queue '{queue}' failed: {e}"
-                ));
-                break;
-            }
-            None => {
-                if !env.shutdown.is_cancelled() {
-                    failure = Some(anyhow::anyhow!(
-                        "the broker cancelled the consumer of queue '{queue}'"
-                    ));
-                }
-                break;
-            }
-        }
-        while running.try_join_next().is_some() {}
-    }
-
+    env.board
+        .track_oldest(queue, Some(subscribed.acks.oldest()));
+    let mut receiving = Receiving::new(&spec, &subscribed, reading);
+    let failure = receiving
+        .receive(&mut deliveries, handle, &env.shutdown, spec.ends_after)
+        .await;
     if let Some(failure) = &failure {
         env.board.set(
             queue,
@@ -516,14 +408,204 @@ where
         // Running deliveries stop waiting on a channel that is gone; what
         // they would still publish, the redelivery will.
         if !subscribed.channel.status().connected() {
-            channel_lost.cancel();
+            receiving.channel_lost.cancel();
         }
     }
-    subscribed.stop(running, env.drain_timeout).await;
+    subscribed.stop(receiving.running, env.drain_timeout).await;
     env.board.track_oldest(queue, None);
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// Opens the consumer of `spec.queue` as `tag` (a stream's from `start`);
+/// `None` when shutdown came first.
+///
+/// Subscribing waits on the broker with no bound of its own: on a
+/// connection that is up but does not answer (a silent broker, a partition
+/// the heartbeat has not noticed yet) it would wait until the connection
+/// fails, and a stop meanwhile would wait with it. Nothing is subscribed
+/// until consume-ok, so a shutdown may simply leave: a channel opened on the
+/// way, and anything the broker delivers on it, goes back when the host
+/// closes the connection (or the process exits).
+async fn subscribe(
+    connection: &Connection,
+    spec: &SubscriptionSpec,
+    env: &SubscriptionEnv,
+    tag: &str,
+    start: Option<StreamOffset>,
+) -> anyhow::Result<Option<(Channel, lapin::Consumer)>> {
+    let queue = spec.queue.as_str();
+    let mut arguments = FieldTable::default();
+    if let Some(start) = start {
+        arguments.insert(OFFSET_ARGUMENT.into(), start.to_amqp());
+    }
+    tokio::select! {
+        biased;
+        _ = env.shutdown.cancelled() => {
+            tracing::info!(queue, "stopped while subscribing; nothing was consumed yet");
+            Ok(None)
+        }
+        opened = open_consumer(connection, queue, spec.prefetch, tag, arguments) => opened.map(Some),
+    }
+}
+
+/// The receive phase of one subscription: each delivery is admitted (a
+/// place in a stream's window, then a free place among `concurrency`) and
+/// handed over on a task of its own.
+struct Receiving<'a> {
+    queue: &'a str,
+    channel: Channel,
+    acks: Arc<AckBatcher>,
+    /// A stream subscription's position.
+    reading: Option<SubscriptionPosition>,
+    permits: Arc<Semaphore>,
+    /// A stream's deliveries in hand (received, their receipt not yet
+    /// dropped): at most the prefetch. The broker keeps to the prefetch on
+    /// classic and quorum queues, but sends a stream's chunks whole, past
+    /// it; without this window a stream consumer would have a chunk's worth
+    /// of outputs awaiting confirms, all read again after a crash.
+    in_hand: Option<Arc<Semaphore>>,
+    /// Cancelled when the channel fails: see [`Receipt::is_lost`].
+    channel_lost: CancellationToken,
+    /// Cancelled when a stream delivery is left to be read again (see
+    /// [`Receipt::read_again`]): the subscription ends, and the next one
+    /// starts at the lowest offset not done.
+    read_again: CancellationToken,
+    running: JoinSet<()>,
+}
+
+impl<'a> Receiving<'a> {
+    fn new(
+        spec: &SubscriptionSpec,
+        subscribed: &Subscribed<'a>,
+        reading: Option<SubscriptionPosition>,
+    ) -> Self {
+        let in_hand = spec
+            .stream
+            .is_some()
+            .then(|| Arc::new(Semaphore::new(usize::from(spec.prefetch.max(1)))));
+        Self {
+            queue: subscribed.queue,
+            channel: subscribed.channel.clone(),
+            acks: subscribed.acks.clone(),
+            reading,
+            permits: Arc::new(Semaphore::new(spec.concurrency)),
+            in_hand,
+            channel_lost: CancellationToken::new(),
+            read_again: CancellationToken::new(),
+            running: JoinSet::new(),
+        }
+    }
+
+    /// Hands every delivery to `handle` until shutdown, `ends_after`, a
+    /// delivery to be read again, or the subscription failing: the failure
+    /// (`None` for a stop that is not one).
+    async fn receive<H, F>(
+        &mut self,
+        deliveries: &mut lapin::Consumer,
+        handle: &H,
+        shutdown: &CancellationToken,
+        ends_after: Option<Duration>,
+    ) -> Option<anyhow::Error>
+    where
+        H: Fn(Received) -> F,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let queue = self.queue;
+        let time_up = tokio::time::sleep(ends_after.unwrap_or(Duration::MAX / 4));
+        tokio::pin!(time_up);
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return None,
+                _ = &mut time_up => return None,
+                _ = self.read_again.cancelled() => {
+                    return Some(anyhow::anyhow!(
+                        "a delivery of the stream '{queue}' is to be read again; resubscribing from offset {:?}, the lowest not done",
+                        self.reading.as_ref().and_then(SubscriptionPosition::resume)
+                    ));
+                }
+                next = deliveries.next() => next,
+            };
+            match next {
+                Some(Ok(delivery)) => {
+                    if let ControlFlow::Break(failure) =
+                        self.admit(delivery, handle, shutdown).await
+                    {
+                        return failure;
+                    }
+                }
+                Some(Err(e)) => {
+                    return Some(anyhow::anyhow!(
+                        "the subscription to queue '{queue}' failed: {e}"
+                    ));
+                }
+                None if shutdown.is_cancelled() => return None,
+                None => {
+                    return Some(anyhow::anyhow!(
+                        "the broker cancelled the consumer of queue '{queue}'"
+                    ));
+                }
+            }
+            while self.running.try_join_next().is_some() {}
+        }
+    }
+
+    /// Notes `delivery` as received, waits for its places and starts
+    /// `handle` on it; or breaks off the receiving (with its failure, if it
+    /// is one).
+    async fn admit<H, F>(
+        &mut self,
+        delivery: lapin::message::Delivery,
+        handle: &H,
+        shutdown: &CancellationToken,
+    ) -> ControlFlow<Option<anyhow::Error>>
+    where
+        H: Fn(Received) -> F,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.acks.received(delivery.delivery_tag);
+        if let Some(position) = &self.reading
+            && let Some(offset) = StreamOffset::of_delivery(delivery.properties.headers().as_ref())
+        {
+            position.received(delivery.delivery_tag, offset);
+        }
+        // Wait for room in a stream's window, then for a free place. A
+        // delivery that shutdown overtakes never starts: it is left
+        // unsettled, and closing the channel gives it back (see
+        // Subscribed::stop). While the window is full no delivery comes to
+        // report a failed channel, so its state is watched too.
+        let held = match &self.in_hand {
+            None => None,
+            Some(window) => tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return ControlFlow::Break(None),
+                held = window.clone().acquire_owned() => Some(held.expect("semaphore never closed")),
+                _ = closed(&self.channel) => {
+                    return ControlFlow::Break(Some(anyhow::anyhow!(
+                        "the subscription to queue '{}' failed: its channel closed",
+                        self.queue
+                    )));
+                }
+            },
+        };
+        let permit = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return ControlFlow::Break(None),
+            permit = self.permits.clone().acquire_owned() => permit.expect("semaphore never closed"),
+        };
+        let stream = self.reading.as_ref().map(|_| self.read_again.clone());
+        self.running.spawn(handle(Received::new(
+            delivery,
+            self.acks.clone(),
+            Slot(permit),
+            held,
+            stream,
+            self.channel_lost.clone(),
+        )));
+        ControlFlow::Continue(())
     }
 }
 

@@ -15,7 +15,7 @@ use super::plugins::PluginRun;
 use std::sync::Arc;
 
 use crate::envelope::{self, Envelope, NO_REASON};
-use crate::plugin::{Outgoing, Verdict};
+use crate::plugin::{Outcome, Outgoing};
 use crate::retry::{Decision, LONGEST_CONSUMER_WAIT, RetryPolicy, WaitPlace};
 use crate::topology::naming;
 
@@ -44,7 +44,7 @@ pub enum Settlement {
     DeadLetter {
         queue: String,
         reason: String,
-        outcome: Outcome,
+        outcome: ConsumeOutcome,
     },
     /// Republish to `{queue}.parked` with `x-acemq-error`, then ack.
     Park { queue: String, reason: String },
@@ -67,7 +67,7 @@ pub enum Settlement {
 /// The contract's settlement outcome words: the `outcome` label of
 /// `acemq.consume.total`, exactly one per delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Outcome {
+pub enum ConsumeOutcome {
     Acked,
     Retried,
     /// Exhausted, too old, or failed without a retry policy.
@@ -77,22 +77,22 @@ pub enum Outcome {
     Parked,
 }
 
-impl Outcome {
-    pub const ALL: [Outcome; 5] = [
-        Outcome::Acked,
-        Outcome::Retried,
-        Outcome::DeadLettered,
-        Outcome::Rejected,
-        Outcome::Parked,
+impl ConsumeOutcome {
+    pub const ALL: [ConsumeOutcome; 5] = [
+        ConsumeOutcome::Acked,
+        ConsumeOutcome::Retried,
+        ConsumeOutcome::DeadLettered,
+        ConsumeOutcome::Rejected,
+        ConsumeOutcome::Parked,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Acked => "acked",
-            Outcome::Retried => "retried",
-            Outcome::DeadLettered => "dead_lettered",
-            Outcome::Rejected => "rejected",
-            Outcome::Parked => "parked",
+            ConsumeOutcome::Acked => "acked",
+            ConsumeOutcome::Retried => "retried",
+            ConsumeOutcome::DeadLettered => "dead_lettered",
+            ConsumeOutcome::Rejected => "rejected",
+            ConsumeOutcome::Parked => "parked",
         }
     }
 }
@@ -120,15 +120,15 @@ impl Settlement {
         }
     }
 
-    pub fn outcome(&self) -> Outcome {
+    pub fn outcome(&self) -> ConsumeOutcome {
         match self {
-            Settlement::Accept { .. } => Outcome::Acked,
+            Settlement::Accept { .. } => ConsumeOutcome::Acked,
             Settlement::RetryInConsumer { .. }
             | Settlement::RetryInBroker { .. }
             | Settlement::Requeue { .. }
-            | Settlement::ReadAgain { .. } => Outcome::Retried,
+            | Settlement::ReadAgain { .. } => ConsumeOutcome::Retried,
             Settlement::DeadLetter { outcome, .. } => *outcome,
-            Settlement::Park { .. } => Outcome::Parked,
+            Settlement::Park { .. } => ConsumeOutcome::Parked,
         }
     }
 }
@@ -232,11 +232,11 @@ fn settlement_for(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy
             reason: format!("could not be decoded: {reason}"),
         },
         PluginRun::Decided {
-            verdict,
+            outcome,
             outputs,
             version,
             ..
-        } => decide_verdict(facts, verdict, outputs, version, policy),
+        } => decide_outcome(facts, outcome, outputs, version, policy),
         // A fault is a failure like any other: the policy decides.
         PluginRun::Faulted { fault, .. } => retry_or_give_up(facts, fault.reason, policy),
         PluginRun::OutputsRefused { reason, .. } => retry_or_give_up(facts, reason, policy),
@@ -263,28 +263,28 @@ fn settlement_for(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy
     }
 }
 
-/// The settlement for the handler's verdict.
-fn decide_verdict(
+/// The settlement for the handler's outcome.
+fn decide_outcome(
     facts: DeliveryFacts<'_>,
-    verdict: Verdict,
+    outcome: Outcome,
     outputs: Vec<Outgoing>,
     version: Arc<str>,
     policy: &RetryPolicy,
 ) -> Settlement {
-    match verdict {
-        Verdict::Accept => Settlement::Accept { outputs, version },
-        Verdict::Retry(reason) if facts.from_stream => Settlement::DeadLetter {
+    match outcome {
+        Outcome::Accept => Settlement::Accept { outputs, version },
+        Outcome::Retry(reason) if facts.from_stream => Settlement::DeadLetter {
             queue: naming::dead_letter_queue(facts.queue),
             reason: stream_retry_refused(facts.queue, &facts.envelope.id, &or_no_reason(reason)),
-            outcome: Outcome::DeadLettered,
+            outcome: ConsumeOutcome::DeadLettered,
         },
-        Verdict::Retry(reason) => retry_or_give_up(facts, or_no_reason(reason), policy),
-        Verdict::Reject(reason) => Settlement::DeadLetter {
+        Outcome::Retry(reason) => retry_or_give_up(facts, or_no_reason(reason), policy),
+        Outcome::Reject(reason) => Settlement::DeadLetter {
             queue: naming::dead_letter_queue(facts.queue),
             reason: format!("the handler rejected it: {}", or_no_reason(reason)),
-            outcome: Outcome::Rejected,
+            outcome: ConsumeOutcome::Rejected,
         },
-        Verdict::Park(reason) => Settlement::Park {
+        Outcome::Park(reason) => Settlement::Park {
             queue: naming::parked_queue(facts.queue),
             reason: format!("the handler parked it: {}", or_no_reason(reason)),
         },
@@ -405,7 +405,7 @@ fn next_after(
                 reason: format!(
                     "its retry copy could not be published ({why}); it failed with: {reason}"
                 ),
-                outcome: Outcome::DeadLettered,
+                outcome: ConsumeOutcome::DeadLettered,
             }
         }
         Setback::SetAsideFailed(why) => requeue(format!("the set-aside was not published: {why}")),
@@ -459,7 +459,7 @@ fn retry_or_give_up(facts: DeliveryFacts<'_>, reason: String, policy: &RetryPoli
         Decision::GiveUp(give_up) => Settlement::DeadLetter {
             queue: naming::dead_letter_queue(facts.queue),
             reason: give_up.error_text(&reason),
-            outcome: Outcome::DeadLettered,
+            outcome: ConsumeOutcome::DeadLettered,
         },
     }
 }
@@ -499,7 +499,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_message_is_never_retried_and_a_retry_verdict_says_why() {
+    fn a_stream_message_is_never_retried_and_a_retry_outcome_says_why() {
         let e = envelope(1, 0);
         let stream_facts = || DeliveryFacts {
             from_stream: true,
@@ -542,7 +542,7 @@ mod tests {
         let dead_letter = Settlement::DeadLetter {
             queue: "orders.new.dlq".into(),
             reason: "the handler rejected it: bad".into(),
-            outcome: Outcome::Rejected,
+            outcome: ConsumeOutcome::Rejected,
         };
         // A set-aside whose copy was not confirmed is tried again in place;
         // on a queue it is requeued.
@@ -583,9 +583,9 @@ mod tests {
         ));
     }
 
-    fn verdict(verdict: Verdict) -> PluginRun {
+    fn decided(outcome: Outcome) -> PluginRun {
         PluginRun::Decided {
-            verdict,
+            outcome,
             outputs: vec![],
             version: "v1".into(),
             fuel: None,
@@ -593,7 +593,7 @@ mod tests {
     }
 
     fn retry(reason: &str) -> PluginRun {
-        verdict(Verdict::Retry(reason.into()))
+        decided(Outcome::Retry(reason.into()))
     }
 
     fn two_minutes_of_tries() -> RetryPolicy {
@@ -615,7 +615,7 @@ mod tests {
             mandatory: None,
         };
         let run = PluginRun::Decided {
-            verdict: Verdict::Accept,
+            outcome: Outcome::Accept,
             outputs: vec![output.clone()],
             version: "v1".into(),
             fuel: None,
@@ -628,7 +628,7 @@ mod tests {
                 version: "v1".into(),
             }
         );
-        assert_eq!(s.outcome(), Outcome::Acked);
+        assert_eq!(s.outcome(), ConsumeOutcome::Acked);
     }
 
     #[test]
@@ -640,7 +640,7 @@ mod tests {
             Settlement::DeadLetter {
                 queue: "orders.new.dlq".into(),
                 reason: "exhausted 1 attempt: db down".into(),
-                outcome: Outcome::DeadLettered,
+                outcome: ConsumeOutcome::DeadLettered,
             }
         );
     }
@@ -667,7 +667,7 @@ mod tests {
                 reason: "x".into()
             }
         );
-        assert_eq!(s.outcome(), Outcome::Retried);
+        assert_eq!(s.outcome(), ConsumeOutcome::Retried);
     }
 
     #[test]
@@ -707,7 +707,7 @@ mod tests {
         let e = envelope(1, 1_000);
         let s = decide(facts(&e, 121_000), retry("slow"), &policy);
         assert!(
-            matches!(&s, Settlement::DeadLetter { reason, outcome: Outcome::DeadLettered, .. }
+            matches!(&s, Settlement::DeadLetter { reason, outcome: ConsumeOutcome::DeadLettered, .. }
             if reason.starts_with("exceeded the maximum message age of 2m")),
             "{s:?}"
         );
@@ -718,7 +718,7 @@ mod tests {
         let e = envelope(1, 0);
         let s = decide(
             facts(&e, 0),
-            verdict(Verdict::Reject("missing field `total`".into())),
+            decided(Outcome::Reject("missing field `total`".into())),
             &RetryPolicy::none(),
         );
         assert_eq!(
@@ -726,12 +726,12 @@ mod tests {
             Settlement::DeadLetter {
                 queue: "orders.new.dlq".into(),
                 reason: "the handler rejected it: missing field `total`".into(),
-                outcome: Outcome::Rejected
+                outcome: ConsumeOutcome::Rejected
             }
         );
         let s = decide(
             facts(&e, 0),
-            verdict(Verdict::Park(String::new())),
+            decided(Outcome::Park(String::new())),
             &RetryPolicy::none(),
         );
         assert_eq!(
@@ -741,7 +741,7 @@ mod tests {
                 reason: "the handler parked it: no reason given".into()
             }
         );
-        assert_eq!(s.outcome(), Outcome::Parked);
+        assert_eq!(s.outcome(), ConsumeOutcome::Parked);
     }
 
     #[test]
@@ -839,7 +839,7 @@ mod tests {
                 reason:
                     "exhausted 1 attempt: the host failed while running the plugins: task panicked"
                         .into(),
-                outcome: Outcome::DeadLettered,
+                outcome: ConsumeOutcome::DeadLettered,
             }
         );
     }
@@ -899,8 +899,8 @@ mod tests {
         let e = envelope(1, 0);
         let huge = format!("order {} is bad", "9".repeat(200_000));
         for run in [
-            verdict(Verdict::Reject(huge.clone())),
-            verdict(Verdict::Park(huge.clone())),
+            decided(Outcome::Reject(huge.clone())),
+            decided(Outcome::Park(huge.clone())),
             retry(&huge),
             PluginRun::HostFailed {
                 reason: huge.clone(),
@@ -985,7 +985,7 @@ mod tests {
                 queue: "orders.new.dlq".into(),
                 reason: "its retry copy could not be published (too big); it failed with: db down"
                     .into(),
-                outcome: Outcome::DeadLettered,
+                outcome: ConsumeOutcome::DeadLettered,
             }
         );
     }
@@ -1026,7 +1026,7 @@ mod tests {
         ] {
             let s = follow_up(facts(&e, 0), &waiting, setback, &policy);
             assert_eq!(s, Settlement::Requeue { why: why.into() });
-            assert_eq!(s.outcome(), Outcome::Retried);
+            assert_eq!(s.outcome(), ConsumeOutcome::Retried);
         }
     }
 }

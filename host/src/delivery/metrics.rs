@@ -14,7 +14,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
-use super::decide::Outcome;
+use super::decide::ConsumeOutcome;
 use super::settle::{Report, RetryPlace};
 use crate::plugin::FaultKind;
 use crate::telemetry::{
@@ -27,15 +27,33 @@ pub struct ConsumerMetrics {
     queue: String,
     metrics: std::sync::Arc<Metrics>,
     in_flight: Gauge,
-    consumed: [OnceLock<Settled>; Outcome::ALL.len()],
+    consumed: [OnceLock<Settled>; ConsumeOutcome::ALL.len()],
     attempts: OnceLock<Histogram>,
     retried: [OnceLock<Counter>; RetryPlace::ALL.len()],
-    /// `dead_lettered` and `parked` copies.
-    set_aside: [OnceLock<Counter>; 2],
+    set_aside: SetAsideSeries,
     fuel: OnceLock<Counter>,
     /// The series of the plugin version that made the last call: a swap
     /// changes it once, every other call finds it here.
     calls: Mutex<Option<VersionSeries>>,
+}
+
+/// `acemq.messages.dead.lettered.total`'s series, one per place a copy
+/// is set aside in.
+#[derive(Default)]
+struct SetAsideSeries {
+    dead_lettered: OnceLock<Counter>,
+    parked: OnceLock<Counter>,
+}
+
+impl SetAsideSeries {
+    /// The series of a delivery set aside with `outcome`, and its outcome
+    /// word. A rejected message goes to `.dlq` like an exhausted one.
+    fn of(&self, outcome: ConsumeOutcome) -> (&OnceLock<Counter>, &'static str) {
+        match outcome {
+            ConsumeOutcome::Parked => (&self.parked, "parked"),
+            _ => (&self.dead_lettered, "dead_lettered"),
+        }
+    }
 }
 
 /// One outcome's series of `acemq.consume.*`.
@@ -97,10 +115,8 @@ impl ConsumerMetrics {
             self.retried(place).inc();
         }
         if report.set_aside {
-            // A rejected message goes to `.dlq` like an exhausted one.
-            let parked = report.outcome == Outcome::Parked;
-            let word = if parked { "parked" } else { "dead_lettered" };
-            self.set_aside[usize::from(parked)]
+            let (series, word) = self.set_aside.of(report.outcome);
+            series
                 .get_or_init(|| {
                     self.metrics
                         .dead_lettered_total
@@ -192,8 +208,8 @@ impl ConsumerMetrics {
         }
     }
 
-    fn consumed(&self, outcome: Outcome) -> &Settled {
-        let index = Outcome::ALL
+    fn consumed(&self, outcome: ConsumeOutcome) -> &Settled {
+        let index = ConsumeOutcome::ALL
             .iter()
             .position(|o| *o == outcome)
             .expect("every outcome is in ALL");
@@ -243,13 +259,13 @@ mod tests {
     fn a_report_is_counted_in_every_series_it_concerns() {
         let metrics = Arc::new(Metrics::new());
         let consumer = ConsumerMetrics::new(metrics.clone(), "orders.new");
-        consumer.count(&Report::new(Outcome::Acked), 1, MS);
-        consumer.count(&Report::new(Outcome::Acked), 1, MS);
+        consumer.count(&Report::new(ConsumeOutcome::Acked), 1, MS);
+        consumer.count(&Report::new(ConsumeOutcome::Acked), 1, MS);
         consumer.count(
             &Report {
                 retried: Some(RetryPlace::Consumer),
                 rung_missing: Some("orders.new.retry.40s".into()),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             },
             2,
             MS,
@@ -257,7 +273,7 @@ mod tests {
         consumer.count(
             &Report {
                 set_aside: true,
-                ..Report::new(Outcome::Parked)
+                ..Report::new(ConsumeOutcome::Parked)
             },
             1,
             MS,
@@ -265,7 +281,7 @@ mod tests {
         consumer.count(
             &Report {
                 set_aside: true,
-                ..Report::new(Outcome::Rejected)
+                ..Report::new(ConsumeOutcome::Rejected)
             },
             3,
             MS,
@@ -274,7 +290,7 @@ mod tests {
             &Report {
                 retried: Some(RetryPlace::Requeued),
                 set_aside_failed: Some("orders.new.dlq".into()),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             },
             12,
             MS,

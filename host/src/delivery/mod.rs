@@ -34,7 +34,7 @@ use futures::FutureExt as _;
 use lapin::BasicProperties;
 use tokio_util::sync::CancellationToken;
 
-pub use decide::{DeliveryFacts, Outcome, Settlement};
+pub use decide::{ConsumeOutcome, DeliveryFacts, Settlement};
 pub use plugins::{PluginRun, run_plugins};
 use settle::{BrokerPort, Subject, Waited};
 
@@ -42,7 +42,7 @@ use self::metrics::ConsumerMetrics;
 use crate::broker::Phase;
 use crate::broker::publisher::{Publication, PublishError, PublishLink, Publisher};
 use crate::broker::stream::StreamPosition;
-use crate::broker::subscription::{Receipt, Received};
+use crate::broker::subscription::{Receipt, Received, Slot};
 use crate::envelope::{self, Envelope};
 use crate::plugin::{CodecSet, HandlerSlot, Input};
 use crate::retry::RetryPolicy;
@@ -113,7 +113,8 @@ impl Pipeline {
         self
     }
 
-    /// One delivery, from its handler call to its settlement.
+    /// One delivery, from its arrival to its settlement, in stages: read,
+    /// call the plugins, decide, settle.
     pub async fn handle(self: Arc<Self>, received: Received) {
         let arrived = Instant::now();
         let _in_flight = self.metrics.in_flight();
@@ -162,7 +163,7 @@ impl Pipeline {
                 return;
             }
         };
-        let delivery = Delivery {
+        let delivery = Unsettled {
             envelope: &envelope,
             properties: &properties,
             receipt: &receipt,
@@ -180,7 +181,38 @@ impl Pipeline {
             }
         };
         input.trace_id = Some(trace.trace_id());
+        let run = self.call_plugins(input, slot, &envelope, &trace).await;
+        let settlement = self.decide(&envelope, &properties, run);
+        self.settle(delivery, settlement).await;
+    }
 
+    /// The deciding stage: the settlement for what the plugins did, now.
+    fn decide(
+        &self,
+        envelope: &Envelope,
+        properties: &BasicProperties,
+        run: PluginRun,
+    ) -> Settlement {
+        let facts = DeliveryFacts {
+            queue: &self.queue,
+            envelope,
+            now_ms: envelope::now_ms(),
+            jitter_sample: rand::random::<f64>(),
+            from_stream: from_stream(properties),
+        };
+        decide::decide(facts, run, &self.rules.policy)
+    }
+
+    /// The calling stage: decode, handle and encode, inside the fault
+    /// boundary, holding `slot` (the concurrency bound is on plugin calls;
+    /// settling waits on the broker); then the call is counted.
+    async fn call_plugins(
+        &self,
+        input: Input,
+        slot: Slot,
+        envelope: &Envelope,
+        trace: &DeliveryTrace,
+    ) -> PluginRun {
         // On this task: the calls yield between epoch ticks (plugin/pool.rs),
         // so no thread hop is needed to keep the runtime's workers free.
         // Boxed: the call's future is kilobytes (wasmtime's fiber call
@@ -191,36 +223,38 @@ impl Pipeline {
             .catch_unwind()
             .await;
         let call_took = calling.elapsed();
-        // The concurrency bound is on plugin calls; settling waits on the broker.
         drop(slot);
         let run = called.unwrap_or_else(|panic| {
             // The host's own code panicked around the call. The delivery is
             // still ours: it fails like any other, and the policy decides.
             let error = panic_text(panic.as_ref());
-            tracing::error!(queue, message_id = %envelope.id, trace_id = %trace.trace_id(), error = %envelope::bound_reason(&error), "handler call failed inside the host");
+            tracing::error!(queue = self.queue.as_str(), message_id = %envelope.id, trace_id = %trace.trace_id(), error = %envelope::bound_reason(&error), "handler call failed inside the host");
             PluginRun::HostFailed { reason: error }
         });
-        if let PluginRun::Faulted { fault, version, .. } = &run {
+        self.note_call(&run, call_took, envelope, trace);
+        run
+    }
+
+    /// Counts a plugin call (its fault, its version's time and fuel) and
+    /// tells a stream's position which version handled the delivery.
+    fn note_call(
+        &self,
+        run: &PluginRun,
+        took: Duration,
+        envelope: &Envelope,
+        trace: &DeliveryTrace,
+    ) {
+        if let PluginRun::Faulted { fault, version, .. } = run {
             self.metrics.fault(fault.kind);
             // A fault's reason may quote a plugin's panic text, of any size.
-            tracing::warn!(queue, message_id = %envelope.id, trace_id = %trace.trace_id(), plugin = %version, fault = %envelope::bound_reason(&fault.reason), "handler failed");
+            tracing::warn!(queue = self.queue.as_str(), message_id = %envelope.id, trace_id = %trace.trace_id(), plugin = %version, fault = %envelope::bound_reason(&fault.reason), "handler failed");
         }
         if let Some(version) = run.version() {
-            self.metrics.plugin_call(version, call_took, run.fuel());
+            self.metrics.plugin_call(version, took, run.fuel());
         }
         if let (Some(stream), Some(version)) = (&self.stream, run.version()) {
             stream.handled_by(version);
         }
-
-        let facts = DeliveryFacts {
-            queue,
-            envelope: &envelope,
-            now_ms: envelope::now_ms(),
-            jitter_sample: rand::random::<f64>(),
-            from_stream: from_stream(&properties),
-        };
-        let settlement = decide::decide(facts, run, &self.rules.policy);
-        self.settle(delivery, settlement).await;
     }
 
     /// The reading stage: the envelope, the trace context and the
@@ -277,7 +311,7 @@ impl Pipeline {
         let trace = DeliveryTrace::start(&self.tracer, None);
         let bare = BasicProperties::default();
         for properties in [properties, &bare] {
-            let delivery = Delivery {
+            let delivery = Unsettled {
                 envelope: &envelope,
                 properties,
                 receipt,
@@ -299,8 +333,8 @@ impl Pipeline {
 
     /// Carries `settlement` out on the broker, then counts how it ended and
     /// ends the delivery's span.
-    async fn settle(&self, delivery: Delivery<'_>, settlement: Settlement) {
-        let Delivery {
+    async fn settle(&self, delivery: Unsettled<'_>, settlement: Settlement) {
+        let Unsettled {
             envelope,
             properties,
             receipt,
@@ -392,8 +426,9 @@ fn unreadable_note(properties: &BasicProperties) -> Option<String> {
     }
 }
 
-/// One delivery on its way to settlement, as the pipeline holds it.
-struct Delivery<'a> {
+/// One delivery on its way to settlement, as the pipeline holds it (read,
+/// not yet settled).
+struct Unsettled<'a> {
     envelope: &'a Envelope,
     properties: &'a BasicProperties,
     receipt: &'a Receipt,

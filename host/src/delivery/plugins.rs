@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::plugin::{CodecSet, Conversion, Fault, HandlerSlot, Input, Outgoing, Verdict};
+use crate::plugin::{CodecSet, Conversion, Fault, HandlerSlot, Input, Outcome, Outgoing};
 
 /// What running the plugins on one delivery produced.
 #[derive(Debug)]
@@ -18,10 +18,10 @@ pub enum PluginRun {
     /// A codec claiming the content type failed (trap, deadline, memory)
     /// before any converted it; no handler ran.
     CodecFaulted { reason: String },
-    /// The handler returned a verdict; for an accept, its outputs are
+    /// The handler returned a outcome; for an accept, its outputs are
     /// encoded and ready to publish (otherwise there are none).
     Decided {
-        verdict: Verdict,
+        outcome: Outcome,
         outputs: Vec<Outgoing>,
         version: Arc<str>,
         fuel: Option<u64>,
@@ -51,7 +51,7 @@ pub enum PluginRun {
     /// The host had no room to run a plugin (no free slot in the engine's
     /// instance pool until the deadline): neither the message's fault nor
     /// the plugin's, so the delivery is given back without counting an
-    /// attempt, and no plugin verdict is recorded.
+    /// attempt, and no plugin outcome is recorded.
     HostBusy { reason: String },
 }
 
@@ -111,9 +111,9 @@ pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: In
         };
     }
     match invocation.result {
-        Ok(Verdict::Accept) => match encode_outputs(codecs, invocation.outputs).await {
+        Ok(Outcome::Accept) => match encode_outputs(codecs, invocation.outputs).await {
             Ok(outputs) => PluginRun::Decided {
-                verdict: Verdict::Accept,
+                outcome: Outcome::Accept,
                 outputs,
                 version,
                 fuel,
@@ -126,8 +126,8 @@ pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: In
             Err(NotEncoded::HostBusy(reason)) => PluginRun::HostBusy { reason },
         },
         // Only an accept publishes: whatever else was buffered is dropped.
-        Ok(verdict) => PluginRun::Decided {
-            verdict,
+        Ok(outcome) => PluginRun::Decided {
+            outcome,
             outputs: Vec::new(),
             version,
             fuel,

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use lapin::BasicProperties;
 
-use super::decide::{DeliveryFacts, Outcome, Setback, Settlement, follow_up};
+use super::decide::{ConsumeOutcome, DeliveryFacts, Setback, Settlement, follow_up};
 use crate::broker::publisher::{Publication, PublishError, PublishOutcome};
 use crate::envelope::{self, Envelope};
 use crate::plugin::Outgoing;
@@ -114,7 +114,7 @@ impl RetryPlace {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
     /// The settlement that was carried out in the end.
-    pub outcome: Outcome,
+    pub outcome: ConsumeOutcome,
     /// Set when the delivery was retried.
     pub retried: Option<RetryPlace>,
     /// Set when a copy went to `.dlq` or `.parked` (the outcome says which).
@@ -127,7 +127,7 @@ pub struct Report {
 
 impl Report {
     /// A delivery that ended in `outcome`, with nothing else to count yet.
-    pub fn new(outcome: Outcome) -> Self {
+    pub fn new(outcome: ConsumeOutcome) -> Self {
         Self {
             outcome,
             retried: None,
@@ -228,74 +228,15 @@ async fn carry_out(
     subject: Subject<'_>,
     settlement: &mut Settlement,
 ) -> Result<Done, Setback> {
-    let queue = subject.queue;
-    let id = subject.envelope.id.as_str();
     match settlement {
         Settlement::Accept { outputs, version } => {
-            let now_ms = port.now_ms();
-            let mut spans = Vec::with_capacity(outputs.len());
-            let publications = std::mem::take(outputs)
-                .into_iter()
-                .enumerate()
-                .map(|(position, o)| {
-                    let id = envelope::output_id(&subject.envelope.id, version, position);
-                    let span = subject.trace.publish_span();
-                    spans.push(span);
-                    output_publication(subject, id, o, now_ms, port.frame_max(), &span)
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(Setback::OutputsFailed)?;
-            let started = SystemTime::now();
-            let published = port.publish(&publications).await;
-            for (publication, span) in publications.iter().zip(spans) {
-                publish_span(subject, span, publication, started, &published);
-            }
-            if let Err(e) = published {
-                log_publish_failure(queue, id, "outputs were not confirmed", &e);
-                return Err(broker_trouble_or(e, Setback::OutputsFailed));
-            }
-            port.ack().await;
-            tracing::debug!(queue, message_id = id, "acked");
-            Ok(Done::Acked)
+            accept(port, subject, std::mem::take(outputs), version).await
         }
         Settlement::RetryInConsumer { wait, reason } => {
-            // Checked before the wait: a copy that cannot be sent is not
-            // worth waiting for.
-            let (properties, span) = retry_copy(subject, port.frame_max())?;
-            match port.wait(*wait).await {
-                Waited::Elapsed => {}
-                Waited::ShutDown => return Err(Setback::ShutdownDuringWait),
-                Waited::ChannelLost => {
-                    return Err(Setback::BrokerTrouble(
-                        "its channel closed during the retry wait".to_string(),
-                    ));
-                }
-            }
-            if let Err(e) = republish(port, subject, queue, properties, span).await {
-                log_publish_failure(queue, id, "retry republish failed; requeueing", &e);
-                return Err(broker_trouble_or(e, Setback::RetryNotPublished));
-            }
-            port.ack().await;
-            tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), wait_ms = wait.as_millis() as u64, reason, "retried after waiting in the consumer");
-            Ok(Done::Retried(RetryPlace::Consumer))
+            retry_in_consumer(port, subject, *wait, reason).await
         }
         Settlement::RetryInBroker { rung, reason, .. } => {
-            let (properties, span) = retry_copy(subject, port.frame_max())?;
-            match republish(port, subject, rung, properties, span).await {
-                Ok(()) => {
-                    port.ack().await;
-                    tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), rung = %rung, reason = %reason, "retrying through the broker");
-                    Ok(Done::Retried(RetryPlace::Broker))
-                }
-                Err(PublishError::Unroutable { .. }) => {
-                    tracing::warn!(queue, rung = %rung, "retry rung missing; waiting in the consumer instead");
-                    Err(Setback::RungMissing)
-                }
-                Err(e) => {
-                    log_publish_failure(queue, id, "retry republish failed; requeueing", &e);
-                    Err(broker_trouble_or(e, Setback::RetryNotPublished))
-                }
-            }
+            retry_in_broker(port, subject, rung, reason).await
         }
         Settlement::DeadLetter {
             queue: target,
@@ -305,46 +246,137 @@ async fn carry_out(
         | Settlement::Park {
             queue: target,
             reason,
-        } => {
-            let span = subject.trace.publish_span();
-            let traced = subject.trace.stamp(subject.properties.clone(), &span);
-            let Some(properties) = envelope::set_aside_within_frame(
-                &traced,
-                subject.envelope,
-                reason,
-                port.frame_max(),
-            ) else {
-                tracing::error!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, "even its envelope alone is too big for a frame; requeueing");
-                return Err(Setback::SetAsideFailed(
-                    "even its envelope alone is too big for the broker's frame".to_string(),
-                ));
-            };
-            if let Err(e) = republish(port, subject, target, properties, span).await {
-                log_publish_failure(
-                    queue,
-                    id,
-                    &format!("set-aside publish to {target} failed; requeueing"),
-                    &e,
-                );
-                return Err(broker_trouble_or(e, Setback::SetAsideFailed));
-            }
-            port.ack().await;
-            tracing::warn!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, reason = %reason, "set aside");
-            Ok(Done::SetAside)
-        }
-        // Decided for queues only (see decide::follow_up); a stream
-        // delivery that got here anyway is read again, never requeued.
-        Settlement::Requeue { why } | Settlement::ReadAgain { why } if subject.from_stream => {
-            port.read_again();
-            tracing::info!(queue, message_id = id, why = %why, "left to be read again from its stream offset");
-            Ok(Done::Retried(RetryPlace::ReadAgain))
-        }
+        } => set_aside(port, subject, target, reason).await,
         Settlement::Requeue { why } | Settlement::ReadAgain { why } => {
-            port.requeue().await;
-            tracing::debug!(queue, message_id = id, why = %why, "requeued");
-            Ok(Done::Retried(RetryPlace::Requeued))
+            Ok(give_back(port, subject, why).await)
         }
     }
+}
+
+/// Publishes the handler's outputs, then acks.
+async fn accept(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    outputs: Vec<Outgoing>,
+    version: &str,
+) -> Result<Done, Setback> {
+    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    let (publications, spans) =
+        output_publications(subject, outputs, version, port.now_ms(), port.frame_max())
+            .map_err(Setback::OutputsFailed)?;
+    let started = SystemTime::now();
+    let published = port.publish(&publications).await;
+    for (publication, span) in publications.iter().zip(spans) {
+        publish_span(subject, span, publication, started, &published);
+    }
+    if let Err(e) = published {
+        log_publish_failure(queue, id, "outputs were not confirmed", &e);
+        return Err(broker_trouble_or(e, Setback::OutputsFailed));
+    }
+    port.ack().await;
+    tracing::debug!(queue, message_id = id, "acked");
+    Ok(Done::Acked)
+}
+
+/// Waits `wait` in the consumer, republishes the delivery to its own queue
+/// with the attempt advanced, then acks.
+async fn retry_in_consumer(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    wait: Duration,
+    reason: &str,
+) -> Result<Done, Setback> {
+    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    // Checked before the wait: a copy that cannot be sent is not worth
+    // waiting for.
+    let (properties, span) = retry_copy(subject, port.frame_max())?;
+    match port.wait(wait).await {
+        Waited::Elapsed => {}
+        Waited::ShutDown => return Err(Setback::ShutdownDuringWait),
+        Waited::ChannelLost => {
+            return Err(Setback::BrokerTrouble(
+                "its channel closed during the retry wait".to_string(),
+            ));
+        }
+    }
+    if let Err(e) = republish(port, subject, queue, properties, span).await {
+        log_publish_failure(queue, id, "retry republish failed; requeueing", &e);
+        return Err(broker_trouble_or(e, Setback::RetryNotPublished));
+    }
+    port.ack().await;
+    tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), wait_ms = wait.as_millis() as u64, reason, "retried after waiting in the consumer");
+    Ok(Done::Retried(RetryPlace::Consumer))
+}
+
+/// Republishes the delivery to its retry `rung`, then acks.
+async fn retry_in_broker(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    rung: &str,
+    reason: &str,
+) -> Result<Done, Setback> {
+    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    let (properties, span) = retry_copy(subject, port.frame_max())?;
+    match republish(port, subject, rung, properties, span).await {
+        Ok(()) => {
+            port.ack().await;
+            tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), rung = %rung, reason = %reason, "retrying through the broker");
+            Ok(Done::Retried(RetryPlace::Broker))
+        }
+        Err(PublishError::Unroutable { .. }) => {
+            tracing::warn!(queue, rung = %rung, "retry rung missing; waiting in the consumer instead");
+            Err(Setback::RungMissing)
+        }
+        Err(e) => {
+            log_publish_failure(queue, id, "retry republish failed; requeueing", &e);
+            Err(broker_trouble_or(e, Setback::RetryNotPublished))
+        }
+    }
+}
+
+/// Republishes the delivery to `target` (its `.dlq` or `.parked`) with its
+/// reason, then acks.
+async fn set_aside(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    target: &str,
+    reason: &str,
+) -> Result<Done, Setback> {
+    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    let Some((properties, span)) = set_aside_copy(subject, reason, port.frame_max()) else {
+        tracing::error!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, "even its envelope alone is too big for a frame; requeueing");
+        return Err(Setback::SetAsideFailed(
+            "even its envelope alone is too big for the broker's frame".to_string(),
+        ));
+    };
+    if let Err(e) = republish(port, subject, target, properties, span).await {
+        log_publish_failure(
+            queue,
+            id,
+            &format!("set-aside publish to {target} failed; requeueing"),
+            &e,
+        );
+        return Err(broker_trouble_or(e, Setback::SetAsideFailed));
+    }
+    port.ack().await;
+    tracing::warn!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, reason = %reason, "set aside");
+    Ok(Done::SetAside)
+}
+
+/// Gives the delivery back: requeued, or, from a stream, left to be read
+/// again.
+async fn give_back(port: &impl BrokerPort, subject: Subject<'_>, why: &str) -> Done {
+    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    // Decided for queues only (see decide::follow_up); a stream delivery
+    // that got here anyway is read again, never requeued.
+    if subject.from_stream {
+        port.read_again();
+        tracing::info!(queue, message_id = id, why = %why, "left to be read again from its stream offset");
+        return Done::Retried(RetryPlace::ReadAgain);
+    }
+    port.requeue().await;
+    tracing::debug!(queue, message_id = id, why = %why, "requeued");
+    Done::Retried(RetryPlace::Requeued)
 }
 
 /// Logs a publish that failed: a warning, unless the broker or the
@@ -381,6 +413,45 @@ fn retry_copy(
     envelope::check_frame(&properties, frame_max)
         .map_err(|e| Setback::RetryTooLarge(e.to_string()))?;
     Ok((properties, span))
+}
+
+/// The properties of the set-aside copy (its envelope and `reason`, within
+/// a frame of `frame_max`: see [`envelope::set_aside_within_frame`]), and
+/// the span that publishes it; `None` when not even the envelope fits.
+fn set_aside_copy(
+    subject: Subject<'_>,
+    reason: &str,
+    frame_max: u32,
+) -> Option<(BasicProperties, TraceParent)> {
+    let span = subject.trace.publish_span();
+    let traced = subject.trace.stamp(subject.properties.clone(), &span);
+    let properties =
+        envelope::set_aside_within_frame(&traced, subject.envelope, reason, frame_max)?;
+    Some((properties, span))
+}
+
+/// Each output as a publication (see [`output_publication`]), with the span
+/// that publishes it.
+fn output_publications(
+    subject: Subject<'_>,
+    outputs: Vec<Outgoing>,
+    version: &str,
+    now_ms: u64,
+    frame_max: u32,
+) -> Result<(Vec<Publication>, Vec<TraceParent>), String> {
+    let mut spans = Vec::with_capacity(outputs.len());
+    let publications = outputs
+        .into_iter()
+        .enumerate()
+        .map(|(position, o)| {
+            let id = envelope::output_id(&subject.envelope.id, version, position);
+            let span = subject.trace.publish_span();
+            let publication = output_publication(subject, id, o, now_ms, frame_max, &span);
+            spans.push(span);
+            publication
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((publications, spans))
 }
 
 /// Republishes the delivery to `queue` with `properties`, in `span`.
@@ -478,7 +549,7 @@ mod tests {
     use super::*;
     use crate::delivery::decide::decide;
     use crate::delivery::plugins::PluginRun;
-    use crate::plugin::Verdict;
+    use crate::plugin::Outcome;
 
     const NOW_MS: u64 = 1_700_000_100_000;
     const FIRST_SEEN_MS: u64 = 1_700_000_000_000;
@@ -632,9 +703,9 @@ mod tests {
         }
     }
 
-    fn verdict(verdict: Verdict, outputs: Vec<Outgoing>) -> PluginRun {
+    fn decided(outcome: Outcome, outputs: Vec<Outgoing>) -> PluginRun {
         PluginRun::Decided {
-            verdict,
+            outcome,
             outputs,
             version: "v1".into(),
             fuel: None,
@@ -642,7 +713,7 @@ mod tests {
     }
 
     fn retry(reason: &str) -> PluginRun {
-        verdict(Verdict::Retry(reason.into()), vec![])
+        decided(Outcome::Retry(reason.into()), vec![])
     }
 
     fn unroutable(routing_key: &str) -> PublishError {
@@ -747,8 +818,8 @@ mod tests {
             output("orders.events", "order.accepted"),
             output("audit", "order.seen"),
         ];
-        let r = run(&port, 1, verdict(Verdict::Accept, outputs), &policy()).await;
-        assert_eq!(r, Report::new(Outcome::Acked));
+        let r = run(&port, 1, decided(Outcome::Accept, outputs), &policy()).await;
+        assert_eq!(r, Report::new(ConsumeOutcome::Acked));
         let (parent, _) = delivered(1);
         let calls = port.calls();
         let [Call::Publish(published), Call::Ack] = &calls[..] else {
@@ -802,7 +873,7 @@ mod tests {
                     jitter_sample: 0.0,
                     from_stream: false,
                 },
-                verdict(Verdict::Accept, outputs()),
+                decided(Outcome::Accept, outputs()),
                 &policy(),
             );
             settle(&port, subject, &policy(), settlement).await;
@@ -819,7 +890,7 @@ mod tests {
         let ids = || async {
             let port = Recorder::default();
             let outputs = vec![output("orders.events", "a"), output("orders.events", "b")];
-            run(&port, 1, verdict(Verdict::Accept, outputs), &policy()).await;
+            run(&port, 1, decided(Outcome::Accept, outputs), &policy()).await;
             let calls = port.calls();
             let [Call::Publish(published), Call::Ack] = &calls[..] else {
                 panic!("publish then ack, got {calls:?}");
@@ -845,13 +916,13 @@ mod tests {
             }),
             ..Recorder::default()
         };
-        let accepted = verdict(Verdict::Accept, vec![output("orders.events", "nowhere")]);
+        let accepted = decided(Outcome::Accept, vec![output("orders.events", "nowhere")]);
         let r = run(&port, 1, accepted, &policy()).await;
         assert_eq!(
             r,
             Report {
                 retried: Some(RetryPlace::Consumer),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         let calls = port.calls();
@@ -875,7 +946,7 @@ mod tests {
         let r = run(
             &port,
             1,
-            verdict(Verdict::Accept, vec![bad]),
+            decided(Outcome::Accept, vec![bad]),
             &RetryPolicy::none(),
         )
         .await;
@@ -883,7 +954,7 @@ mod tests {
             r,
             Report {
                 set_aside: true,
-                ..Report::new(Outcome::DeadLettered)
+                ..Report::new(ConsumeOutcome::DeadLettered)
             }
         );
         let copy = copy_to(&port, "orders.new.dlq");
@@ -903,7 +974,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Consumer),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         let calls = port.calls();
@@ -928,7 +999,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Broker),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         assert_eq!(copy_to(&port, "orders.new.retry.40s").attempt, 4);
@@ -950,7 +1021,7 @@ mod tests {
             Report {
                 retried: Some(RetryPlace::Consumer),
                 rung_missing: Some("orders.new.retry.40s".into()),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         let calls = port.calls();
@@ -992,7 +1063,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Requeued),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         // It pauses before the requeue, so a failing copy does not spin.
@@ -1014,7 +1085,7 @@ mod tests {
             r,
             Report {
                 set_aside: true,
-                ..Report::new(Outcome::DeadLettered)
+                ..Report::new(ConsumeOutcome::DeadLettered)
             }
         );
         let copy = copy_to(&port, "orders.new.dlq");
@@ -1030,7 +1101,7 @@ mod tests {
         let port = Recorder::default();
         let policy = policy().give_up_after(Duration::from_secs(60));
         let r = run(&port, 1, retry("slow"), &policy).await;
-        assert_eq!(r.outcome, Outcome::DeadLettered);
+        assert_eq!(r.outcome, ConsumeOutcome::DeadLettered);
         let copy = copy_to(&port, "orders.new.dlq");
         let error = copy.error.as_deref().unwrap_or_default();
         assert!(
@@ -1043,15 +1114,15 @@ mod tests {
     async fn reject_and_park_set_a_copy_aside_with_the_reason() {
         for (plugins, queue, outcome, error) in [
             (
-                verdict(Verdict::Reject("bad total".into()), vec![]),
+                decided(Outcome::Reject("bad total".into()), vec![]),
                 "orders.new.dlq",
-                Outcome::Rejected,
+                ConsumeOutcome::Rejected,
                 "the handler rejected it: bad total",
             ),
             (
-                verdict(Verdict::Park("needs a human".into()), vec![]),
+                decided(Outcome::Park("needs a human".into()), vec![]),
                 "orders.new.parked",
-                Outcome::Parked,
+                ConsumeOutcome::Parked,
                 "the handler parked it: needs a human",
             ),
         ] {
@@ -1079,14 +1150,14 @@ mod tests {
             .into(),
             ..Recorder::default()
         };
-        let parked = verdict(Verdict::Park("odd".into()), vec![]);
+        let parked = decided(Outcome::Park("odd".into()), vec![]);
         let r = run(&port, 1, parked, &policy()).await;
         assert_eq!(
             r,
             Report {
                 retried: Some(RetryPlace::Requeued),
                 set_aside_failed: Some("orders.new.parked".into()),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         // It pauses before the requeue, so a failing copy does not spin.
@@ -1107,14 +1178,14 @@ mod tests {
             republish_fails_times: Some(Mutex::new(2)),
             ..Recorder::default()
         };
-        let rejected = verdict(Verdict::Reject("bad".into()), vec![]);
+        let rejected = decided(Outcome::Reject("bad".into()), vec![]);
         let r = run_on_stream(&port, rejected).await;
         assert_eq!(
             r,
             Report {
                 set_aside: true,
                 set_aside_failed: Some("orders.new.dlq".into()),
-                ..Report::new(Outcome::Rejected)
+                ..Report::new(ConsumeOutcome::Rejected)
             }
         );
         // Each try pauses longer than the one before.
@@ -1143,7 +1214,7 @@ mod tests {
             shutting_down: true,
             ..Recorder::default()
         };
-        let rejected = verdict(Verdict::Reject("bad".into()), vec![]);
+        let rejected = decided(Outcome::Reject("bad".into()), vec![]);
         let r = run_on_stream(&port, rejected).await;
         assert_eq!(r.retried, Some(RetryPlace::ReadAgain));
         assert_eq!(
@@ -1160,7 +1231,7 @@ mod tests {
             }),
             ..Recorder::default()
         };
-        let accepted = verdict(Verdict::Accept, vec![output("x", "k")]);
+        let accepted = decided(Outcome::Accept, vec![output("x", "k")]);
         let r = run_on_stream(&port, accepted).await;
         assert_eq!(r.retried, Some(RetryPlace::ReadAgain));
         assert!(matches!(
@@ -1176,13 +1247,13 @@ mod tests {
             ..Recorder::default()
         };
         let reason = format!("order {} is bad", "9".repeat(100_000));
-        let rejected = verdict(Verdict::Reject(reason), vec![]);
+        let rejected = decided(Outcome::Reject(reason), vec![]);
         let r = run(&port, 1, rejected, &policy()).await;
         assert_eq!(
             r,
             Report {
                 set_aside: true,
-                ..Report::new(Outcome::Rejected)
+                ..Report::new(ConsumeOutcome::Rejected)
             }
         );
         let copy = copy_to(&port, "orders.new.dlq");
@@ -1207,11 +1278,11 @@ mod tests {
         let r = run(
             &port,
             1,
-            verdict(Verdict::Accept, vec![big]),
+            decided(Outcome::Accept, vec![big]),
             &RetryPolicy::none(),
         )
         .await;
-        assert_eq!(r.outcome, Outcome::DeadLettered);
+        assert_eq!(r.outcome, ConsumeOutcome::DeadLettered);
         let copy = copy_to(&port, "orders.new.dlq");
         let error = copy.error.as_deref().unwrap_or_default();
         assert!(
@@ -1232,7 +1303,7 @@ mod tests {
             r,
             Report {
                 retried: Some(RetryPlace::Requeued),
-                ..Report::new(Outcome::Retried)
+                ..Report::new(ConsumeOutcome::Retried)
             }
         );
         assert_eq!(

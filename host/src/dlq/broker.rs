@@ -20,7 +20,6 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
-use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
     QueueDeclareOptions, QueuePurgeOptions,
@@ -109,7 +108,7 @@ impl<'a> Pass<'a> {
 
     /// The next message, or `None` once the bound is reached or the queue
     /// has nothing more to hand out.
-    async fn next(&mut self) -> anyhow::Result<Option<Delivery>> {
+    async fn next(&mut self) -> anyhow::Result<Option<lapin::message::Delivery>> {
         if self.remaining == 0 {
             return Ok(None);
         }
@@ -126,12 +125,12 @@ impl<'a> Pass<'a> {
     }
 
     /// Leaves the message to be requeued when the pass ends.
-    fn hold(&mut self, delivery: &Delivery) {
+    fn hold(&mut self, delivery: &lapin::message::Delivery) {
         self.held = Some(delivery.delivery_tag);
     }
 
     /// Removes the message from the queue.
-    async fn take(&self, delivery: &Delivery) -> anyhow::Result<()> {
+    async fn take(&self, delivery: &lapin::message::Delivery) -> anyhow::Result<()> {
         self.channel
             .basic_ack(delivery.delivery_tag, BasicAckOptions::default())
             .await
@@ -361,7 +360,7 @@ struct Mover<'a> {
 impl Mover<'_> {
     async fn publish(
         &self,
-        delivery: &Delivery,
+        delivery: &lapin::message::Delivery,
         envelope: &Envelope,
         now_ms: u64,
     ) -> Result<(), NotMoved> {

@@ -15,7 +15,7 @@ use super::engine::{CompiledPlugin, PluginEngine};
 use super::fault::Fault;
 use super::host::{self, HostState};
 use super::pool::{Instantiate, Pool, Warm, new_store};
-use super::{ConsumerContext, Input, Outgoing, PluginError, Verdict};
+use super::{ConsumerContext, Input, Outcome, Outgoing, PluginError};
 use crate::config::Isolation;
 
 /// What makes a handler version's instances.
@@ -61,8 +61,8 @@ pub struct HandlerVersion {
 /// The result of one handler call.
 #[derive(Debug)]
 pub struct Invocation {
-    /// The handler's verdict, or the fault that stopped it.
-    pub result: Result<Verdict, Fault>,
+    /// The handler's outcome, or the fault that stopped it.
+    pub result: Result<Outcome, Fault>,
     /// What it asked to publish (meaningful only for `Accept`).
     pub outputs: Vec<Outgoing>,
     /// SHA-256 of the version that handled it.
@@ -187,7 +187,7 @@ impl HandlerVersion {
         }
         .await;
         let (result, outputs) = match result {
-            Ok((outcome, outputs)) => (Ok(verdict(outcome)), outputs),
+            Ok((outcome, outputs)) => (Ok(host_outcome(outcome)), outputs),
             Err(fault) => (Err(fault), Vec::new()),
         };
         Invocation {
@@ -246,12 +246,12 @@ impl HandlerSlot {
     }
 }
 
-fn verdict(outcome: types::Outcome) -> Verdict {
+fn host_outcome(outcome: types::Outcome) -> Outcome {
     match outcome {
-        types::Outcome::Accept => Verdict::Accept,
-        types::Outcome::Retry(reason) => Verdict::Retry(reason),
-        types::Outcome::Reject(reason) => Verdict::Reject(reason),
-        types::Outcome::Park(reason) => Verdict::Park(reason),
+        types::Outcome::Accept => Outcome::Accept,
+        types::Outcome::Retry(reason) => Outcome::Retry(reason),
+        types::Outcome::Reject(reason) => Outcome::Reject(reason),
+        types::Outcome::Park(reason) => Outcome::Park(reason),
     }
 }
 

@@ -156,9 +156,10 @@ pub struct Outgoing {
     pub mandatory: Option<bool>,
 }
 
-/// What the handler decided, in the host's terms.
+/// What the handler decided, in the host's terms: the WIT's `outcome`,
+/// named as there and in the guest SDK.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Outcome {
     Accept,
     Retry(String),
     Reject(String),

@@ -27,8 +27,8 @@ use super::Failure;
 use crate::delivery::{self, PluginRun};
 use crate::envelope::{self, Envelope, HeaderValue};
 use crate::plugin::{
-    CodecSet, ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits, Outgoing,
-    PluginEngine, Verdict,
+    CodecSet, ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits, Outcome,
+    Outgoing, PluginEngine,
 };
 
 /// The queue the message seems to come from (the consumer's queue, as the
@@ -197,17 +197,17 @@ pub fn render(report: &RunReport) -> String {
     let none = Vec::new();
     let (outcome, outputs) = match &report.run {
         PluginRun::Decided {
-            verdict, outputs, ..
+            outcome, outputs, ..
         } => (
-            match verdict {
-                Verdict::Accept => "accept: the message would be acknowledged".to_string(),
-                Verdict::Retry(reason) => format!(
+            match outcome {
+                Outcome::Accept => "accept: the message would be acknowledged".to_string(),
+                Outcome::Retry(reason) => format!(
                     "retry: {reason} (the consumer's retry policy decides when; without one it is dead-lettered)"
                 ),
-                Verdict::Reject(reason) => {
+                Outcome::Reject(reason) => {
                     format!("reject: {reason} (dead-lettered to {QUEUE}.dlq)")
                 }
-                Verdict::Park(reason) => format!("park: {reason} (set aside in {QUEUE}.parked)"),
+                Outcome::Park(reason) => format!("park: {reason} (set aside in {QUEUE}.parked)"),
             },
             outputs,
         ),
@@ -416,7 +416,7 @@ mod tests {
     #[test]
     fn the_report_shows_outcome_outputs_logs_time_and_fuel() {
         let done = report(PluginRun::Decided {
-            verdict: Verdict::Accept,
+            outcome: Outcome::Accept,
             outputs: vec![Outgoing {
                 exchange: "out".into(),
                 routing_key: "k".into(),
@@ -459,7 +459,7 @@ mod tests {
         assert!(!faulted.completed());
         assert!(render(&faulted).contains("outcome: fault (panic): panic: boom"));
         let rejected = report(PluginRun::Decided {
-            verdict: Verdict::Reject("empty".into()),
+            outcome: Outcome::Reject("empty".into()),
             outputs: Vec::new(),
             version: Arc::from("abc"),
             fuel: None,

@@ -257,84 +257,120 @@ pub fn content_header_is_clean(payload: &[u8]) -> bool {
 /// that says so.
 pub fn repair_content_header(payload: &[u8], earlier: Notes, max_payload: usize) -> Vec<u8> {
     let mut notes = earlier;
-    // Too short to hold even its flags: no properties can be read. lapin
-    // reads the body size from it, so keep what there is of the start.
-    let mut fixed = [0u8; CONTENT_HEADER_FIXED];
-    let known = payload.len().min(CONTENT_HEADER_FIXED);
-    fixed[..known].copy_from_slice(&payload[..known]);
-    if payload.len() < CONTENT_HEADER_FIXED {
-        notes.push("its content header is cut short".to_string());
+    let properties = RepairedProperties::read(payload, &mut notes);
+    let repaired = properties.write(properties.headers.as_deref(), &notes, payload.len());
+    if repaired.len() <= max_payload || properties.headers.is_none() {
+        return repaired;
     }
-    let flags = u16::from_be_bytes([fixed[12], fixed[13]]);
+    notes.push(
+        "its other headers were dropped: with this note they were over the frame size the \
+         connection allows"
+            .to_string(),
+    );
+    properties.write(None, &notes, payload.len())
+}
 
-    // Each property as it will be written (its encoded bytes), or absent.
-    let mut properties: [Option<Vec<u8>>; 14] = Default::default();
-    let mut headers: Option<Vec<u8>> = None; // the table's entries, no length
-    let mut rest = payload.get(CONTENT_HEADER_FIXED..).unwrap_or_default();
-    for (index, (name, kind)) in PROPERTIES.iter().enumerate() {
-        if flags & flag_bit(index) == 0 {
-            continue;
+/// A content header's start and properties as they will be written.
+struct RepairedProperties {
+    /// class-id, weight, body size and flags, zeros where it was cut short
+    /// (lapin reads the body size from it, so what there is is kept).
+    fixed: [u8; CONTENT_HEADER_FIXED],
+    flags: u16,
+    /// Each property but the headers as it will be written (its encoded
+    /// bytes), or absent.
+    properties: [Option<Vec<u8>>; 14],
+    /// The header table's entries, without their length.
+    headers: Option<Vec<u8>>,
+}
+
+impl RepairedProperties {
+    /// Reads every property the flags announce, repairing each, until the
+    /// payload ends; what was wrong goes to `notes`.
+    fn read(payload: &[u8], notes: &mut Notes) -> Self {
+        let mut fixed = [0u8; CONTENT_HEADER_FIXED];
+        let known = payload.len().min(CONTENT_HEADER_FIXED);
+        fixed[..known].copy_from_slice(&payload[..known]);
+        if payload.len() < CONTENT_HEADER_FIXED {
+            // Too short to hold even its flags: no properties can be read.
+            notes.push("its content header is cut short".to_string());
         }
-        let cut_short = || format!("its {name} property and those after it are cut short");
+        let flags = u16::from_be_bytes([fixed[12], fixed[13]]);
+        let mut read = Self {
+            fixed,
+            flags,
+            properties: Default::default(),
+            headers: None,
+        };
+        let mut rest = payload.get(CONTENT_HEADER_FIXED..).unwrap_or_default();
+        for (index, (name, kind)) in PROPERTIES.iter().enumerate() {
+            if flags & flag_bit(index) == 0 {
+                continue;
+            }
+            let Some(after) = read.read_property(index, name, *kind, rest, notes) else {
+                notes.push(format!(
+                    "its {name} property and those after it are cut short"
+                ));
+                rest = &[];
+                break;
+            };
+            rest = after;
+        }
+        if !rest.is_empty() {
+            notes.push(format!("{} stray bytes follow its properties", rest.len()));
+        }
+        read
+    }
+
+    /// Reads property `index` (`name`, of `kind`) from the start of `rest`,
+    /// repaired; the bytes after it, or `None` when it is cut short.
+    fn read_property<'r>(
+        &mut self,
+        index: usize,
+        name: &str,
+        kind: Kind,
+        rest: &'r [u8],
+        notes: &mut Notes,
+    ) -> Option<&'r [u8]> {
         match kind {
-            Kind::Fixed(n) => match (rest.get(..*n), rest.get(*n..)) {
-                (Some(value), Some(after)) => {
-                    properties[index] = Some(value.to_vec());
-                    rest = after;
+            Kind::Fixed(n) => {
+                let (value, after) = (rest.get(..n)?, rest.get(n..)?);
+                self.properties[index] = Some(value.to_vec());
+                Some(after)
+            }
+            Kind::Short => {
+                let (text, after) = short_string(rest)?;
+                let mut value = text.to_vec();
+                if std::str::from_utf8(text).is_err() {
+                    notes.push(format!(
+                        "its {name} property is not UTF-8: {}",
+                        quoted(text)
+                    ));
+                    make_utf8(&mut value);
                 }
-                _ => {
-                    notes.push(cut_short());
-                    rest = &[];
-                    break;
-                }
-            },
-            Kind::Short => match short_string(rest) {
-                Some((text, after)) => {
-                    let mut value = text.to_vec();
-                    if std::str::from_utf8(text).is_err() {
-                        notes.push(format!(
-                            "its {name} property is not UTF-8: {}",
-                            quoted(text)
-                        ));
-                        make_utf8(&mut value);
-                    }
-                    let mut encoded = Vec::with_capacity(value.len() + 1);
-                    encoded.push(value.len() as u8);
-                    encoded.extend_from_slice(&value);
-                    properties[index] = Some(encoded);
-                    rest = after;
-                }
-                None => {
-                    notes.push(cut_short());
-                    rest = &[];
-                    break;
-                }
-            },
-            Kind::Table => match long_bytes(rest) {
-                Some((table, after)) => {
-                    let mut entries = Vec::with_capacity(table.len() + 64);
-                    repair_table(table, &Path::Top, 0, &mut entries, &mut notes);
-                    headers = Some(entries);
-                    rest = after;
-                }
-                None => {
-                    notes.push(cut_short());
-                    rest = &[];
-                    break;
-                }
-            },
+                let mut encoded = Vec::with_capacity(value.len() + 1);
+                encoded.push(value.len() as u8);
+                encoded.extend_from_slice(&value);
+                self.properties[index] = Some(encoded);
+                Some(after)
+            }
+            Kind::Table => {
+                let (table, after) = long_bytes(rest)?;
+                let mut entries = Vec::with_capacity(table.len() + 64);
+                repair_table(table, &Path::Top, 0, &mut entries, notes);
+                self.headers = Some(entries);
+                Some(after)
+            }
         }
     }
-    if !rest.is_empty() {
-        notes.push(format!("{} stray bytes follow its properties", rest.len()));
-    }
 
-    let build = |headers: Option<&[u8]>, notes: &Notes| {
-        let mut out = Vec::with_capacity(payload.len() + 128);
-        out.extend_from_slice(&fixed[..12]);
-        let mut flags = flags & 0b11; // the bits lapin ignores, kept
+    /// The payload with `headers` as the header table's entries and the
+    /// [`UNREADABLE_HEADER`] entry, when there are `notes`, after them.
+    fn write(&self, headers: Option<&[u8]>, notes: &Notes, size_hint: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(size_hint + 128);
+        out.extend_from_slice(&self.fixed[..12]);
+        let mut flags = self.flags & 0b11; // the bits lapin ignores, kept
         let mut body = Vec::new();
-        for (index, property) in properties.iter().enumerate() {
+        for (index, property) in self.properties.iter().enumerate() {
             if index == HEADERS_INDEX {
                 let note = (!notes.is_empty()).then(|| notes.text());
                 if headers.is_some() || note.is_some() {
@@ -354,17 +390,7 @@ pub fn repair_content_header(payload: &[u8], earlier: Notes, max_payload: usize)
         out.extend_from_slice(&flags.to_be_bytes());
         out.extend_from_slice(&body);
         out
-    };
-    let repaired = build(headers.as_deref(), &notes);
-    if repaired.len() <= max_payload || headers.is_none() {
-        return repaired;
     }
-    notes.push(
-        "its other headers were dropped: with this note they were over the frame size the \
-         connection allows"
-            .to_string(),
-    );
-    build(None, &notes)
 }
 
 /// Appends the [`UNREADABLE_HEADER`] entry (a long string) to a table's
