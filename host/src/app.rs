@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::checkpoint::{BrokerCheckpoint, Cadence, Checkpoint, FileCheckpoint};
 use crate::broker::stream::{StreamOffset, StreamPosition};
 use crate::broker::{
-    Addresses, Board, Link, OnConnected, PublishLink, PublishSettings, Recovery, SubscriptionEnv,
-    SubscriptionSpec, Tls, resubscribe,
+    Addresses, Board, Link, OnConnected, OneOff, PublishLink, PublishSettings, Recovery,
+    SubscriptionEnv, SubscriptionSpec, Tls, resubscribe,
 };
 use crate::config::{ConsumerConfig, LoadedConfig};
 use crate::delivery::{self, ConsumerRules, Pipeline};
@@ -414,14 +414,7 @@ pub async fn reset_stream_checkpoint(
     consumer_name: &str,
     to: &str,
 ) -> anyhow::Result<String> {
-    StreamOffset::parse(to)
-        .or_else(|e| {
-            to.trim()
-                .parse::<u64>()
-                .map(StreamOffset::At)
-                .map_err(|_| e)
-        })
-        .map_err(|e| anyhow::anyhow!("--to: {e}"))?;
+    StreamOffset::parse_position(to).map_err(|e| anyhow::anyhow!("--to: {e}"))?;
     let consumers = &config.config.consumers;
     let Some((index, consumer)) = consumers
         .iter()
@@ -445,13 +438,15 @@ pub async fn reset_stream_checkpoint(
     let Some(checkpoint) = stream_checkpoint(config, index, consumer, true)? else {
         anyhow::bail!("the consumer '{consumer_name}' keeps no checkpoint (checkpoint = \"none\")");
     };
-    let connection = match &checkpoint {
+    let broker = match &checkpoint {
         Checkpoint::File(_) => None,
         Checkpoint::Broker(_) => Some(connect_once(config, "reset").await?),
     };
-    let result = checkpoint.reset(connection.as_ref(), to).await;
-    if let Some(connection) = connection {
-        let _ = connection.close(200, "checkpoint reset".into()).await;
+    let result = checkpoint
+        .reset(broker.as_ref().map(OneOff::connection), to)
+        .await;
+    if let Some(broker) = broker {
+        broker.close("checkpoint reset").await;
     }
     result.map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(format!(
@@ -472,14 +467,12 @@ pub fn broker_addresses(config: &LoadedConfig, role: &str) -> anyhow::Result<Add
     Ok(Addresses::new(config.broker_urls()?, name).with_tls(tls))
 }
 
-/// One connection for a one-off command (`stream reset`, `replay`): one
-/// round over the addresses, each attempt bounded by `connect_timeout`.
-pub async fn connect_once(config: &LoadedConfig, role: &str) -> anyhow::Result<lapin::Connection> {
+/// The connection of a one-off command (`dlq`, `replay`, `stream reset`):
+/// one round over the configured addresses, each attempt bounded by
+/// `connect_timeout`.
+pub async fn connect_once(config: &LoadedConfig, role: &'static str) -> anyhow::Result<OneOff> {
     let addresses = broker_addresses(config, role)?;
-    let (connection, _) = addresses
-        .connect_round(0, config.config.broker.connect_timeout)
-        .await?;
-    Ok(connection)
+    Ok(OneOff::open(role, addresses, config.config.broker.connect_timeout).await?)
 }
 
 /// Runs the host until `shutdown` is cancelled.
