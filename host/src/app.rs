@@ -361,7 +361,7 @@ pub fn consumer_context(consumer: &ConsumerConfig) -> Arc<ConsumerContext> {
 /// The checkpoint `[[consumers]] checkpoint` asks for: `"file:PATH"`,
 /// `"broker"` (the default for a stream consumer with a `consumer_name`),
 /// or `"none"`.
-fn stream_checkpoint(
+pub(crate) fn stream_checkpoint(
     config: &LoadedConfig,
     index: usize,
     consumer: &ConsumerConfig,
@@ -403,56 +403,6 @@ fn stream_checkpoint(
             )
             .into()),
     }
-}
-
-/// `acemq-host stream reset`: moves the checkpoint of the stream consumer
-/// named `consumer_name` to `to` (`first`, `last`, `next`, an offset, a
-/// time). Meant for a stopped consumer: a running host overwrites the
-/// checkpoint at its next save. Returns what was done, for the operator.
-pub async fn reset_stream_checkpoint(
-    config: &LoadedConfig,
-    consumer_name: &str,
-    to: &str,
-) -> anyhow::Result<String> {
-    StreamOffset::parse_position(to).map_err(|e| anyhow::anyhow!("--to: {e}"))?;
-    let consumers = &config.config.consumers;
-    let Some((index, consumer)) = consumers
-        .iter()
-        .enumerate()
-        .find(|(_, c)| c.consumer_name.as_deref() == Some(consumer_name))
-    else {
-        let names: Vec<&str> = consumers
-            .iter()
-            .filter_map(|c| c.consumer_name.as_deref())
-            .collect();
-        anyhow::bail!(
-            "{}: no consumer is named '{consumer_name}' (named consumers: {})",
-            config.path.display(),
-            if names.is_empty() {
-                "none".to_string()
-            } else {
-                names.join(", ")
-            }
-        );
-    };
-    let Some(checkpoint) = stream_checkpoint(config, index, consumer, true)? else {
-        anyhow::bail!("the consumer '{consumer_name}' keeps no checkpoint (checkpoint = \"none\")");
-    };
-    let broker = match &checkpoint {
-        Checkpoint::File(_) => None,
-        Checkpoint::Broker(_) => Some(connect_once(config, "reset").await?),
-    };
-    let result = checkpoint
-        .reset(broker.as_ref().map(OneOff::connection), to)
-        .await;
-    if let Some(broker) = broker {
-        broker.close("checkpoint reset").await;
-    }
-    result.map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(format!(
-        "the checkpoint of '{consumer_name}' (queue '{}') now says: {to}",
-        consumer.queue.get_ref()
-    ))
 }
 
 /// The configured broker addresses, with their TLS, for connections named
