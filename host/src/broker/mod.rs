@@ -1,10 +1,11 @@
 //! AMQP mechanics, and nothing of what a message means: the connection,
+//! declarations each on a channel of their own ([`declare`]),
 //! subscriptions that hand each delivery to a function and settle it as
 //! told, coalesced acks, and confirmed publishing; and, for the one-off
 //! commands, their connection ([`oneoff`]), the peek/take pass over a
 //! set-aside queue ([`set_aside`]) and a stream read ([`stream_read`]).
 //! Every conversation with the broker is here: no other module opens a
-//! channel or sends a `basic.*` method.
+//! connection or a channel, or sends a `basic.*` method.
 //!
 //! This module imports nothing from `delivery`, `plugin`, `retry` or
 //! `envelope`: the message path (`crate::delivery`) uses it, never the
@@ -14,6 +15,7 @@ pub mod acks;
 pub mod address;
 pub mod checkpoint;
 pub mod connection;
+pub mod declare;
 pub mod frame_guard;
 pub mod lease;
 pub mod link;
