@@ -224,9 +224,7 @@ pub fn spawn(
     let policy = Arc::new(policy);
     tokio::spawn(async move {
         let mut connections = JoinSet::new();
-        let places = places::Places::new(MAX_CONNECTIONS);
-        let mut made_room = Throttle::new(CAP_WARN_EVERY);
-        let mut refused = Throttle::new(CAP_WARN_EVERY);
+        let mut doors = Doors::new();
         loop {
             let accepted = tokio::select! {
                 biased;
@@ -243,75 +241,17 @@ pub fn spawn(
                 }
             };
             while connections.try_join_next().is_some() {}
-            let place = match places.admit(Instant::now()) {
-                places::Admission::Admitted {
-                    place,
-                    made_room: false,
-                } => place,
-                places::Admission::Admitted {
-                    place,
-                    made_room: true,
-                } => {
-                    if let Some(closed) = made_room.note(Instant::now()) {
-                        tracing::warn!(
-                            peer = %peer,
-                            closed,
-                            limit = MAX_CONNECTIONS,
-                            "admin endpoint: every connection place is taken; closing the one idle the longest for each new one"
-                        );
-                    }
-                    place
-                }
-                places::Admission::Refused => {
-                    drop(stream);
-                    if let Some(closed) = refused.note(Instant::now()) {
-                        tracing::warn!(
-                            peer = %peer,
-                            closed,
-                            limit = MAX_CONNECTIONS,
-                            "admin endpoint: too many connections, every one answering a request; closing new ones at once"
-                        );
-                    }
-                    continue;
-                }
+            let Some(place) = doors.admit(peer) else {
+                drop(stream);
+                continue;
             };
-            let admin = admin.clone();
-            let policy = policy.clone();
-            let stop = stop.clone();
-            connections.spawn(async move {
-                let activity = place.activity();
-                let service = hyper::service::service_fn(move |request| {
-                    let admin = admin.clone();
-                    let policy = policy.clone();
-                    // Busy while answering: not the one to close for a newcomer.
-                    let busy = activity.busy();
-                    async move {
-                        let response = admin.serve(&policy, request).await;
-                        drop(busy);
-                        Ok::<_, Infallible>(response)
-                    }
-                });
-                let stream = write_deadline::WriteDeadline::new(stream, WRITE_TIMEOUT);
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_READ_TIMEOUT)
-                    .serve_connection(TokioIo::new(stream), service);
-                tokio::pin!(connection);
-                let served = tokio::select! {
-                    served = connection.as_mut() => served,
-                    // Another connection took its place: close it now.
-                    _ = place.close.cancelled() => Ok(()),
-                    _ = stop.cancelled() => {
-                        // Finish the request in progress, then close.
-                        connection.as_mut().graceful_shutdown();
-                        connection.await
-                    }
-                };
-                if let Err(e) = served {
-                    tracing::debug!(error = %e, "admin endpoint connection");
-                }
-                drop(place);
-            });
+            connections.spawn(serve_connection(
+                stream,
+                place,
+                admin.clone(),
+                policy.clone(),
+                stop.clone(),
+            ));
         }
         drop(listener);
         let closed = tokio::time::timeout(CLOSE_GRACE, async {
@@ -322,6 +262,103 @@ pub fn spawn(
             connections.abort_all();
         }
     })
+}
+
+/// Who gets a connection place ([`places::Places`]), with the warnings
+/// when the places run out, throttled.
+struct Doors {
+    places: Arc<places::Places>,
+    made_room: Throttle,
+    refused: Throttle,
+}
+
+impl Doors {
+    fn new() -> Self {
+        Self {
+            places: places::Places::new(MAX_CONNECTIONS),
+            made_room: Throttle::new(CAP_WARN_EVERY),
+            refused: Throttle::new(CAP_WARN_EVERY),
+        }
+    }
+
+    /// A place for `peer`'s connection; `None`: close it at once.
+    fn admit(&mut self, peer: SocketAddr) -> Option<places::Place> {
+        match self.places.admit(Instant::now()) {
+            places::Admission::Admitted {
+                place,
+                made_room: false,
+            } => Some(place),
+            places::Admission::Admitted {
+                place,
+                made_room: true,
+            } => {
+                if let Some(closed) = self.made_room.note(Instant::now()) {
+                    tracing::warn!(
+                        peer = %peer,
+                        closed,
+                        limit = MAX_CONNECTIONS,
+                        "admin endpoint: every connection place is taken; closing the one idle the longest for each new one"
+                    );
+                }
+                Some(place)
+            }
+            places::Admission::Refused => {
+                if let Some(closed) = self.refused.note(Instant::now()) {
+                    tracing::warn!(
+                        peer = %peer,
+                        closed,
+                        limit = MAX_CONNECTIONS,
+                        "admin endpoint: too many connections, every one answering a request; closing new ones at once"
+                    );
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Answers requests on one connection until the client closes it, another
+/// connection takes its place, or `stop` (then the request in progress is
+/// finished first).
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    place: places::Place,
+    admin: Arc<Admin>,
+    policy: Arc<Policy>,
+    stop: CancellationToken,
+) {
+    let activity = place.activity();
+    let service = hyper::service::service_fn(move |request| {
+        let admin = admin.clone();
+        let policy = policy.clone();
+        // Busy while answering: not the one to close for a newcomer.
+        let busy = activity.busy();
+        async move {
+            let response = admin.serve(&policy, request).await;
+            drop(busy);
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let stream = write_deadline::WriteDeadline::new(stream, WRITE_TIMEOUT);
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let served = tokio::select! {
+        served = connection.as_mut() => served,
+        // Another connection took its place: close it now.
+        _ = place.close.cancelled() => Ok(()),
+        _ = stop.cancelled() => {
+            // Finish the request in progress, then close.
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = served {
+        tracing::debug!(error = %e, "admin endpoint connection");
+    }
+    drop(place);
 }
 
 /// Counts events and says when to log them: the first at once, later ones
