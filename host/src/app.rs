@@ -9,14 +9,14 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::checkpoint::{BrokerCheckpoint, Cadence, Checkpoint, FileCheckpoint};
 use crate::broker::stream::{StreamOffset, StreamPosition};
 use crate::broker::{
-    Addresses, Board, Link, OnConnected, PublishLink, PublishSettings, Recovery, SubscriptionEnv,
-    SubscriptionSpec, Tls, resubscribe,
+    Addresses, Board, Link, OnConnected, OneOff, PublishLink, PublishSettings, Recovery,
+    SubscriptionEnv, SubscriptionSpec, Tls, resubscribe,
 };
 use crate::config::{ConsumerConfig, LoadedConfig};
 use crate::delivery::{self, ConsumerRules, Pipeline};
@@ -261,57 +261,10 @@ fn prepare_consumer(
     consumer: &ConsumerConfig,
 ) -> anyhow::Result<PreparedConsumer> {
     let queue = consumer.queue.get_ref().clone();
-    let policy = match &consumer.retry {
-        Some(name) => {
-            let policy_config = &config.config.retry[name.get_ref()];
-            RetryPolicy::from_config(name.get_ref(), policy_config).map_err(|e| {
-                config.error_at(
-                    Some(name.span().start),
-                    format!("consumers[{index}].retry: {e}"),
-                )
-            })?
-        }
-        // The contract's default policy is none(): a retry dead-letters.
-        None => RetryPolicy::none(),
-    };
+    let policy = retry_policy(config, index, consumer)?;
     let context = consumer_context(consumer);
-    // A stream declared in this config; a stream declared elsewhere is one
-    // when the consumer names an offset.
-    let is_stream = topology
-        .queue(&queue)
-        .is_some_and(|q| q.queue_type == crate::topology::QueueType::Stream);
-    let offset = match &consumer.offset {
-        Some(offset) if !is_stream && topology.queue(&queue).is_some() => {
-            return Err(config
-                .error_at(
-                    Some(offset.span().start),
-                    format!("consumers[{index}].offset: queue '{queue}' is declared here as a queue, not a stream; an offset is for stream consumers"),
-                )
-                .into());
-        }
-        // Checked when the config was read.
-        Some(offset) => Some(offset.get_ref().parse().map_err(|e| anyhow::anyhow!(e))?),
-        None => is_stream.then_some(StreamOffset::Next),
-    };
-    let checkpoint = stream_checkpoint(config, index, consumer, is_stream || offset.is_some())?;
-    if checkpoint.is_some() && offset.is_none() {
-        let at = consumer.checkpoint.as_ref().map(|c| c.span().start);
-        return Err(config
-            .error_at(at, format!("consumers[{index}].checkpoint: only a stream consumer keeps a checkpoint; declare '{queue}' as a stream here or give the consumer an offset"))
-            .into());
-    }
-    let stream = offset.map(|offset| {
-        let mut position = StreamPosition::new(offset);
-        if let Some(checkpoint) = checkpoint {
-            position = position.with_checkpoint(checkpoint);
-        }
-        // A consumer name is one reader: across hosts, one at a time.
-        if let Some(name) = &consumer.consumer_name {
-            position = position.with_lease(name);
-        }
-        Arc::new(position)
-    });
-    let is_stream = is_stream || stream.is_some();
+    let stream = stream_position(config, topology, index, consumer)?;
+    let is_stream = stream.is_some();
     let plugin_path = config.resolve(consumer.plugin.get_ref());
     let version = HandlerVersion::load(engine, &plugin_path, context)
         .with_context(|| format!("consumers[{index}] (queue '{queue}')"))?;
@@ -341,6 +294,70 @@ fn prepare_consumer(
     })
 }
 
+/// The consumer's `retry` policy, or the contract's default, none(): a
+/// retry dead-letters.
+fn retry_policy(
+    config: &LoadedConfig,
+    index: usize,
+    consumer: &ConsumerConfig,
+) -> anyhow::Result<RetryPolicy> {
+    let Some(name) = &consumer.retry else {
+        return Ok(RetryPolicy::none());
+    };
+    let policy_config = &config.config.retry[name.get_ref()];
+    RetryPolicy::from_config(name.get_ref(), policy_config).map_err(|e| {
+        let at = Some(name.span().start);
+        anyhow::Error::from(config.error_at(at, format!("consumers[{index}].retry: {e}")))
+    })
+}
+
+/// Where a stream consumer reads from, with its checkpoint and lease;
+/// `None` for a consumer of a queue.
+fn stream_position(
+    config: &LoadedConfig,
+    topology: &Topology,
+    index: usize,
+    consumer: &ConsumerConfig,
+) -> anyhow::Result<Option<Arc<StreamPosition>>> {
+    let queue = consumer.queue.get_ref();
+    // A stream declared in this config; a stream declared elsewhere is one
+    // when the consumer names an offset.
+    let is_stream = topology
+        .queue(queue)
+        .is_some_and(|q| q.queue_type == crate::topology::QueueType::Stream);
+    let offset = match &consumer.offset {
+        Some(offset) if !is_stream && topology.queue(queue).is_some() => {
+            return Err(config
+                .error_at(
+                    Some(offset.span().start),
+                    format!("consumers[{index}].offset: queue '{queue}' is declared here as a queue, not a stream; an offset is for stream consumers"),
+                )
+                .into());
+        }
+        // Checked when the config was read.
+        Some(offset) => Some(offset.get_ref().parse().map_err(|e| anyhow::anyhow!(e))?),
+        None => is_stream.then_some(StreamOffset::Next),
+    };
+    let checkpoint = stream_checkpoint(config, index, consumer, is_stream || offset.is_some())?;
+    if checkpoint.is_some() && offset.is_none() {
+        let at = consumer.checkpoint.as_ref().map(|c| c.span().start);
+        return Err(config
+            .error_at(at, format!("consumers[{index}].checkpoint: only a stream consumer keeps a checkpoint; declare '{queue}' as a stream here or give the consumer an offset"))
+            .into());
+    }
+    Ok(offset.map(|offset| {
+        let mut position = StreamPosition::new(offset);
+        if let Some(checkpoint) = checkpoint {
+            position = position.with_checkpoint(checkpoint);
+        }
+        // A consumer name is one reader: across hosts, one at a time.
+        if let Some(name) = &consumer.consumer_name {
+            position = position.with_lease(name);
+        }
+        Arc::new(position)
+    }))
+}
+
 /// What a consumer's handler may see and do: its queue, its config table,
 /// the exchanges it may publish to, its limits.
 pub fn consumer_context(consumer: &ConsumerConfig) -> Arc<ConsumerContext> {
@@ -361,7 +378,7 @@ pub fn consumer_context(consumer: &ConsumerConfig) -> Arc<ConsumerContext> {
 /// The checkpoint `[[consumers]] checkpoint` asks for: `"file:PATH"`,
 /// `"broker"` (the default for a stream consumer with a `consumer_name`),
 /// or `"none"`.
-fn stream_checkpoint(
+pub(crate) fn stream_checkpoint(
     config: &LoadedConfig,
     index: usize,
     consumer: &ConsumerConfig,
@@ -405,61 +422,6 @@ fn stream_checkpoint(
     }
 }
 
-/// `acemq-host stream reset`: moves the checkpoint of the stream consumer
-/// named `consumer_name` to `to` (`first`, `last`, `next`, an offset, a
-/// time). Meant for a stopped consumer: a running host overwrites the
-/// checkpoint at its next save. Returns what was done, for the operator.
-pub async fn reset_stream_checkpoint(
-    config: &LoadedConfig,
-    consumer_name: &str,
-    to: &str,
-) -> anyhow::Result<String> {
-    StreamOffset::parse(to)
-        .or_else(|e| {
-            to.trim()
-                .parse::<u64>()
-                .map(StreamOffset::At)
-                .map_err(|_| e)
-        })
-        .map_err(|e| anyhow::anyhow!("--to: {e}"))?;
-    let consumers = &config.config.consumers;
-    let Some((index, consumer)) = consumers
-        .iter()
-        .enumerate()
-        .find(|(_, c)| c.consumer_name.as_deref() == Some(consumer_name))
-    else {
-        let names: Vec<&str> = consumers
-            .iter()
-            .filter_map(|c| c.consumer_name.as_deref())
-            .collect();
-        anyhow::bail!(
-            "{}: no consumer is named '{consumer_name}' (named consumers: {})",
-            config.path.display(),
-            if names.is_empty() {
-                "none".to_string()
-            } else {
-                names.join(", ")
-            }
-        );
-    };
-    let Some(checkpoint) = stream_checkpoint(config, index, consumer, true)? else {
-        anyhow::bail!("the consumer '{consumer_name}' keeps no checkpoint (checkpoint = \"none\")");
-    };
-    let connection = match &checkpoint {
-        Checkpoint::File(_) => None,
-        Checkpoint::Broker(_) => Some(connect_once(config, "reset").await?),
-    };
-    let result = checkpoint.reset(connection.as_ref(), to).await;
-    if let Some(connection) = connection {
-        let _ = connection.close(200, "checkpoint reset".into()).await;
-    }
-    result.map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(format!(
-        "the checkpoint of '{consumer_name}' (queue '{}') now says: {to}",
-        consumer.queue.get_ref()
-    ))
-}
-
 /// The configured broker addresses, with their TLS, for connections named
 /// `{connection_name}.{role}`.
 pub fn broker_addresses(config: &LoadedConfig, role: &str) -> anyhow::Result<Addresses> {
@@ -472,17 +434,17 @@ pub fn broker_addresses(config: &LoadedConfig, role: &str) -> anyhow::Result<Add
     Ok(Addresses::new(config.broker_urls()?, name).with_tls(tls))
 }
 
-/// One connection for a one-off command (`stream reset`, `replay`): one
-/// round over the addresses, each attempt bounded by `connect_timeout`.
-pub async fn connect_once(config: &LoadedConfig, role: &str) -> anyhow::Result<lapin::Connection> {
+/// The connection of a one-off command (`dlq`, `replay`, `stream reset`):
+/// one round over the configured addresses, each attempt bounded by
+/// `connect_timeout`.
+pub async fn connect_once(config: &LoadedConfig, role: &'static str) -> anyhow::Result<OneOff> {
     let addresses = broker_addresses(config, role)?;
-    let (connection, _) = addresses
-        .connect_round(0, config.config.broker.connect_timeout)
-        .await?;
-    Ok(connection)
+    Ok(OneOff::open(role, addresses, config.config.broker.connect_timeout).await?)
 }
 
-/// Runs the host until `shutdown` is cancelled.
+/// Runs the host until `shutdown` is cancelled, in four phases: start the
+/// links ([`Links::start`]), start the consumers ([`start_consumers`]),
+/// serve until they have drained ([`serve`]), shut down ([`shut_down`]).
 ///
 /// Once started, nothing the broker does ends it: the two connections are
 /// kept up by their links (`broker::link`), and each consumer is kept
@@ -494,188 +456,173 @@ pub async fn run(
     shutdown: CancellationToken,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<()> {
-    let config = &prepared.config;
-    let broker_config = &config.config.broker;
+    let Prepared {
+        config,
+        topology,
+        engine,
+        codecs,
+        consumers,
+        admin,
+        board,
+        tracer,
+    } = prepared;
     // Hot swap and the admin endpoint (plugin/swap.rs, admin/). The admin
     // address is bound first, so one in use fails the start before anything
     // is declared or consumed.
-    let admin_bound = match prepared.admin {
+    let admin_bound = match admin {
         Some(settings) => Some(crate::admin::bind(settings).await?),
         None => None,
     };
     let reloader = Arc::new(Reloader::new(
-        prepared.engine.clone(),
+        engine,
         metrics.clone(),
-        prepared.consumers.iter().map(|c| PluginSpec {
+        consumers.iter().map(|c| PluginSpec {
             queue: c.subscription.queue.clone(),
             path: c.plugin_path.clone(),
             slot: c.handler.clone(),
         }),
     ));
-    // Two connections: a broker alarm blocks publishing connections only,
-    // so acks keep flowing on the consume connection while it lasts.
-    let consume_link = Link::new(
-        "consume",
-        broker_addresses(config, "consume")?,
-        metrics.clone(),
-    );
-    let publish_link = Link::new(
-        "publish",
-        broker_addresses(config, "publish")?,
-        metrics.clone(),
-    );
-    let board = prepared.board.clone();
-
+    let links = Links::new(&config, Arc::new(topology), &metrics)?;
     // The admin endpoint answers from now on: DOWN, with what the host is
     // waiting for, until it connects.
-    let admin_stop = CancellationToken::new();
-    let admin = admin_bound.map(|bound| {
-        let admin = crate::admin::Admin {
+    let admin = AdminTask::spawn(
+        admin_bound,
+        crate::admin::Admin {
             reloader: reloader.clone(),
             metrics: metrics.clone(),
             shutdown: shutdown.clone(),
             board: board.clone(),
-            links: vec![consume_link.clone(), publish_link.clone()],
-        };
-        crate::admin::spawn(bound, Arc::new(admin), admin_stop.clone())
-    });
-
-    let recovery = Recovery {
-        interval: broker_config.network_recovery_interval,
-        backoff_max: broker_config.recovery_backoff_max,
-        attempt_timeout: broker_config.connect_timeout,
-    };
-    let topology = Arc::new(prepared.topology);
-    let apply_topology = topology_hook(topology.clone());
-    let nothing_to_set_up: OnConnected = Arc::new(|_| Box::pin(async { Ok(()) }));
-    let started = async {
-        consume_link
-            .connect_first(&recovery, &apply_topology, broker_config.connect_timeout)
-            .await?;
-        tracing::info!(
-            exchanges = topology.exchanges.len(),
-            queues = topology.queues.len(),
-            bindings = topology.bindings.len(),
-            "topology applied"
-        );
-        publish_link
-            .connect_first(&recovery, &nothing_to_set_up, broker_config.connect_timeout)
-            .await
-    };
-    let started = tokio::select! {
-        biased;
-        _ = shutdown.cancelled() => Ok(()),
-        started = started => started,
-    };
-    if let Err(e) = started {
-        admin_stop.cancel();
-        if let Some(admin) = admin {
-            let _ = admin.await;
-        }
+            links: vec![links.consume.clone(), links.publish.clone()],
+        },
+    );
+    if let Err(e) = links.start(&shutdown).await {
+        admin.stop().await;
         return Err(e);
     }
     // The links outlive the consumers: deliveries still draining at
     // shutdown publish and ack on them.
     let links_stop = CancellationToken::new();
-    let supervisors = [
-        tokio::spawn(consume_link.clone().supervise(
-            recovery.clone(),
-            apply_topology.clone(),
-            links_stop.clone(),
-        )),
-        tokio::spawn(publish_link.clone().supervise(
-            recovery,
-            nothing_to_set_up,
-            links_stop.clone(),
-        )),
-    ];
-
+    let supervisors = links.supervise(&links_stop);
     let shared = delivery::Shared {
-        codecs: prepared.codecs.clone(),
+        codecs,
         publish_link: PublishLink::new(
-            publish_link.clone(),
+            links.publish.clone(),
             PublishSettings {
-                max_unconfirmed: broker_config.max_unconfirmed,
-                confirm_timeout: broker_config.confirm_timeout,
+                max_unconfirmed: config.config.broker.max_unconfirmed,
+                confirm_timeout: config.config.broker.confirm_timeout,
             },
             metrics.clone(),
         ),
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
-        tracer: prepared.tracer.clone(),
+        tracer: tracer.clone(),
     };
     let env = SubscriptionEnv {
         shutdown: shutdown.clone(),
         drain_timeout: config.config.host.drain_timeout,
-        board: board.clone(),
+        board,
     };
-    let mut consumers = JoinSet::new();
-    let mut savers = Vec::new();
-    for consumer in prepared.consumers {
-        let queue = consumer.subscription.queue.as_str();
-        metrics
-            .plugin_version
-            .get_or_create(&PluginVersionLabels {
-                queue: queue.to_string(),
-                sha256: consumer.handler.current().sha256.to_string(),
-            })
-            .set(1);
-        let pipeline = Arc::new(
-            Pipeline::new(queue, consumer.rules, consumer.handler, &shared)
-                .with_stream(consumer.subscription.stream.clone()),
-        );
-        if let Some(position) = &consumer.subscription.stream {
-            // One saver per consumer for the life of the host, over the
-            // publish connection; it outlives the consumers, whose last
-            // saves it stores at their stop.
-            if let Some(saver) =
-                position.spawn_saver(Some(publish_link.clone()), links_stop.clone())
-            {
-                savers.push(saver);
-            }
-            tokio::spawn(crate::broker::stream::probe_newest(
-                consume_link.clone(),
-                queue.to_string(),
-                position.clone(),
-                shutdown.clone(),
-            ));
-        }
-        consumers.spawn(resubscribe::keep_subscribed(
-            consume_link.clone(),
-            consumer.subscription,
-            env.clone(),
-            apply_topology.clone(),
-            move |received| pipeline.clone().handle(received),
-        ));
-    }
-    // File watcher and SIGHUP stop reloading when shutdown begins; the admin
-    // endpoint serves (health DOWN) until the consumers have drained.
-    let reloads_stop = shutdown.child_token();
-    let reloads = reloader.start(reloads_stop.clone());
-    let config_watch = crate::config_watch::spawn(&config.path, &config.text, reloads_stop.clone());
+    let (running, savers) = start_consumers(consumers, &links, &shared, env, &links_stop);
+    let reloads = serve(running, &reloader, &config, &shutdown).await;
+    let background = supervisors.into_iter().chain(savers).collect();
+    shut_down(reloads, admin, &links, links_stop, background, &tracer).await;
+    Ok(())
+}
 
-    while let Some(joined) = consumers.join_next().await {
-        if let Err(e) = joined {
-            // A consumer's task cannot fail short of a bug; the others run on.
-            tracing::error!(error = %e, "a consumer task ended unexpectedly");
+/// The host's two broker links. Two connections: a broker alarm blocks
+/// publishing connections only, so acks keep flowing on the consume
+/// connection while it lasts.
+struct Links {
+    consume: Arc<Link>,
+    publish: Arc<Link>,
+    recovery: Recovery,
+    connect_timeout: std::time::Duration,
+    topology: Arc<Topology>,
+    /// The consume link applies the topology on each connection.
+    apply_topology: OnConnected,
+    nothing_to_set_up: OnConnected,
+}
+
+impl Links {
+    fn new(
+        config: &LoadedConfig,
+        topology: Arc<Topology>,
+        metrics: &Arc<Metrics>,
+    ) -> anyhow::Result<Self> {
+        let broker = &config.config.broker;
+        let link = |role| {
+            anyhow::Ok(Link::new(
+                role,
+                broker_addresses(config, role)?,
+                metrics.clone(),
+            ))
+        };
+        Ok(Self {
+            consume: link("consume")?,
+            publish: link("publish")?,
+            recovery: Recovery {
+                interval: broker.network_recovery_interval,
+                backoff_max: broker.recovery_backoff_max,
+                attempt_timeout: broker.connect_timeout,
+            },
+            connect_timeout: broker.connect_timeout,
+            apply_topology: topology_hook(topology.clone()),
+            topology,
+            nothing_to_set_up: Arc::new(|_| Box::pin(async { Ok(()) })),
+        })
+    }
+
+    /// The first connections: the consume link's, which applies the
+    /// topology, then the publish link's. A shutdown meanwhile is no error.
+    async fn start(&self, shutdown: &CancellationToken) -> anyhow::Result<()> {
+        let started = async {
+            self.consume
+                .connect_first(&self.recovery, &self.apply_topology, self.connect_timeout)
+                .await?;
+            tracing::info!(
+                exchanges = self.topology.exchanges.len(),
+                queues = self.topology.queues.len(),
+                bindings = self.topology.bindings.len(),
+                "topology applied"
+            );
+            self.publish
+                .connect_first(
+                    &self.recovery,
+                    &self.nothing_to_set_up,
+                    self.connect_timeout,
+                )
+                .await
+        };
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => Ok(()),
+            started = started => started,
         }
     }
-    reloads_stop.cancel();
-    admin_stop.cancel();
-    let _ = reloads.await;
-    let _ = config_watch.await;
-    if let Some(admin) = admin {
-        let _ = admin.await;
+
+    /// Keeps both links up until `stop` is cancelled.
+    fn supervise(&self, stop: &CancellationToken) -> [JoinHandle<()>; 2] {
+        [
+            tokio::spawn(self.consume.clone().supervise(
+                self.recovery.clone(),
+                self.apply_topology.clone(),
+                stop.clone(),
+            )),
+            tokio::spawn(self.publish.clone().supervise(
+                self.recovery.clone(),
+                self.nothing_to_set_up.clone(),
+                stop.clone(),
+            )),
+        ]
     }
-    links_stop.cancel();
-    // Every step below is bounded: a broker that stops answering must not
-    // keep the host from exiting.
-    let limit = std::time::Duration::from_secs(5);
-    for task in supervisors.into_iter().chain(savers) {
-        let _ = tokio::time::timeout(limit, task).await;
-    }
-    for link in [&consume_link, &publish_link] {
-        if let Some(connection) = link.state().connection {
+
+    /// Closes both connections, each waiting at most `limit` for the
+    /// broker's confirmation.
+    async fn close(&self, limit: std::time::Duration) {
+        for link in [&self.consume, &self.publish] {
+            let Some(connection) = link.state().connection else {
+                continue;
+            };
             let close = connection.close(200, "acemq-host stopped".into());
             match tokio::time::timeout(limit, close).await {
                 Ok(Ok(())) => {}
@@ -689,11 +636,139 @@ pub async fn run(
             }
         }
     }
+}
+
+/// The admin endpoint's task, when it has one, and what stops it.
+struct AdminTask {
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl AdminTask {
+    fn spawn(bound: Option<crate::admin::Bound>, admin: crate::admin::Admin) -> Self {
+        let stop = CancellationToken::new();
+        let task = bound.map(|bound| crate::admin::spawn(bound, Arc::new(admin), stop.clone()));
+        Self { stop, task }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        if let Some(task) = self.task {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Starts every consumer: its pipeline, its stream's saver and lag probe,
+/// and its subscription, kept up by `resubscribe`. Returns the consumers'
+/// tasks and the savers' (which outlive them until `links_stop`).
+fn start_consumers(
+    consumers: Vec<PreparedConsumer>,
+    links: &Links,
+    shared: &delivery::Shared,
+    env: SubscriptionEnv,
+    links_stop: &CancellationToken,
+) -> (JoinSet<()>, Vec<JoinHandle<()>>) {
+    let mut running = JoinSet::new();
+    let mut savers = Vec::new();
+    for consumer in consumers {
+        let queue = consumer.subscription.queue.as_str();
+        shared
+            .metrics
+            .plugin_version
+            .get_or_create(&PluginVersionLabels {
+                queue: queue.to_string(),
+                sha256: consumer.handler.current().sha256.to_string(),
+            })
+            .set(1);
+        let pipeline = Arc::new(
+            Pipeline::new(queue, consumer.rules, consumer.handler, shared)
+                .with_stream(consumer.subscription.stream.clone()),
+        );
+        if let Some(position) = &consumer.subscription.stream {
+            // One saver per consumer for the life of the host, over the
+            // publish connection; it outlives the consumers, whose last
+            // saves it stores at their stop.
+            savers.extend(position.spawn_saver(Some(links.publish.clone()), links_stop.clone()));
+            tokio::spawn(crate::broker::stream::probe_newest(
+                links.consume.clone(),
+                queue.to_string(),
+                position.clone(),
+                env.shutdown.clone(),
+            ));
+        }
+        running.spawn(resubscribe::keep_subscribed(
+            links.consume.clone(),
+            consumer.subscription,
+            env.clone(),
+            links.apply_topology.clone(),
+            move |received| pipeline.clone().handle(received),
+        ));
+    }
+    (running, savers)
+}
+
+/// What reloads plugins while the host serves: the file watcher and SIGHUP
+/// (the reloader's task), and the config watcher.
+struct Reloads {
+    stop: CancellationToken,
+    tasks: [JoinHandle<()>; 2],
+}
+
+/// Serves until every consumer has ended (they drain and end once
+/// `shutdown` is cancelled), reloading plugins meanwhile.
+async fn serve(
+    mut running: JoinSet<()>,
+    reloader: &Arc<Reloader>,
+    config: &LoadedConfig,
+    shutdown: &CancellationToken,
+) -> Reloads {
+    // File watcher and SIGHUP stop reloading when shutdown begins; the admin
+    // endpoint serves (health DOWN) until the consumers have drained.
+    let stop = shutdown.child_token();
+    let reloads = reloader.start(stop.clone());
+    let config_watch = crate::config_watch::spawn(&config.path, &config.text, stop.clone());
+    while let Some(joined) = running.join_next().await {
+        if let Err(e) = joined {
+            // A consumer's task cannot fail short of a bug; the others run on.
+            tracing::error!(error = %e, "a consumer task ended unexpectedly");
+        }
+    }
+    Reloads {
+        stop,
+        tasks: [reloads, config_watch],
+    }
+}
+
+/// Once the consumers have drained: reloads and the admin endpoint stop,
+/// then the links (their supervisors and the savers, which store the last
+/// checkpoints), the connections close and the last spans are exported.
+/// Every step is bounded: a broker that stops answering must not keep the
+/// host from exiting.
+async fn shut_down(
+    reloads: Reloads,
+    admin: AdminTask,
+    links: &Links,
+    links_stop: CancellationToken,
+    background: Vec<JoinHandle<()>>,
+    tracer: &Arc<crate::trace::Tracer>,
+) {
+    reloads.stop.cancel();
+    admin.stop.cancel();
+    for task in reloads.tasks {
+        let _ = task.await;
+    }
+    admin.stop().await;
+    links_stop.cancel();
+    let limit = std::time::Duration::from_secs(5);
+    for task in background {
+        let _ = tokio::time::timeout(limit, task).await;
+    }
+    links.close(limit).await;
     // The last spans: the exporter's client blocks, so off the workers.
-    let tracer = prepared.tracer.clone();
+    let tracer = tracer.clone();
     let _ = tokio::task::spawn_blocking(move || tracer.shutdown(limit)).await;
     tracing::info!("stopped cleanly");
-    Ok(())
 }
 
 /// Applies the host's topology on a (new) connection.

@@ -25,15 +25,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
+use lapin::message::Delivery;
 
-use crate::broker::stream::{OFFSET_ARGUMENT, StreamOffset};
-use crate::config::LoadedConfig;
+use crate::broker::stream::StreamOffset;
+use crate::broker::stream_read::StreamRead;
+use crate::config::{ConsumerConfig, LoadedConfig};
 use crate::delivery::{self, PluginRun};
 use crate::envelope::{self, Envelope};
-use crate::plugin::{HandlerSlot, HandlerVersion, Outcome, Outgoing, PluginEngine};
+use crate::plugin::{CodecSet, HandlerSlot, HandlerVersion, Outcome, Outgoing, PluginEngine};
 
 /// How long the stream may stay silent before the replay counts it read.
 const QUIET_END: Duration = Duration::from_secs(2);
@@ -127,81 +126,114 @@ pub async fn replay(
     config: &LoadedConfig,
     request: &ReplayRequest,
 ) -> anyhow::Result<ReplayReport> {
-    let consumer = config
+    let consumer = consumer_of(config, &request.consumer)?;
+    let from =
+        StreamOffset::parse_position(&request.from).map_err(|e| anyhow::anyhow!("--from: {e}"))?;
+    let plugins = Plugins::load(config, consumer, request)?;
+    let broker = crate::app::connect_once(config, "replay").await?;
+    let read = StreamRead::open(
+        &broker,
+        consumer.queue.get_ref(),
+        from,
+        100,
+        "acemq-host.replay",
+    )
+    .await;
+    let report = match read {
+        Ok(read) => read_through(read, &plugins, request.to).await,
+        Err(e) => Err(e),
+    };
+    broker.close("replay done").await;
+    report
+}
+
+/// The consumer named `name`, or reading the queue `name`.
+fn consumer_of<'a>(config: &'a LoadedConfig, name: &str) -> anyhow::Result<&'a ConsumerConfig> {
+    config
         .config
         .consumers
         .iter()
-        .find(|c| {
-            c.consumer_name.as_deref() == Some(&request.consumer)
-                || c.queue.get_ref() == &request.consumer
-        })
+        .find(|c| c.consumer_name.as_deref() == Some(name) || c.queue.get_ref() == name)
         .ok_or_else(|| {
             anyhow::anyhow!(
-                "{}: no consumer is named '{}' or reads a queue of that name",
+                "{}: no consumer is named '{name}' or reads a queue of that name",
                 config.path.display(),
-                request.consumer
             )
-        })?;
-    let from = StreamOffset::parse(&request.from)
-        .or_else(|e| {
-            request
-                .from
-                .trim()
-                .parse::<u64>()
-                .map(StreamOffset::At)
-                .map_err(|_| e)
         })
-        .map_err(|e| anyhow::anyhow!("--from: {e}"))?;
-    let engine = PluginEngine::new(crate::app::engine_settings(config))?;
-    let context = crate::app::consumer_context(consumer);
-    let candidate = HandlerSlot::new(HandlerVersion::load(
-        &engine,
-        &request.candidate,
-        context.clone(),
-    )?);
-    let current = match request.compare {
-        true => Some(HandlerSlot::new(HandlerVersion::load(
-            &engine,
-            &config.resolve(consumer.plugin.get_ref()),
-            context,
-        )?)),
-        false => None,
-    };
-    // The codecs production decodes and encodes with: without them the
-    // candidate would see bodies it never sees live.
-    let codecs = Arc::new(crate::app::load_codecs(config, &engine)?);
+}
 
-    let connection = crate::app::connect_once(config, "replay").await?;
-    let channel = connection.create_channel().await?;
-    channel
-        .basic_qos(100, BasicQosOptions { global: false })
-        .await?;
-    let mut arguments = FieldTable::default();
-    arguments.insert(OFFSET_ARGUMENT.into(), from.to_amqp());
-    let queue = consumer.queue.get_ref();
-    let tag = format!("acemq-host.replay.{}", uuid::Uuid::new_v4().simple());
-    let mut deliveries = channel
-        .basic_consume(
-            queue.as_str().into(),
-            tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            arguments,
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot read the stream '{queue}': {e}"))?;
-
+/// Reads the stream up to offset `to` (inclusive), or to its quiet end,
+/// running each message through the plugins.
+async fn read_through(
+    mut read: StreamRead,
+    plugins: &Plugins,
+    to: Option<u64>,
+) -> anyhow::Result<ReplayReport> {
     let mut report = ReplayReport::default();
     let progress = Progress::new();
-    loop {
-        let next = match tokio::time::timeout(QUIET_END, deliveries.next()).await {
-            Ok(Some(Ok(delivery))) => delivery,
-            Ok(Some(Err(e))) => anyhow::bail!("reading the stream '{queue}' failed: {e}"),
-            Ok(None) | Err(_) => break,
-        };
+    while let Some(next) = read.next(QUIET_END).await? {
         let offset = StreamOffset::of_delivery(next.properties.headers().as_ref()).unwrap_or(0);
-        if request.to.is_some_and(|to| offset > to) {
+        if to.is_some_and(|to| offset > to) {
             break;
         }
+        plugins.run(&next, offset, &mut report).await;
+        read.done(&next).await?;
+        report.read += 1;
+        progress.read(report.read, offset);
+        if to == Some(offset) {
+            break;
+        }
+    }
+    progress.done(report.read);
+    read.close().await;
+    Ok(report)
+}
+
+/// The plugins a replay runs, as production would run them.
+struct Plugins {
+    candidate: HandlerSlot,
+    /// The consumer's running version, with `--compare`.
+    current: Option<HandlerSlot>,
+    /// The codecs production decodes and encodes with: without them the
+    /// candidate would see bodies it never sees live.
+    codecs: Arc<CodecSet>,
+    /// Kept for as long as its plugins run.
+    _engine: PluginEngine,
+}
+
+impl Plugins {
+    fn load(
+        config: &LoadedConfig,
+        consumer: &ConsumerConfig,
+        request: &ReplayRequest,
+    ) -> anyhow::Result<Self> {
+        let engine = PluginEngine::new(crate::app::engine_settings(config))?;
+        let context = crate::app::consumer_context(consumer);
+        let candidate = HandlerSlot::new(HandlerVersion::load(
+            &engine,
+            &request.candidate,
+            context.clone(),
+        )?);
+        let current = match request.compare {
+            true => Some(HandlerSlot::new(HandlerVersion::load(
+                &engine,
+                &config.resolve(consumer.plugin.get_ref()),
+                context,
+            )?)),
+            false => None,
+        };
+        let codecs = Arc::new(crate::app::load_codecs(config, &engine)?);
+        Ok(Self {
+            candidate,
+            current,
+            codecs,
+            _engine: engine,
+        })
+    }
+
+    /// Runs one message through the candidate (timed), and through the
+    /// current version to compare, into `report`.
+    async fn run(&self, next: &Delivery, offset: u64, report: &mut ReplayReport) {
         let envelope = Arc::new(Envelope::read(
             &next.properties,
             next.routing_key.as_str(),
@@ -219,7 +251,8 @@ pub async fn replay(
             )
         };
         let started = Instant::now();
-        let candidate_run = delivery::run_plugins(&candidate, &codecs, input(body.clone())).await;
+        let candidate_run =
+            delivery::run_plugins(&self.candidate, &self.codecs, input(body.clone())).await;
         let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         report.candidate_micros.record(took);
         if let Some(fuel) = candidate_run.fuel() {
@@ -230,29 +263,26 @@ pub async fn replay(
             .candidate
             .entry(candidate_seen.word.clone())
             .or_default() += 1;
-        if let Some(current) = &current {
-            let current_seen = seen(&delivery::run_plugins(current, &codecs, input(body)).await);
-            *report.current.entry(current_seen.word.clone()).or_default() += 1;
-            if current_seen != candidate_seen {
-                report.differing += 1;
-                if report.examples.len() < EXAMPLES {
-                    report
-                        .examples
-                        .push((offset, current_seen.difference(&candidate_seen)));
-                }
-            }
-        }
-        next.acker.ack(BasicAckOptions::default()).await?;
-        report.read += 1;
-        progress.read(report.read, offset);
-        if request.to == Some(offset) {
-            break;
+        if let Some(current) = &self.current {
+            let current_seen =
+                seen(&delivery::run_plugins(current, &self.codecs, input(body)).await);
+            report.compare(offset, &current_seen, &candidate_seen);
         }
     }
-    progress.done(report.read);
-    let _ = channel.close(200, "replay done".into()).await;
-    let _ = connection.close(200, "replay done".into()).await;
-    Ok(report)
+}
+
+impl ReplayReport {
+    /// Counts the current version's outcome, and a difference from the
+    /// candidate's (the first few as examples).
+    fn compare(&mut self, offset: u64, current: &Seen, candidate: &Seen) {
+        *self.current.entry(current.word.clone()).or_default() += 1;
+        if current != candidate {
+            self.differing += 1;
+            if self.examples.len() < EXAMPLES {
+                self.examples.push((offset, current.difference(candidate)));
+            }
+        }
+    }
 }
 
 /// Progress on stderr: a spinner with the count on a terminal, a plain line

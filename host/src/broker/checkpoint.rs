@@ -201,11 +201,7 @@ impl FileCheckpoint {
 /// A saved position: an offset (what the host saves), or what `stream
 /// reset` may write (`first`, `last`, `next`, a time).
 fn parse_offset(text: &str) -> Option<StreamOffset> {
-    let text = text.trim();
-    match text.parse::<u64>() {
-        Ok(offset) => Some(StreamOffset::At(offset)),
-        Err(_) => StreamOffset::parse(text).ok(),
-    }
+    StreamOffset::parse_position(text).ok()
 }
 
 /// A stream position kept in the broker (see the module's note).

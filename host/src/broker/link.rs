@@ -219,6 +219,19 @@ impl Link {
         self.state.send_modify(|state| state.phase = phase);
     }
 
+    /// One round over the addresses, each attempt bounded by
+    /// `attempt_timeout`, for a one-off command ([`super::oneoff`]): no
+    /// retry and no supervision, so a failure is reported at once.
+    pub async fn connect_once(
+        &self,
+        attempt_timeout: Duration,
+    ) -> Result<Arc<Connection>, ConnectError> {
+        let (connection, _) = self.addresses.connect_round(0, attempt_timeout).await?;
+        let connection = Arc::new(connection);
+        self.set(Phase::Up, Some(connection.clone()), true);
+        Ok(connection)
+    }
+
     /// The first connection, at start: attempts with backoff until
     /// `timeout`, and the broker's refusal of the credentials or vhost is
     /// reported at once (retrying cannot fix it).

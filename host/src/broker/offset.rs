@@ -60,6 +60,16 @@ impl StreamOffset {
         }
     }
 
+    /// A position as an operator gives it (`replay --from`, `stream reset
+    /// --to`, a checkpoint): an offset number, or what [`StreamOffset::parse`]
+    /// reads.
+    pub fn parse_position(text: &str) -> Result<Self, String> {
+        match text.trim().parse::<u64>() {
+            Ok(offset) => Ok(StreamOffset::At(offset)),
+            Err(_) => StreamOffset::parse(text),
+        }
+    }
+
     /// The `x-stream-offset` value, typed as the broker expects it.
     pub fn to_amqp(self) -> AMQPValue {
         let text = |s: String| AMQPValue::LongString(LongString::from(s));

@@ -111,13 +111,29 @@ pub fn show(
     let envelope = Envelope::read(properties, source_queue, now_ms);
     let message = SetAside::of(&envelope, properties);
     let mut out = format!("message {position} of {queue}\n\nenvelope\n");
-    fn field(out: &mut String, name: &str, value: &str) {
-        writeln!(out, "  {name:<18}{value}").expect("writing to a String");
+    envelope_lines(&mut out, &envelope, &message, now_ms);
+    replay_lines(&mut out, &message);
+    out.push_str("\nproperties\n");
+    for (name, value) in property_lines(properties) {
+        field(&mut out, name, &value);
     }
-    field(&mut out, "id", &envelope.id);
-    field(&mut out, "type", &envelope.message_type);
-    field(&mut out, "version", &envelope.version.to_string());
-    field(&mut out, "correlation", &envelope.correlation_id);
+    header_lines(&mut out, properties);
+    out.push('\n');
+    out.push_str(&body_preview(body, max_body_bytes));
+    out
+}
+
+/// One `name value` line of a `show` section.
+fn field(out: &mut String, name: &str, value: &str) {
+    writeln!(out, "  {name:<18}{value}").expect("writing to a String");
+}
+
+/// `show`'s envelope section: what the contract's headers say.
+fn envelope_lines(out: &mut String, envelope: &Envelope, message: &SetAside, now_ms: u64) {
+    field(out, "id", &envelope.id);
+    field(out, "type", &envelope.message_type);
+    field(out, "version", &envelope.version.to_string());
+    field(out, "correlation", &envelope.correlation_id);
     let optional = [
         ("causation", &envelope.causation_id),
         ("origin", &envelope.origin),
@@ -125,10 +141,10 @@ pub fn show(
         ("route", &envelope.route),
         ("route id", &envelope.route_id),
     ];
-    field(&mut out, "attempt", &envelope.attempt.to_string());
+    field(out, "attempt", &envelope.attempt.to_string());
     match message.first_seen_ms {
         Some(seen) => field(
-            &mut out,
+            out,
             "first seen",
             &format!(
                 "{} ({} ago)",
@@ -136,35 +152,36 @@ pub fn show(
                 age(now_ms.saturating_sub(seen))
             ),
         ),
-        None => field(&mut out, "first seen", "-"),
+        None => field(out, "first seen", "-"),
     }
     for (name, value) in optional {
         if let Some(value) = value {
-            field(&mut out, name, value);
+            field(out, name, value);
         }
     }
     if let Some(position) = envelope.route_position {
-        field(&mut out, "route position", &position.to_string());
+        field(out, "route position", &position.to_string());
     }
-    field(&mut out, "reason", message.reason.as_deref().unwrap_or("-"));
+    field(out, "reason", message.reason.as_deref().unwrap_or("-"));
+}
 
+/// `show`'s replays section, for a message replayed before.
+fn replay_lines(out: &mut String, message: &SetAside) {
     let replays = &message.replays;
     if replays.count > 0 || replays.from.is_some() {
         out.push_str("\nreplays\n");
-        field(&mut out, "count", &replays.count.to_string());
+        field(out, "count", &replays.count.to_string());
         if let Some(from) = &replays.from {
-            field(&mut out, "last from", from);
+            field(out, "last from", from);
         }
         if let Some(at) = replays.at_ms {
-            field(&mut out, "last at", &rfc3339_millis(at));
+            field(out, "last at", &rfc3339_millis(at));
         }
     }
+}
 
-    out.push_str("\nproperties\n");
-    for (name, value) in property_lines(properties) {
-        field(&mut out, name, &value);
-    }
-
+/// `show`'s headers section: every header the envelope does not read.
+fn header_lines(out: &mut String, properties: &BasicProperties) {
     let others: Vec<_> = properties
         .headers()
         .iter()
@@ -177,9 +194,6 @@ pub fn show(
             writeln!(out, "  {name} = {}", header_value(value)).expect("writing to a String");
         }
     }
-    out.push('\n');
-    out.push_str(&body_preview(body, max_body_bytes));
-    out
 }
 
 /// The AMQP properties that are set, by their wire names.

@@ -10,19 +10,21 @@
 //! * `format.rs`: the `list` table, the `show` page, ages and body previews.
 //! * `summary.rs`: the counts of a `replay` or `purge` and their table.
 //! * `progress.rs`: progress on stderr, a bar on a terminal, lines otherwise.
-//! * `broker.rs`: the broker I/O (peek and requeue, move, purge).
+//! * `commands.rs`: what each command does over one pass of the broker's
+//!   peek/take reading ([`crate::broker::set_aside`]): list, show, move,
+//!   purge.
 //!
 //! How a replayed message is stamped is the envelope's business
 //! ([`crate::envelope::replay_properties`]), as is every header read here.
 
-mod broker;
+mod commands;
 mod filter;
 mod format;
 mod message;
 mod progress;
 mod summary;
 
-pub use broker::{Shown, list, purge, replay, show};
+pub use commands::{Shown, list, purge, replay, show};
 pub use filter::{Filter, FilterError, Filters};
 pub use format::{Row, age, body_preview, header_value, list_table};
 pub use message::SetAside;

@@ -1,5 +1,6 @@
 //! Declares a topology on a live broker: exchanges, then queues, then
-//! bindings, each on a short-lived channel of its own, stopping at the first
+//! bindings, each on a short-lived channel of its own
+//! ([`crate::broker::declare`]), stopping at the first
 //! refusal, except for a queue that exists but is unavailable (see
 //! [`unavailable_queue`]).
 //!
@@ -11,14 +12,15 @@
 //! topology lapin records per channel and replays on connection recovery,
 //! where a 406 would fail the recovery instead of the start.
 
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
-use lapin::{Channel, Connection, ErrorKind};
+use lapin::{Connection, ErrorKind};
 
 use super::model::{
     ArgValue, Arguments, BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl, Topology,
 };
 use super::plan;
+use crate::broker::declare;
 
 /// What [`apply`] declared.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -190,25 +192,8 @@ fn skip_if_unavailable(
     }
 }
 
+/// The broker, one declaration at a time ([`crate::broker::declare`]).
 struct OnBroker<'a>(&'a Connection);
-
-impl OnBroker<'_> {
-    async fn channel(&self) -> Result<Channel, Declined> {
-        Ok(self.0.create_channel().await?)
-    }
-}
-
-/// Closes a declaration's channel, unless the broker already did (a refusal
-/// closes it), and passes the declaration's own result on. A failed close
-/// after a declaration succeeded does not undo it, so it is only logged.
-async fn done(channel: Channel, result: lapin::Result<()>) -> Result<(), Declined> {
-    if channel.status().connected()
-        && let Err(error) = channel.close(200, ShortString::from("OK")).await
-    {
-        tracing::debug!(%error, "closing a topology channel failed");
-    }
-    Ok(result?)
-}
 
 /// A name as an AMQP short string, refused (rather than panicking in lapin)
 /// when it is longer than 255 bytes.
@@ -236,16 +221,8 @@ impl Declare for OnBroker<'_> {
             auto_delete: e.auto_delete,
             ..Default::default()
         };
-        let channel = self.channel().await?;
-        let result = channel
-            .exchange_declare(
-                name,
-                lapin_kind(e.kind),
-                options,
-                to_field_table(&e.arguments),
-            )
-            .await;
-        done(channel, result).await
+        let arguments = to_field_table(&e.arguments);
+        Ok(declare::exchange(self.0, name, lapin_kind(e.kind), options, arguments).await?)
     }
 
     async fn queue(&self, q: &QueueDecl) -> Result<(), Declined> {
@@ -256,29 +233,15 @@ impl Declare for OnBroker<'_> {
             auto_delete: q.auto_delete,
             ..Default::default()
         };
-        let channel = self.channel().await?;
-        let result = channel
-            .queue_declare(name, options, to_field_table(&q.arguments))
-            .await
-            .map(drop);
-        done(channel, result).await
+        Ok(declare::queue(self.0, name, options, to_field_table(&q.arguments)).await?)
     }
 
     async fn binding(&self, b: &BindingDecl) -> Result<(), Declined> {
         let queue = short("queue name", &b.queue)?;
         let exchange = short("exchange name", &b.exchange)?;
         let routing_key = short("routing key", &b.routing_key)?;
-        let channel = self.channel().await?;
-        let result = channel
-            .queue_bind(
-                queue,
-                exchange,
-                routing_key,
-                QueueBindOptions::default(),
-                to_field_table(&b.arguments),
-            )
-            .await;
-        done(channel, result).await
+        let arguments = to_field_table(&b.arguments);
+        Ok(declare::binding(self.0, queue, exchange, routing_key, arguments).await?)
     }
 }
 

@@ -1,0 +1,227 @@
+//! `acemq-host plugin ...`: `componentize` and `inspect` are
+//! [`crate::plugin`]'s; `new`, `build` and `run` live in
+//! [`crate::plugin_dev`]. Here each command's arguments become its request.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+use super::{Exit, fail, report};
+use crate::plugin;
+use crate::plugin_dev::run::parse_key_value;
+use crate::plugin_dev::{Failure, build, new, run as run_one};
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Turn a core module with an embedded component type into a component.
+    Componentize { input: PathBuf, output: PathBuf },
+    /// Show what a plugin file is: world, imports, exports, size, hash.
+    Inspect { file: PathBuf },
+    /// Create a plugin crate that builds and passes its tests as it is.
+    #[command(after_help = PLUGIN_NEW_HELP)]
+    New {
+        /// The crate's name (and its folder's): lowercase letters, digits,
+        /// `-` and `_`, starting with a letter.
+        name: String,
+        /// A codec (converts bodies between the wire and handlers) instead
+        /// of a handler.
+        #[arg(long)]
+        codec: bool,
+        /// The folder to create the crate's folder in.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// The guest SDK (the `guest-sdk` folder of an acemq-host checkout)
+        /// a crate outside a plugin workspace depends on; by default the
+        /// one of the checkout this binary was built from.
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+    },
+    /// Build a plugin crate, or every plugin crate of a workspace, into
+    /// WebAssembly components.
+    #[command(after_help = PLUGIN_BUILD_HELP)]
+    Build {
+        /// The crate or workspace folder (or its Cargo.toml).
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// Cargo's target directory for the wasm build (core modules go in
+        /// `wasm/` or `wasm-rustup/` under it). Default: the workspace's
+        /// `[workspace.metadata.acemq] target-dir`, else cargo's.
+        #[arg(long)]
+        target_dir: Option<PathBuf>,
+        /// Where the components go. Default: `plugins/` in the target directory.
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
+    /// Run one message through a handler component, without a broker, and
+    /// show what the host would do: the outcome, the outputs it would
+    /// publish, the plugin's log lines, time and fuel.
+    #[command(after_help = PLUGIN_RUN_HELP)]
+    Run {
+        /// The handler component.
+        file: PathBuf,
+        /// The message body: the text itself, `@FILE` for a file's bytes,
+        /// or `@-` for standard input.
+        #[arg(long)]
+        body: String,
+        /// A message header, `KEY=VALUE` (a text value); repeatable.
+        #[arg(long = "header", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        headers: Vec<(String, String)>,
+        /// A `[consumers.config]` entry the plugin reads with `config(KEY)`,
+        /// `KEY=VALUE`; repeatable.
+        #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+        config: Vec<(String, String)>,
+        /// An exchange the plugin may publish to (`publish_to`); repeatable.
+        /// A publish anywhere else is refused, as the host refuses it.
+        #[arg(long = "publish-to", value_name = "EXCHANGE")]
+        publish_to: Vec<String>,
+        /// The message's content type.
+        #[arg(long)]
+        content_type: Option<String>,
+        /// The exchange the message seems to come from ("" is the default exchange).
+        #[arg(long, default_value = "")]
+        exchange: String,
+        /// The routing key it seems to have been published with.
+        #[arg(long, default_value = "plugin.run")]
+        routing_key: String,
+        /// Its message id; a random one by default.
+        #[arg(long)]
+        message_id: Option<String>,
+        /// The call's time limit, as a consumer's `deadline`.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        deadline: std::time::Duration,
+    },
+}
+
+const PLUGIN_NEW_HELP: &str = "\
+Inside a workspace that takes every folder as a member and provides the SDK
+(this repository's plugins/), the crate joins it; anywhere else it is a
+workspace of its own depending on the guest SDK by path.
+
+Example:
+  acemq-host plugin new order-audit
+  cd order-audit && cargo test && acemq-host plugin build
+
+Exit codes: 0 created, 2 unusable name or folder, 1 could not write.";
+
+const PLUGIN_BUILD_HELP: &str = "\
+Uses rustup's toolchain when it has the wasm32-unknown-unknown target,
+otherwise Debian's rustc-web (installed with apt when missing and allowed;
+otherwise the command to run is printed). Prints where each component is.
+Only what changed is rebuilt.
+
+Examples:
+  acemq-host plugin build order-audit
+  acemq-host plugin build plugins          # every plugin of this repository
+
+Exit codes: 0 built, 2 not a plugin crate or workspace, 1 build failed.";
+
+const PLUGIN_RUN_HELP: &str = "\
+Example:
+  acemq-host plugin run target/plugins/order-router.wasm \\
+      --body '{\"id\":\"A-1\",\"customer\":\"ada\",\"total\":4.5}' \\
+      --content-type application/json --publish-to orders.events
+
+Exit codes: 0 the call completed, whatever the handler decided; 1 it did not
+(trap, panic, deadline, memory, or a publish outside --publish-to); 2 unusable
+input (an argument, the body file, the plugin file).";
+
+pub fn run(command: PluginCommand) -> ExitCode {
+    let result = match command {
+        PluginCommand::Componentize { input, output } => {
+            return report(componentize(&input, &output));
+        }
+        PluginCommand::Inspect { file } => {
+            return match plugin::inspect::inspect_file(&file) {
+                Ok(text) => {
+                    print!("{text}");
+                    Exit::Done.into()
+                }
+                Err(e) => fail(Exit::Invalid, &e),
+            };
+        }
+        PluginCommand::New {
+            name,
+            codec,
+            dir,
+            sdk,
+        } => create(new::NewRequest {
+            name,
+            codec,
+            parent: dir,
+            sdk,
+        }),
+        PluginCommand::Build {
+            dir,
+            target_dir,
+            out_dir,
+        } => build::build(
+            &dir,
+            &build::Overrides {
+                target_dir,
+                out_dir,
+            },
+        )
+        .map(|built| {
+            print!("{}", build::summary(&built));
+            Exit::Done.into()
+        }),
+        PluginCommand::Run {
+            file,
+            body,
+            headers,
+            config,
+            publish_to,
+            content_type,
+            exchange,
+            routing_key,
+            message_id,
+            deadline,
+        } => run_once(run_one::RunRequest {
+            plugin: file,
+            body,
+            headers,
+            config,
+            content_type,
+            exchange,
+            routing_key,
+            message_id,
+            publish_to,
+            deadline,
+        }),
+    };
+    result.unwrap_or_else(|failure| fail(failure.code, &failure.error))
+}
+
+/// `plugin new`: the crate, and what to do next.
+fn create(request: new::NewRequest) -> Result<ExitCode, Failure> {
+    new::create(&request).map(|created| {
+        print!(
+            "{}",
+            new::next_steps(&created, &request.name, request.codec)
+        );
+        Exit::Done.into()
+    })
+}
+
+/// `plugin run`: what the host would do; [`Exit::Failed`] when the call
+/// did not complete.
+fn run_once(request: run_one::RunRequest) -> Result<ExitCode, Failure> {
+    run_one::run(&request).map(|report| {
+        print!("{}", run_one::render(&report));
+        match report.completed() {
+            true => Exit::Done.into(),
+            false => Exit::Failed.into(),
+        }
+    })
+}
+
+fn componentize(input: &Path, output: &Path) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let core = std::fs::read(input).with_context(|| format!("cannot read {}", input.display()))?;
+    let component = plugin::componentize::componentize(&core)
+        .with_context(|| format!("{}", input.display()))?;
+    std::fs::write(output, component)
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    Ok(())
+}
