@@ -66,7 +66,7 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
             note(anyhow::anyhow!(
                 "{}: {}",
                 config.path.display(),
-                config.topology_problems(&found)
+                found.located_in(&config)
             ))
         })
         .ok();

@@ -15,21 +15,39 @@
 //! what does ([`topology::apply`], [`delivery::settle`]) goes through a small
 //! trait with a recording double in its tests.
 
+// The model: what the host works with, as plain data checked by pure
+// functions (a config, a topology and its plan, an envelope, a retry
+// policy). It imports nothing of the layers below, with two exceptions
+// named where they are: the config's values use the broker's address, TLS
+// and stream-offset types and the log format's, and `topology::apply`
+// hands each declaration to `broker::declare`.
+pub mod config;
+pub mod envelope;
+pub mod retry;
+pub mod topology;
+
+// The running host: the broker conversations (`broker`, which knows AMQP
+// and imports nothing of `delivery` or `plugin`), the plugins (`plugin`,
+// which knows wasm and nothing of AMQP), the message path between them
+// (`delivery`), what an operator watches (`admin`, `telemetry`, `trace`,
+// `logging`), and `app`, which starts and stops it all.
 pub mod admin;
 pub mod app;
 pub mod broker;
-pub mod cli;
-pub mod config;
 pub mod config_watch;
 pub mod delivery;
-pub mod dlq;
-pub mod envelope;
-pub mod fs_trust;
-pub mod logging;
+pub(crate) mod logging;
 pub mod plugin;
-pub mod plugin_dev;
-pub mod replay;
-pub mod retry;
 pub mod telemetry;
-pub mod topology;
 pub mod trace;
+
+// The operator tools: the command line (`cli`, with one file per command
+// group) and the commands' own logic. They use the host and the model;
+// nothing uses them but `main.rs`.
+pub mod cli;
+pub(crate) mod dlq;
+pub(crate) mod plugin_dev;
+pub mod replay;
+
+// Shared by the plugin loader and the commands: who may change a file.
+pub(crate) mod fs_trust;

@@ -15,8 +15,11 @@ use hyper::{Method, StatusCode};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
-/// Environment variable holding the admin token; wins over `[host] admin_token_file`.
-pub const TOKEN_ENV: &str = "ACEMQ_ADMIN_TOKEN";
+// The checks of the admin keys in the config file live with the config
+// (the config is checked before anything runs, and imports nothing of the
+// running host); the endpoint uses the same rules.
+use crate::config::admin_keys::port_of;
+pub use crate::config::{TOKEN_ENV, check_allowed_host, check_listen, is_remote};
 
 /// Shortest token accepted: 16 random characters are out of reach of
 /// guessing over HTTP, and a shorter one is more likely a placeholder.
@@ -72,66 +75,6 @@ impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Token(redacted)")
     }
-}
-
-/// Whether an `admin_listen` address is reachable from other machines.
-///
-/// Literal loopback addresses and `localhost` are not; every other name
-/// could resolve to anything, so it counts as remote.
-pub fn is_remote(address: &str) -> Result<bool, String> {
-    if let Ok(socket) = address.parse::<SocketAddr>() {
-        return Ok(!socket.ip().is_loopback());
-    }
-    let Some((host, port)) = address.rsplit_once(':') else {
-        return Err(format!(
-            "\"{address}\" is not HOST:PORT (for example \"127.0.0.1:9090\")"
-        ));
-    };
-    if port.parse::<u16>().is_err() {
-        return Err(format!(
-            "\"{address}\": the port \"{port}\" is not a number from 0 to 65535"
-        ));
-    }
-    Ok(!host.eq_ignore_ascii_case("localhost"))
-}
-
-/// Refuses an `admin_listen` address reachable from other machines unless
-/// `admin_allow_remote` says so; the message names both keys.
-pub fn check_listen(address: &str, allow_remote: bool) -> Result<(), String> {
-    if is_remote(address)? && !allow_remote {
-        return Err(format!(
-            "\"{address}\" is reachable from other machines; bind the admin endpoint to \
-             loopback (127.0.0.1:PORT, [::1]:PORT or localhost:PORT), or set \
-             admin_allow_remote = true in [host] (which also requires an admin token)"
-        ));
-    }
-    Ok(())
-}
-
-/// Checks an `admin_allowed_hosts` entry: the Host header clients send.
-pub fn check_allowed_host(entry: &str) -> Result<(), String> {
-    let shape = "must be HOST:PORT as clients send it in the Host header \
-                 (for example \"acemq-1.internal:9090\")";
-    if entry.is_empty()
-        || entry.contains("://")
-        || entry.contains(['/', '?', '#', '@'])
-        || entry.chars().any(|c| !c.is_ascii_graphic())
-    {
-        return Err(format!("\"{entry}\" {shape}"));
-    }
-    if port_of(entry).is_none_or(|port| port.parse::<u16>().is_err()) {
-        return Err(format!("\"{entry}\" has no port number; it {shape}"));
-    }
-    Ok(())
-}
-
-/// The port of a `host:port` authority (`[v6]:port` included), if it has one.
-fn port_of(authority: &str) -> Option<&str> {
-    let after_host = match authority.strip_prefix('[') {
-        Some(rest) => &rest[rest.find(']')? + 1..],
-        None => &authority[authority.find(':')?..],
-    };
-    after_host.strip_prefix(':').filter(|port| !port.is_empty())
 }
 
 /// An authority as compared with the allowed hosts: lowercase, and with the

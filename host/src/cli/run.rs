@@ -63,7 +63,7 @@ pub fn plan(config_path: &Path) -> ExitCode {
             Exit::Done.into()
         }
         Err(problems) => {
-            println!("{}", config.topology_problems(&problems));
+            println!("{}", problems.located_in(&config));
             Exit::Invalid.into()
         }
     }

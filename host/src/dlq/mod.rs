@@ -25,10 +25,9 @@ mod progress;
 mod summary;
 
 pub use commands::{Shown, list, purge, replay, show};
-pub use filter::{Filter, FilterError, Filters};
-pub use format::{Row, age, body_preview, header_value, list_table};
-pub use message::SetAside;
-pub use summary::{Action, Summary};
+pub use filter::Filters;
+pub use format::list_table;
+pub use summary::Summary;
 
 use crate::config::LoadedConfig;
 use crate::topology::naming::{dead_letter_queue, parked_queue};

@@ -33,15 +33,9 @@ pub struct Problem {
     pub text: String,
 }
 
-/// A place in the config file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Entry {
-    /// The `index`th (from 0) `[[table]]` entry: `exchanges`, `queues`,
-    /// `bindings` or `consumers`.
-    Item { table: &'static str, index: usize },
-    /// A table by its dotted path (`retry.fast`, `topology`).
-    Table(String),
-}
+/// Where a problem was found: a place in the config file (the config's
+/// own type, so that it reads a line for it without knowing topologies).
+pub use crate::config::Entry;
 
 impl Problems {
     pub fn push(&mut self, problem: impl Into<String>) {
@@ -72,6 +66,14 @@ impl Problems {
     /// The sentences alone, in order.
     pub fn texts(&self) -> Vec<String> {
         self.list.iter().map(|p| p.text.clone()).collect()
+    }
+
+    /// One line per problem, each led by `file:line` where it was found in
+    /// `config`.
+    pub fn located_in(&self, config: &crate::config::LoadedConfig) -> String {
+        self.located(&config.path.display().to_string(), |entry| {
+            config.line_of_entry(entry)
+        })
     }
 
     /// One line per problem, each led by `where(entry)` (such as

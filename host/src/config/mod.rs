@@ -13,8 +13,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::admin::policy;
+pub mod admin_keys;
 use crate::broker::address::{BrokerUrl, redact_url};
+pub use admin_keys::{TOKEN_ENV, check_allowed_host, check_listen, is_remote};
 
 /// Environment variable that overrides `[broker] url`.
 pub const URL_ENV: &str = "ACEMQ_URL";
@@ -595,8 +596,7 @@ impl LoadedConfig {
     }
 
     /// The 1-based line where `entry` starts in the file, when it is there.
-    pub fn line_of_entry(&self, entry: &crate::topology::Entry) -> Option<usize> {
-        use crate::topology::Entry;
+    pub fn line_of_entry(&self, entry: &Entry) -> Option<usize> {
         use toml::de::{DeTable, DeValue};
         let document = DeTable::parse(&self.text).ok()?;
         fn child<'i>(table: &DeTable<'i>, key: &str) -> Option<toml::Spanned<DeValue<'i>>> {
@@ -623,13 +623,6 @@ impl LoadedConfig {
             }
         };
         Some(line_of(&self.text, found.start))
-    }
-
-    /// The topology's problems, each led by `file:line` where it was found.
-    pub fn topology_problems(&self, problems: &crate::topology::Problems) -> String {
-        problems.located(&self.path.display().to_string(), |entry| {
-            self.line_of_entry(entry)
-        })
     }
 
     /// A path from the config, resolved against the config file's folder.
@@ -820,7 +813,7 @@ impl LoadedConfig {
         let mut first_of: BTreeMap<&str, usize> = BTreeMap::new();
         let mut found = Vec::new();
         let line = |index| {
-            self.line_of_entry(&crate::topology::Entry::Item {
+            self.line_of_entry(&Entry::Item {
                 table: "consumers",
                 index,
             })
@@ -883,12 +876,12 @@ impl LoadedConfig {
                     "host.admin_token: the admin token does not belong in the config \
                      (configs get copied, committed and shared); put it in a file named by \
                      admin_token_file in [host], or in the {} environment variable",
-                    policy::TOKEN_ENV
+                    TOKEN_ENV
                 ),
             ));
         }
         if let Some(listen) = &host.admin_listen {
-            policy::check_listen(listen.get_ref(), host.admin_allow_remote).map_err(|reason| {
+            check_listen(listen.get_ref(), host.admin_allow_remote).map_err(|reason| {
                 self.error_at(
                     Some(listen.span().start),
                     format!("host.admin_listen: {reason}"),
@@ -896,7 +889,7 @@ impl LoadedConfig {
             })?;
         }
         for (i, entry) in host.admin_allowed_hosts.iter().enumerate() {
-            policy::check_allowed_host(entry.get_ref()).map_err(|reason| {
+            check_allowed_host(entry.get_ref()).map_err(|reason| {
                 self.error_at(
                     Some(entry.span().start),
                     format!("host.admin_allowed_hosts[{i}]: {reason}"),
@@ -905,6 +898,16 @@ impl LoadedConfig {
         }
         Ok(())
     }
+}
+
+/// A place in the config file, for messages that give its line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// The `index`th (from 0) `[[table]]` entry: `exchanges`, `queues`,
+    /// `bindings` or `consumers`.
+    Item { table: &'static str, index: usize },
+    /// A table by its dotted path (`retry.fast`, `topology`).
+    Table(String),
 }
 
 /// 1-based line number of a byte offset.
@@ -947,7 +950,7 @@ mod tests {
         let text = "[retry.slow]\nkind = \"sometimes\"\n\n[[exchanges]]\nname = \"good\"\nkind = \"direct\"\n\n[[exchanges]]\nname = \"bad\"\n\n[[bindings]]\nqueue = \"nowhere\"\nexchange = \"good\"\n";
         let loaded = parse(text).unwrap();
         let problems = crate::topology::Topology::from_config(&loaded.config).unwrap_err();
-        let shown = loaded.topology_problems(&problems);
+        let shown = problems.located_in(&loaded);
         assert!(
             shown.contains("host.toml:1: ") && shown.contains("sometimes"),
             "{shown}"
