@@ -17,6 +17,9 @@ use super::link::{Link, LinkObserver, Phase};
 use super::publisher::{PublishLink, PublishObserver, PublishOutcome, PublishSettings, Publisher};
 use super::{Addresses, ConnectError};
 
+/// How long a command waits for the broker to confirm its connection's close.
+const CLOSE_LIMIT: Duration = Duration::from_secs(5);
+
 /// One connection for the length of a command.
 pub struct OneOff {
     link: Arc<Link>,
@@ -59,9 +62,12 @@ impl OneOff {
 
     /// Closes the connection, and with it every channel still open on it
     /// (the publisher's). A failure is of no consequence: the broker
-    /// requeues whatever the connection held.
+    /// requeues whatever the connection held. Bounded, so a command whose
+    /// broker went silent still ends (the socket closes when the process
+    /// exits, with the same effect).
     pub async fn close(self, reason: &str) {
-        let _ = self.connection.close(200, reason.into()).await;
+        let closing = self.connection.close(200, reason.into());
+        let _ = tokio::time::timeout(CLOSE_LIMIT, closing).await;
     }
 }
 
