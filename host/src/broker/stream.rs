@@ -36,6 +36,36 @@ use super::checkpoint::{Checkpoint, Fence, Saves, keep_saving};
 use super::lease::{self, Lease, NotTaken};
 pub use super::offset::{OFFSET_ARGUMENT, StreamOffset};
 
+/// Subscribes on `channel` to `stream` from `from`, with at most `prefetch`
+/// deliveries unacknowledged, under the tag `{tag_prefix}.{random}` (a tag
+/// of its own, so a read never collides with a host's consumer); returns
+/// the tag and the deliveries. One reader's subscription: the probe's and
+/// the replay's (`stream_read.rs`).
+pub(super) async fn consume_from(
+    channel: &lapin::Channel,
+    stream: &str,
+    from: StreamOffset,
+    prefetch: u16,
+    tag_prefix: &str,
+) -> lapin::Result<(String, lapin::Consumer)> {
+    use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+    channel
+        .basic_qos(prefetch, BasicQosOptions { global: false })
+        .await?;
+    let mut arguments = lapin::types::FieldTable::default();
+    arguments.insert(OFFSET_ARGUMENT.into(), from.to_amqp());
+    let tag = format!("{tag_prefix}.{}", uuid::Uuid::new_v4().simple());
+    let deliveries = channel
+        .basic_consume(
+            stream.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            arguments,
+        )
+        .await?;
+    Ok((tag, deliveries))
+}
+
 /// The newest offset `stream` holds: a short-lived consumer reads from
 /// `last` (the newest chunk) until nothing more comes for a moment, and the
 /// highest offset it saw is the answer. `None` for an empty stream. It acks
@@ -47,28 +77,18 @@ pub use super::offset::{OFFSET_ARGUMENT, StreamOffset};
 /// step with the broker is bounded too.
 pub async fn newest_offset(connection: &Connection, stream: &str) -> lapin::Result<Option<u64>> {
     use futures::StreamExt as _;
-    use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+    use lapin::options::BasicCancelOptions;
     let timed_out = || lapin::Error::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
     let channel = tokio::time::timeout(PROBE_LIMIT, connection.create_channel())
         .await
         .map_err(|_| timed_out())??;
-    let consuming = async {
-        channel
-            .basic_qos(1000, BasicQosOptions { global: false })
-            .await?;
-        let mut arguments = lapin::types::FieldTable::default();
-        arguments.insert(OFFSET_ARGUMENT.into(), StreamOffset::Last.to_amqp());
-        let tag = format!("acemq-host.probe.{}", uuid::Uuid::new_v4().simple());
-        let deliveries = channel
-            .basic_consume(
-                stream.into(),
-                tag.as_str().into(),
-                BasicConsumeOptions::default(),
-                arguments,
-            )
-            .await?;
-        Ok::<_, lapin::Error>((tag, deliveries))
-    };
+    let consuming = consume_from(
+        &channel,
+        stream,
+        StreamOffset::Last,
+        1000,
+        "acemq-host.probe",
+    );
     let consumed = tokio::time::timeout(PROBE_LIMIT, consuming)
         .await
         .map_err(|_| timed_out())

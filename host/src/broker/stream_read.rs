@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
+use lapin::options::BasicAckOptions;
 use lapin::{Channel, Consumer};
 
-use super::offset::{OFFSET_ARGUMENT, StreamOffset};
+use super::offset::StreamOffset;
 use super::oneoff::OneOff;
+use super::stream::consume_from;
 
 /// One read of a stream.
 pub struct StreamRead {
@@ -32,19 +32,7 @@ impl StreamRead {
         tag_prefix: &str,
     ) -> anyhow::Result<Self> {
         let channel = broker.channel().await?;
-        channel
-            .basic_qos(prefetch, BasicQosOptions { global: false })
-            .await?;
-        let mut arguments = FieldTable::default();
-        arguments.insert(OFFSET_ARGUMENT.into(), from.to_amqp());
-        let tag = format!("{tag_prefix}.{}", uuid::Uuid::new_v4().simple());
-        let deliveries = channel
-            .basic_consume(
-                stream.into(),
-                tag.as_str().into(),
-                BasicConsumeOptions::default(),
-                arguments,
-            )
+        let (_tag, deliveries) = consume_from(&channel, stream, from, prefetch, tag_prefix)
             .await
             .map_err(|e| anyhow::anyhow!("cannot read the stream '{stream}': {e}"))?;
         Ok(Self {
