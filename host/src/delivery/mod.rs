@@ -269,7 +269,12 @@ impl Pipeline {
         redelivered: bool,
         body: &Bytes,
     ) -> Read {
-        let envelope = Arc::new(Envelope::read(properties, routing_key, envelope::now_ms()));
+        let envelope = Arc::new(Envelope::read_delivery(
+            properties,
+            routing_key,
+            body,
+            envelope::now_ms(),
+        ));
         let trace = DeliveryTrace::start(&self.tracer, properties.headers().as_ref());
         let refusal =
             decide::refuse_unreadable(&self.queue, unreadable_note(properties).as_deref()).or_else(
