@@ -97,15 +97,16 @@ mod codec;
 mod host;
 mod message;
 mod outcome;
+mod outgoing;
 mod publish;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
 
 pub use codec::{Body, Codec, CodecError};
 pub use host::{config, log, now_ms};
-pub use message::{BodyError, Delivery, Envelope, HeaderValue, Headers, Message};
+pub use message::{BodyError, DeclaredRoute, Delivery, Envelope, HeaderValue, Headers, Message};
 pub use outcome::{OrOutcome, Outcome, Result, accept, park, reject, retry};
-pub use publish::{Publish, PublishError, publish};
+pub use publish::{Publish, PublishError, Sent, publish};
 /// Re-exported so plugins can build JSON with [`json!`] without depending on
 /// `serde_json` themselves.
 pub use serde_json::{self, json};

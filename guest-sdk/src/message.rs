@@ -6,7 +6,7 @@ use core::fmt;
 use serde::Deserialize;
 
 use crate::bindings::wit_types::Message as HostMessage;
-pub use crate::bindings::wit_types::{Delivery, Envelope, HeaderValue};
+pub use crate::bindings::wit_types::{DeclaredRoute, Delivery, Envelope, HeaderValue};
 use crate::outcome::Outcome;
 
 /// One message handed to a [`Handler`](crate::Handler).

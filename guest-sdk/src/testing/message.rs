@@ -27,6 +27,7 @@ pub fn message(body: impl Into<Vec<u8>>) -> Message {
             attempt: 1,
             first_seen_ms: DEFAULT_NOW_MS,
             origin: None,
+            route: None,
         },
         Delivery {
             queue: "test.queue".into(),
@@ -34,6 +35,8 @@ pub fn message(body: impl Into<Vec<u8>>) -> Message {
             routing_key: "test".into(),
             redelivered: false,
             stream_offset: None,
+            reply_to: None,
+            amqp_correlation_id: None,
         },
         None,
         Headers::new(),

@@ -37,6 +37,7 @@
 
 mod clock;
 mod config;
+mod envelope;
 mod log;
 mod message;
 mod publish;
@@ -44,10 +45,12 @@ mod publish;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
-pub use crate::bindings::wit_types::Outgoing;
+use crate::Sent;
+pub use crate::bindings::wit_types::{EnvelopeFields, Outgoing};
 use crate::log::Level;
 use crate::{Handler, Message, Outcome};
 pub use clock::DEFAULT_NOW_MS;
+use envelope::Input;
 pub use message::{json_message, message};
 
 /// A stand-in for `acemq-host` in native tests.
@@ -68,6 +71,26 @@ impl Default for TestHost {
     }
 }
 
+/// A message a handler buffered with [`publish`](crate::publish), and the
+/// [`Sent`] the host answered with (see the module `envelope` above for the
+/// id). Derefs to the [`Outgoing`] record, so `done.published[0].body`
+/// reads it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Published {
+    /// What the handler asked for, as the host receives it (`envelope`
+    /// holds only the fields the handler set).
+    pub message: Outgoing,
+    /// The id and correlation it will carry.
+    pub sent: Sent,
+}
+
+impl core::ops::Deref for Published {
+    type Target = Outgoing;
+    fn deref(&self) -> &Outgoing {
+        &self.message
+    }
+}
+
 /// What a handler did under [`TestHost::handle`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Handled {
@@ -75,7 +98,7 @@ pub struct Handled {
     pub outcome: Outcome,
     /// Every message `send` buffered, in order. The real host publishes them
     /// only when `outcome` is [`Outcome::Accept`].
-    pub published: Vec<Outgoing>,
+    pub published: Vec<Published>,
     /// Every line logged, in order.
     pub logs: Vec<(Level, String)>,
 }
@@ -86,7 +109,7 @@ pub struct Ran<T> {
     /// What the closure returned.
     pub value: T,
     /// Every message `send` buffered, in order.
-    pub published: Vec<Outgoing>,
+    pub published: Vec<Published>,
     /// Every line logged, in order.
     pub logs: Vec<(Level, String)>,
 }
@@ -100,7 +123,11 @@ impl TestHost {
 
     /// Runs handler `H` on `msg`, as the host would call it.
     pub fn handle<H: Handler>(&self, msg: Message) -> Handled {
-        let ran = self.run(|| crate::__private::decide::<H>(msg));
+        let input = Input {
+            id: msg.envelope().id.clone(),
+            correlation_id: msg.envelope().correlation_id.clone(),
+        };
+        let ran = self.run_with(input, || crate::__private::decide::<H>(msg));
         Handled {
             outcome: ran.value,
             published: ran.published,
@@ -109,10 +136,21 @@ impl TestHost {
     }
 
     /// Runs any code that uses the host functions (a helper of a handler,
-    /// say) against this host.
+    /// say) against this host, as if it handled [`message()`]'s default
+    /// message (its id and correlation are what outputs inherit).
     pub fn run<T>(&self, f: impl FnOnce() -> T) -> Ran<T> {
+        let defaults = message(Vec::new());
+        let input = Input {
+            id: defaults.envelope().id.clone(),
+            correlation_id: defaults.envelope().correlation_id.clone(),
+        };
+        self.run_with(input, f)
+    }
+
+    fn run_with<T>(&self, input: Input, f: impl FnOnce() -> T) -> Ran<T> {
         let state = State {
             host: self.clone(),
+            input,
             published: Vec::new(),
             logs: Vec::new(),
         };
@@ -143,8 +181,16 @@ impl TestHost {
 
 struct State {
     host: TestHost,
-    published: Vec<Outgoing>,
+    input: Input,
+    published: Vec<Published>,
     logs: Vec<(Level, String)>,
+}
+
+impl State {
+    /// The ids of every message buffered so far in this call.
+    fn sent_ids(&self) -> impl Iterator<Item = &str> {
+        self.published.iter().map(|p| p.sent.id.as_str())
+    }
 }
 
 thread_local! {
