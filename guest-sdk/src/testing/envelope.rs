@@ -17,6 +17,18 @@ use crate::bindings::wit_types::{EnvelopeFields, Sent};
 pub(crate) struct Input {
     pub(crate) id: String,
     pub(crate) correlation_id: String,
+    /// Where the host would send a reply ([`Message::reply_to`](crate::Message::reply_to)).
+    pub(crate) reply_to: Option<String>,
+}
+
+impl Input {
+    pub(crate) fn of(msg: &crate::Message) -> Self {
+        Input {
+            id: msg.envelope().id.clone(),
+            correlation_id: msg.envelope().correlation_id.clone(),
+            reply_to: msg.reply_to().map(str::to_owned),
+        }
+    }
 }
 
 /// Refuses a field set to what the host would refuse: an id that is not a

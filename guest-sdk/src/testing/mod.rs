@@ -1,15 +1,19 @@
 //! Unit-testing handlers natively, with `cargo test`, without a host.
 //!
-//! Natively (not on wasm32) the SDK's host functions ([`publish`](crate::publish),
-//! [`config`](crate::config), [`now_ms`](crate::now_ms), logging) talk to a
-//! [`TestHost`] instead of `acemq-host`. It records what the handler
-//! published and logged, and answers `config` and `now_ms` from what the test
-//! set. Outside [`TestHost::handle`] / [`TestHost::run`] they panic.
+//! Natively (not on wasm32) the SDK's host functions ([`publish`](crate::publish()),
+//! [`reply`](crate::reply()), [`config`](crate::config), [`now_ms`](crate::now_ms),
+//! logging) talk to a [`TestHost`] instead of `acemq-host`. It records what
+//! the handler published, replied and logged, with the [`Sent`] id and
+//! correlation the host would answer (`envelope` below says how its ids
+//! stand in for the host's), and answers `config` and `now_ms` from what
+//! the test set. Outside [`TestHost::handle`] / [`TestHost::run`] they panic.
 //!
 //! Each interface of the host has its part here, named as the host names
 //! its file (`host/src/plugin/host/`): `message` (the messages a test
-//! hands in: [`message()`], [`json_message`]), `log`, `publish`
-//! ([`TestHost::publish_to`]), `config` ([`TestHost::config`]) and `clock`
+//! hands in: [`message()`], [`json_message`], a [`request`], a message
+//! [`on_json_slip`] or [`on_declared_route`]), `log`, `publish`
+//! ([`TestHost::publish_to`]), `reply`, `envelope` (the envelope fields
+//! both check and default), `config` ([`TestHost::config`]) and `clock`
 //! ([`TestHost::now_ms`]).
 //!
 //! ```
@@ -41,17 +45,18 @@ mod envelope;
 mod log;
 mod message;
 mod publish;
+mod reply;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::Sent;
-pub use crate::bindings::wit_types::{EnvelopeFields, Outgoing};
+pub use crate::bindings::wit_types::{EnvelopeFields, Outgoing, OutgoingReply};
 use crate::log::Level;
 use crate::{Handler, Message, Outcome};
 pub use clock::DEFAULT_NOW_MS;
 use envelope::Input;
-pub use message::{json_message, message};
+pub use message::{json_message, message, on_declared_route, on_json_slip, request};
 
 /// A stand-in for `acemq-host` in native tests.
 #[derive(Clone, Debug)]
@@ -91,6 +96,28 @@ impl core::ops::Deref for Published {
     }
 }
 
+/// The reply a handler buffered with [`reply`](crate::reply()), the
+/// [`Sent`] the host answered with (its correlation is the request's) and
+/// where the host would send it. Derefs to the [`OutgoingReply`] record.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Replied {
+    /// What the handler asked for, as the host receives it.
+    pub message: OutgoingReply,
+    /// The id and correlation it will carry.
+    pub sent: Sent,
+    /// The reply queue, as the host resolves it from the request
+    /// (`acemq-reply-to`, else the `reply-to` property); `None` when the
+    /// request had neither, which the real host rejects on accept.
+    pub to: Option<String>,
+}
+
+impl core::ops::Deref for Replied {
+    type Target = OutgoingReply;
+    fn deref(&self) -> &OutgoingReply {
+        &self.message
+    }
+}
+
 /// What a handler did under [`TestHost::handle`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Handled {
@@ -99,6 +126,10 @@ pub struct Handled {
     /// Every message `send` buffered, in order. The real host publishes them
     /// only when `outcome` is [`Outcome::Accept`].
     pub published: Vec<Published>,
+    /// The reply `reply().send()` buffered, if any; the real host sends it
+    /// only when `outcome` is [`Outcome::Accept`] (and then rejects a
+    /// message that had no reply address: [`Replied::to`] `None`).
+    pub reply: Option<Replied>,
     /// Every line logged, in order.
     pub logs: Vec<(Level, String)>,
 }
@@ -110,6 +141,8 @@ pub struct Ran<T> {
     pub value: T,
     /// Every message `send` buffered, in order.
     pub published: Vec<Published>,
+    /// The reply buffered, if any.
+    pub reply: Option<Replied>,
     /// Every line logged, in order.
     pub logs: Vec<(Level, String)>,
 }
@@ -123,14 +156,11 @@ impl TestHost {
 
     /// Runs handler `H` on `msg`, as the host would call it.
     pub fn handle<H: Handler>(&self, msg: Message) -> Handled {
-        let input = Input {
-            id: msg.envelope().id.clone(),
-            correlation_id: msg.envelope().correlation_id.clone(),
-        };
-        let ran = self.run_with(input, || crate::__private::decide::<H>(msg));
+        let ran = self.run_with(Input::of(&msg), || crate::__private::decide::<H>(msg));
         Handled {
             outcome: ran.value,
             published: ran.published,
+            reply: ran.reply,
             logs: ran.logs,
         }
     }
@@ -139,12 +169,7 @@ impl TestHost {
     /// say) against this host, as if it handled [`message()`]'s default
     /// message (its id and correlation are what outputs inherit).
     pub fn run<T>(&self, f: impl FnOnce() -> T) -> Ran<T> {
-        let defaults = message(Vec::new());
-        let input = Input {
-            id: defaults.envelope().id.clone(),
-            correlation_id: defaults.envelope().correlation_id.clone(),
-        };
-        self.run_with(input, f)
+        self.run_with(Input::of(&message(Vec::new())), f)
     }
 
     fn run_with<T>(&self, input: Input, f: impl FnOnce() -> T) -> Ran<T> {
@@ -152,6 +177,7 @@ impl TestHost {
             host: self.clone(),
             input,
             published: Vec::new(),
+            reply: None,
             logs: Vec::new(),
         };
         let previous = ACTIVE.with(|a| a.borrow_mut().replace(state));
@@ -174,6 +200,7 @@ impl TestHost {
         Ran {
             value,
             published: state.published,
+            reply: state.reply,
             logs: state.logs,
         }
     }
@@ -183,13 +210,17 @@ struct State {
     host: TestHost,
     input: Input,
     published: Vec<Published>,
+    reply: Option<Replied>,
     logs: Vec<(Level, String)>,
 }
 
 impl State {
     /// The ids of every message buffered so far in this call.
     fn sent_ids(&self) -> impl Iterator<Item = &str> {
-        self.published.iter().map(|p| p.sent.id.as_str())
+        let outputs = self.published.iter().map(|p| &p.sent);
+        outputs
+            .chain(self.reply.as_ref().map(|r| &r.sent))
+            .map(|sent| sent.id.as_str())
     }
 }
 
@@ -215,6 +246,7 @@ pub(crate) mod sys {
     pub(crate) use super::config::config;
     pub(crate) use super::log::log;
     pub(crate) use super::publish::publish;
+    pub(crate) use super::reply::reply;
 }
 
 #[cfg(test)]
