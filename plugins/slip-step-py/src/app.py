@@ -30,8 +30,8 @@ class Handler(exports.Handler):
 
 def current_step(envelope, headers):
     """The name of the step handling the message now, read from either form
-    of its slip (the declared route first, as the Rust SDK reads it), or
-    None. An unreadable slip is the host's to refuse: None here."""
+    of its slip, or None. An unreadable slip (or one in both forms) is the
+    host's to refuse before the handler runs: None here."""
     route = envelope.route
     if route is not None:
         return route.steps[route.position] if route.position < len(route.steps) else None
@@ -40,7 +40,8 @@ def current_step(envelope, headers):
             text = value.value
             try:
                 steps = json.loads(text if isinstance(text, str) else bytes(text))["steps"]
-                return steps[0].get("name") if steps else None
+                # A step without a name is named by its routing key.
+                return (steps[0].get("name") or steps[0].get("routingKey")) if steps else None
             except (ValueError, TypeError, KeyError, AttributeError):
                 return None
     return None
