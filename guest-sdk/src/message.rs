@@ -137,11 +137,13 @@ impl Message {
     }
 
     /// The routing slip the message is on, in either wire form: Java's
-    /// declared route ([`envelope().route`](Envelope::route)) or else the
-    /// JSON `acemq-routing-slip` header; `Ok(None)` when it is on neither.
+    /// declared route ([`envelope().route`](Envelope::route)) or the JSON
+    /// `acemq-routing-slip` header; `Ok(None)` when it is on neither.
     /// Read-only: the host forwards the message to the next step after an
-    /// accept. A JSON slip that cannot be read is an error that converts
-    /// into a [`reject`](crate::reject) naming the header.
+    /// accept. A JSON slip that cannot be read, or a message carrying both
+    /// forms, is an error that converts into a [`reject`](crate::reject)
+    /// naming the header (the host sets such a message aside before its
+    /// handler runs, so a handler meets one only in a test).
     ///
     /// ```
     /// # use acemq_guest::prelude::*;
@@ -154,13 +156,12 @@ impl Message {
     /// # }
     /// ```
     pub fn routing_slip(&self) -> Result<Option<RoutingSlip>, SlipError> {
-        if let Some(route) = &self.envelope().route {
-            return Ok(Some(RoutingSlip::from_declared(route)));
+        let json = self.headers().get(ROUTING_SLIP_HEADER);
+        match (&self.envelope().route, json) {
+            (Some(_), Some(_)) => Err(SlipError::both_forms()),
+            (Some(route), None) => Ok(Some(RoutingSlip::from_declared(route))),
+            (None, json) => json.map(RoutingSlip::from_header).transpose(),
         }
-        self.headers()
-            .get(ROUTING_SLIP_HEADER)
-            .map(RoutingSlip::from_header)
-            .transpose()
     }
 
     /// The body as UTF-8 text; not UTF-8 converts into a

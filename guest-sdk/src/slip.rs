@@ -46,7 +46,7 @@ pub enum SlipForm {
 /// One step of a slip.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlipStep {
-    /// The step's name.
+    /// The step's name (for a JSON step without one, its routing key).
     pub name: String,
     /// The exchange the step is reached through, as the JSON slip names
     /// it. A declared route names its steps only (its pipeline's exchange
@@ -182,9 +182,14 @@ struct WireStep {
 }
 
 impl WireStep {
+    /// A step without a `name` is named by its routing key, as the host
+    /// names it in its logs.
     fn into_step(self) -> SlipStep {
         SlipStep {
-            name: self.name.unwrap_or_default(),
+            name: self
+                .name
+                .or_else(|| self.routing_key.clone())
+                .unwrap_or_default(),
             exchange: self.exchange,
             routing_key: self.routing_key,
         }
@@ -205,6 +210,17 @@ fn completed_at_text(value: Option<serde_json::Value>) -> Option<String> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlipError {
     problem: String,
+}
+
+impl SlipError {
+    pub(crate) fn both_forms() -> Self {
+        SlipError {
+            problem: format!(
+                "the message is on two routing slips at once, a declared route \
+                 (x-acemq-route) and the header '{ROUTING_SLIP_HEADER}'"
+            ),
+        }
+    }
 }
 
 impl fmt::Display for SlipError {
@@ -310,5 +326,21 @@ mod tests {
         let slip = msg.routing_slip().unwrap().unwrap();
         assert_eq!(slip.form(), &SlipForm::Declared { id: None });
         assert_eq!(slip.next().map(|s| s.name.as_str()), Some("two"));
+
+        let both = testing::on_declared_route(msg, &["one"], 0, None);
+        let both = testing::on_json_slip(both, &steps, &[]);
+        assert!(
+            both.routing_slip()
+                .unwrap_err()
+                .to_string()
+                .contains("two routing slips at once")
+        );
+    }
+
+    #[test]
+    fn a_json_step_without_a_name_is_named_by_its_routing_key() {
+        let header = HeaderValue::Text(r#"{"steps":[{"exchange":"w","routingKey":"rk"}]}"#.into());
+        let slip = RoutingSlip::from_header(&header).unwrap();
+        assert_eq!(slip.current().unwrap().name, "rk");
     }
 }

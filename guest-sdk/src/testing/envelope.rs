@@ -31,31 +31,89 @@ impl Input {
     }
 }
 
-/// Refuses a field set to what the host would refuse: an id that is not a
-/// UUID or is already used in this call (`used`: the ids of the messages
-/// buffered so far), a version below 1.
-pub(crate) fn check_fields<'a>(
-    fields: &EnvelopeFields,
-    mut used: impl Iterator<Item = &'a str>,
-) -> Result<(), String> {
-    if let Some(id) = &fields.id {
-        if !is_uuid_text(id) {
-            return Err(format!(
-                "envelope id '{id}' is not a UUID in its 36-character text form \
-                 (8-4-4-4-12 hexadecimal digits)"
-            ));
-        }
-        if used.any(|other| other.eq_ignore_ascii_case(id)) {
-            return Err(format!(
-                "envelope id '{id}' is already the id of another message of this call; \
-                 each message needs an id of its own"
-            ));
-        }
+/// Most bytes of a chosen message type, correlation or causation id (the
+/// host's bound, an AMQP short string's).
+const MAX_FIELD_BYTES: usize = 255;
+
+/// Refuses a field set to what the host would refuse, first refusal first
+/// and in the host's words (`host/src/envelope/fields.rs`): an id that is
+/// not a UUID, an empty or over-long text field, a version outside 1 to
+/// `i32::MAX`.
+pub(crate) fn check_fields(fields: &EnvelopeFields) -> Result<(), String> {
+    if let Some(id) = &fields.id
+        && !is_uuid_text(id)
+    {
+        return Err(format!(
+            "the id '{}' is not a UUID in its 36-character text form \
+             (like 6f1c0c1e-3b5a-4c8e-9d2f-0a1b2c3d4e5f)",
+            preview(id)
+        ));
     }
-    if fields.version == Some(0) {
-        return Err("envelope version 0 is refused: versions start at 1".into());
+    if let Some(message_type) = &fields.message_type {
+        check_text("message type", message_type)?;
+    }
+    match fields.version {
+        Some(0) => return Err("the version 0 is not allowed: versions start at 1".into()),
+        Some(version) if i32::try_from(version).is_err() => {
+            return Err(format!(
+                "the version {version} is too large: at most {} (it is written as a signed \
+                 32-bit integer)",
+                i32::MAX
+            ));
+        }
+        _ => {}
+    }
+    if let Some(correlation) = &fields.correlation_id {
+        check_text("correlation id", correlation)?;
+    }
+    if let Some(causation) = &fields.causation_id {
+        check_text("causation id", causation)?;
     }
     Ok(())
+}
+
+/// Refuses `id` when another message of the call (`used`: the ids of those
+/// buffered so far, derived or chosen) already has it.
+pub(crate) fn check_unique<'a>(
+    id: &str,
+    mut used: impl Iterator<Item = &'a str>,
+) -> Result<(), String> {
+    if used.any(|other| other.eq_ignore_ascii_case(id)) {
+        return Err(format!(
+            "the id '{id}' is already the id of another message this call publishes: \
+             ids are unique among the messages of one call"
+        ));
+    }
+    Ok(())
+}
+
+fn check_text(what: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(format!(
+            "the {what} is empty: leave it unset for the default"
+        ));
+    }
+    if value.len() > MAX_FIELD_BYTES {
+        return Err(format!(
+            "the {what} '{}' is {} bytes long; at most {MAX_FIELD_BYTES} are allowed",
+            preview(value),
+            value.len()
+        ));
+    }
+    Ok(())
+}
+
+/// The first 64 bytes of `value` (then `...`), as the host quotes a value.
+fn preview(value: &str) -> String {
+    const SHOWN: usize = 64;
+    if value.len() <= SHOWN {
+        return value.to_owned();
+    }
+    let mut end = SHOWN;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &value[..end])
 }
 
 /// The id and correlation a message will carry: those the plugin set, else
@@ -120,6 +178,54 @@ mod tests {
         assert_eq!(a, derived_id("m-1", "output 0"));
         assert_ne!(a, derived_id("m-1", "output 1"));
         assert_ne!(a, derived_id("m-2", "output 0"));
+    }
+
+    #[test]
+    fn each_refused_field_is_named() {
+        let unset = EnvelopeFields::default();
+        let refusal = |fields: EnvelopeFields| check_fields(&fields).unwrap_err();
+        let long = "t".repeat(300);
+        for (fields, expected) in [
+            (
+                EnvelopeFields {
+                    message_type: Some(String::new()),
+                    ..unset.clone()
+                },
+                "the message type is empty",
+            ),
+            (
+                EnvelopeFields {
+                    correlation_id: Some(long.clone()),
+                    ..unset.clone()
+                },
+                "is 300 bytes long; at most 255",
+            ),
+            (
+                EnvelopeFields {
+                    causation_id: Some(String::new()),
+                    ..unset.clone()
+                },
+                "the causation id is empty",
+            ),
+            (
+                EnvelopeFields {
+                    version: Some(u32::MAX),
+                    ..unset.clone()
+                },
+                "the version 4294967295 is too large",
+            ),
+        ] {
+            let err = refusal(fields);
+            assert!(err.contains(expected), "{err}");
+        }
+        assert!(
+            refusal(EnvelopeFields {
+                id: Some(long),
+                ..unset.clone()
+            })
+            .contains("tttt...")
+        );
+        assert_eq!(check_fields(&unset), Ok(()));
     }
 
     #[test]

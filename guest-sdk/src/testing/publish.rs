@@ -1,6 +1,6 @@
 //! `publish`: the host's refusals (the consumer's `publish_to`, the
-//! reserved `x-acemq-*` headers, then the envelope fields), in the same
-//! order as the host's `plugin/host/publish.rs`; its output limits are not
+//! envelope fields, the reserved `x-acemq-*` headers, an id already used in
+//! the call), in the same order as the host's `plugin/host/publish.rs`; its output limits are not
 //! modelled. Each buffered output gets the [`Sent`] the host would return
 //! (see [`envelope`](super::envelope) for its id).
 
@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use crate::HeaderValue;
 
-use super::envelope::{check_fields, sent};
+use super::envelope::{check_fields, check_unique, sent};
 use super::{Outgoing, Published, Sent, TestHost, with_state};
 
 const RESERVED_PREFIX: &str = "x-acemq-";
@@ -28,13 +28,14 @@ pub(crate) fn publish(msg: &Outgoing) -> Result<Sent, String> {
         if let Some(allowed) = &s.host.publish_to {
             check_allowed(allowed, &msg.exchange)?;
         }
+        check_fields(&msg.envelope)?;
         check_headers(&msg.headers)?;
-        check_fields(&msg.envelope, s.sent_ids())?;
         let sent = sent(
             &msg.envelope,
             &s.input,
             &format!("output {}", s.published.len()),
         );
+        check_unique(&sent.id, s.sent_ids())?;
         s.published.push(Published {
             message: msg.clone(),
             sent: sent.clone(),
