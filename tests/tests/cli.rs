@@ -327,11 +327,15 @@ fn inspect_describes_a_plugin() {
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(
-        text.contains("world:   acemq:plugin/handler-plugin@0.3.0"),
+        text.contains("contract: acemq:plugin@0.4.0 (this host's own)"),
         "{text}"
     );
     assert!(
-        text.contains("exports: acemq:plugin/handler@0.3.0"),
+        text.contains("world:   acemq:plugin/handler-plugin@0.4.0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("exports: acemq:plugin/handler@0.4.0"),
         "{text}"
     );
     assert!(text.contains("sha256:  "), "{text}");

@@ -269,7 +269,12 @@ impl Pipeline {
         redelivered: bool,
         body: &Bytes,
     ) -> Read {
-        let envelope = Arc::new(Envelope::read(properties, routing_key, envelope::now_ms()));
+        let envelope = Arc::new(Envelope::read_delivery(
+            properties,
+            routing_key,
+            body,
+            envelope::now_ms(),
+        ));
         let trace = DeliveryTrace::start(&self.tracer, properties.headers().as_ref());
         let refusal =
             decide::refuse_unreadable(&self.queue, unreadable_note(properties).as_deref()).or_else(
@@ -466,6 +471,8 @@ pub fn handler_input(
         routing_key: routing_key.to_string(),
         redelivered,
         stream_offset: headers.stream_offset,
+        reply_to: properties.reply_to().as_ref().map(|r| r.to_string()),
+        amqp_correlation_id: properties.correlation_id().as_ref().map(|c| c.to_string()),
         content_type: properties.content_type().as_ref().map(|c| c.to_string()),
         headers: headers.visible,
         body,
