@@ -466,6 +466,8 @@ pub fn handler_input(
         routing_key: routing_key.to_string(),
         redelivered,
         stream_offset: headers.stream_offset,
+        reply_to: properties.reply_to().as_ref().map(|r| r.to_string()),
+        amqp_correlation_id: properties.correlation_id().as_ref().map(|c| c.to_string()),
         content_type: properties.content_type().as_ref().map(|c| c.to_string()),
         headers: headers.visible,
         body,

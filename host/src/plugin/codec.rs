@@ -15,10 +15,11 @@ use std::time::Instant;
 use wasmtime::component::Linker;
 
 use super::bindings::codec_world::{CodecPlugin, CodecPluginPre};
+use super::bindings::v0_3::codec_world as v0_3;
 use super::engine::PluginEngine;
 use super::fault::CallEvidence;
 use super::pool::{CallBounds, Instantiate, Observed, Pool, Warm, new_store};
-use super::{Limits, PluginError};
+use super::{Contract, Limits, PluginError};
 
 /// The store data of a codec instance: codecs import nothing, so only limits.
 struct CodecState {
@@ -51,15 +52,76 @@ impl Observed for CodecState {
     }
 }
 
+/// A codec, pre-linked, in the contract it was built against (0.3's codec
+/// world has the same shape as 0.4's, under its own version).
+enum CodecPre {
+    V0_4(CodecPluginPre<CodecState>),
+    V0_3(v0_3::CodecPluginPre<CodecState>),
+}
+
+/// One codec instance's exports.
+enum CodecBindings {
+    V0_4(CodecPlugin),
+    V0_3(v0_3::CodecPlugin),
+}
+
+impl CodecPre {
+    /// Checks the exports of the plugin's `codec-plugin` world.
+    fn new(
+        contract: Contract,
+        instance_pre: wasmtime::component::InstancePre<CodecState>,
+    ) -> wasmtime::Result<Self> {
+        Ok(match contract {
+            Contract::V0_4 => CodecPre::V0_4(CodecPluginPre::new(instance_pre)?),
+            Contract::V0_3 => CodecPre::V0_3(v0_3::CodecPluginPre::new(instance_pre)?),
+        })
+    }
+}
+
+impl CodecBindings {
+    /// Converts `body` one way or the other; `Ok(Err(why))` is the codec's
+    /// refusal.
+    async fn convert(
+        &self,
+        store: &mut wasmtime::Store<CodecState>,
+        direction: Direction,
+        content_type: &str,
+        body: &[u8],
+    ) -> wasmtime::Result<Result<(String, Vec<u8>), String>> {
+        match (self, direction) {
+            (CodecBindings::V0_4(b), Direction::Decode) => {
+                b.acemq_plugin_codec()
+                    .call_decode(store, content_type, body)
+                    .await
+            }
+            (CodecBindings::V0_4(b), Direction::Encode) => {
+                b.acemq_plugin_codec()
+                    .call_encode(store, content_type, body)
+                    .await
+            }
+            (CodecBindings::V0_3(b), Direction::Decode) => {
+                b.acemq_plugin_codec()
+                    .call_decode(store, content_type, body)
+                    .await
+            }
+            (CodecBindings::V0_3(b), Direction::Encode) => {
+                b.acemq_plugin_codec()
+                    .call_encode(store, content_type, body)
+                    .await
+            }
+        }
+    }
+}
+
 /// What makes a codec's instances.
 struct Instances {
     engine: wasmtime::Engine,
-    pre: CodecPluginPre<CodecState>,
+    pre: CodecPre,
     limits: Limits,
 }
 
 impl Instantiate for Instances {
-    type Instance = Warm<CodecState, CodecPlugin>;
+    type Instance = Warm<CodecState, CodecBindings>;
 
     async fn instantiate(&self, deadline: Instant) -> wasmtime::Result<Self::Instance> {
         let state = CodecState {
@@ -67,7 +129,10 @@ impl Instantiate for Instances {
             wasi: super::host::wasi::LazyWasi::default(),
         };
         let mut store = new_store(&self.engine, state, deadline);
-        let bindings = self.pre.instantiate_async(&mut store).await?;
+        let bindings = match &self.pre {
+            CodecPre::V0_4(pre) => CodecBindings::V0_4(pre.instantiate_async(&mut store).await?),
+            CodecPre::V0_3(pre) => CodecBindings::V0_3(pre.instantiate_async(&mut store).await?),
+        };
         Ok(Warm { store, bindings })
     }
 }
@@ -103,12 +168,12 @@ impl CodecVersion {
         let instance_pre = linker.instantiate_pre(&compiled.component).map_err(|e| {
             PluginError::new(path, format!("is not a codec plugin of this host: {e:#}"))
         })?;
-        let pre = CodecPluginPre::new(instance_pre).map_err(|e| {
+        let pre = CodecPre::new(compiled.contract, instance_pre).map_err(|e| {
             PluginError::new(
                 path,
                 format!(
-                    "does not export the codec world ({}): {e:#}",
-                    contract!("codec")
+                    "does not export the codec world (acemq:plugin/codec@{}): {e:#}",
+                    compiled.contract.version()
                 ),
             )
         })?;
@@ -151,20 +216,13 @@ impl CodecVersion {
             let warm = lease.instance();
             // The limiter's memory of a refusal is per call.
             warm.store.data_mut().bounds.limiter.refused = None;
-            let codec = warm.bindings.acemq_plugin_codec();
             // Bounded on the host's side too, like a handler call (pool.rs).
-            let result = match direction {
-                Direction::Decode => {
-                    deadline
-                        .bound(codec.call_decode(&mut warm.store, content_type, body))
-                        .await
-                }
-                Direction::Encode => {
-                    deadline
-                        .bound(codec.call_encode(&mut warm.store, content_type, body))
-                        .await
-                }
-            };
+            let result = deadline
+                .bound(
+                    warm.bindings
+                        .convert(&mut warm.store, direction, content_type, body),
+                )
+                .await;
             lease.finish(result)
         }
         .await;

@@ -69,6 +69,7 @@ mod tests {
     use super::*;
 
     const PLUGIN_WIT: &str = include_str!("../../../wit/plugin.wit");
+    const PLUGIN_WIT_0_3: &str = include_str!("../../../wit/v0.3/plugin.wit");
 
     fn error_of(bytes: &[u8]) -> String {
         format!("{:#}", componentize(bytes).unwrap_err())
@@ -133,8 +134,9 @@ mod tests {
         assert_eq!(exports, [contract!("handler")]);
     }
 
-    /// A plugin built against an earlier contract is refused at load with
-    /// the two versions named, not with the linker's "wrong type".
+    /// A plugin built against a contract this host does not implement is
+    /// refused at load with its version and both supported ones named, not
+    /// with the linker's "wrong type".
     #[test]
     fn a_plugin_of_another_contract_version_is_refused_by_name() {
         let old_wit = PLUGIN_WIT.replace(
@@ -157,16 +159,39 @@ mod tests {
                 "plugin old.wasm: was built against acemq:plugin@0.1.0, and this host implements ",
                 "acemq:plugin@",
                 contract_version!(),
+                " and acemq:plugin@",
+                legacy_contract_version!(),
                 ": rebuild it with this host's guest SDK (wit/plugin.wit)"
             )
         );
         // The plugin of this host's own version passes the same check.
         let current = componentize(&handler_module(true)).unwrap();
-        assert!(
-            engine
-                .compile_bytes(std::path::Path::new("new.wasm"), &current)
-                .is_ok()
+        let compiled = engine
+            .compile_bytes(std::path::Path::new("new.wasm"), &current)
+            .unwrap();
+        assert_eq!(compiled.contract, crate::plugin::Contract::V0_4);
+    }
+
+    /// A plugin built against the 0.3 contract still loads as a handler, and
+    /// its `handle` runs: its calls go through the 0.3 adapter.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_plugin_of_the_0_3_contract_loads_and_handles() {
+        let module = handler_module_of(
+            legacy_contract_version!(),
+            Some(component_type_of(PLUGIN_WIT_0_3, "handler-plugin")),
         );
+        let component = componentize(&module).unwrap();
+        let engine =
+            crate::plugin::PluginEngine::new(crate::plugin::EngineSettings::default()).unwrap();
+        let compiled = engine
+            .compile_bytes(std::path::Path::new("legacy.wasm"), &component)
+            .unwrap();
+        assert_eq!(compiled.contract, crate::plugin::Contract::V0_3);
+        let context = std::sync::Arc::new(crate::plugin::ConsumerContext::default());
+        let version = crate::plugin::HandlerVersion::from_compiled(&engine, compiled, context)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let invocation = version.invoke(crate::plugin::test_input()).await;
+        assert_eq!(invocation.result.unwrap(), crate::plugin::Outcome::Accept);
     }
 
     /// The payload of a `component-type` custom section for `world` of

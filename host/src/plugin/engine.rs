@@ -15,8 +15,8 @@ use wasmtime::component::Component;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use self::cache::PluginCache;
-use super::PluginError;
 use super::limiter::{MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_TABLES};
+use super::{Contract, PluginError};
 
 /// How often the engine's epoch advances. At every tick a running call
 /// either yields to the async runtime or, past its deadline, traps: a
@@ -66,39 +66,21 @@ pub struct CompiledPlugin {
     /// The `[consumers.config]` keys the plugin declares it reads
     /// ([`super::config_keys`]); `None` when it declares none.
     pub config_keys: Option<Vec<String>>,
+    /// The version of the contract it was built against.
+    pub contract: Contract,
 }
 
 impl CompiledPlugin {
-    /// Refuses a plugin built against another version of the contract with
-    /// an error that says so. Left to the linker, the same plugin fails with
-    /// "instance export `log` has the wrong type", which sends an operator
-    /// looking in the wrong place.
-    fn check_contract_version(&self, engine: &Engine) -> Result<(), PluginError> {
+    /// The contract the component was built against, or its refusal
+    /// (`contract.rs`), whichever world it is loaded as.
+    fn read_contract(&self, engine: &Engine) -> Result<Contract, PluginError> {
         let ty = self.component.component_type();
         let names = ty
             .imports(engine)
             .map(|(name, _)| name)
             .chain(ty.exports(engine).map(|(name, _)| name));
-        for name in names {
-            if let Some(version) = other_contract_version(name) {
-                return Err(PluginError::new(
-                    &self.path,
-                    format!(
-                        "was built against acemq:plugin@{version}, and this host implements \
-                         acemq:plugin@{}: rebuild it with this host's guest SDK (wit/plugin.wit)",
-                        contract_version!()
-                    ),
-                ));
-            }
-        }
-        Ok(())
+        Contract::of_names(names).map_err(|why| PluginError::new(&self.path, why))
     }
-}
-
-/// The version in an `acemq:plugin/NAME@VERSION` name, when it is not ours.
-fn other_contract_version(name: &str) -> Option<&str> {
-    let (interface, version) = name.strip_prefix("acemq:plugin/")?.split_once('@')?;
-    (!interface.is_empty() && version != contract_version!()).then_some(version)
 }
 
 /// The engine plus the thread that drives epoch interruption.
@@ -174,8 +156,8 @@ impl PluginEngine {
     /// against another version of the contract is refused here, whichever
     /// world it is loaded as.
     pub fn compile_bytes(&self, path: &Path, bytes: &[u8]) -> Result<CompiledPlugin, PluginError> {
-        let compiled = self.compile_component(path, bytes)?;
-        compiled.check_contract_version(&self.engine)?;
+        let mut compiled = self.compile_component(path, bytes)?;
+        compiled.contract = compiled.read_contract(&self.engine)?;
         Ok(compiled)
     }
 
@@ -210,6 +192,8 @@ impl PluginEngine {
             component,
             from_cache,
             config_keys: super::config_keys::declared(bytes),
+            // Read from the component just compiled, by `compile_bytes`.
+            contract: Contract::V0_4,
         })
     }
 }
@@ -319,17 +303,6 @@ fn check_is_component(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn another_contract_version_is_named() {
-        assert_eq!(
-            other_contract_version("acemq:plugin/host@0.1.0"),
-            Some("0.1.0")
-        );
-        assert_eq!(other_contract_version(contract!("handler")), None);
-        assert_eq!(other_contract_version("wasi:cli/environment@0.2.0"), None);
-        assert_eq!(other_contract_version("acemq:plugin/host"), None);
-    }
 
     #[test]
     fn garbage_and_core_modules_are_named_as_such() {

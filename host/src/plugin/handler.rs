@@ -11,25 +11,83 @@ use wasmtime::component::Linker;
 
 use super::bindings::handler_world::acemq::plugin::types;
 use super::bindings::handler_world::{HandlerPlugin, HandlerPluginPre};
+use super::bindings::v0_3::handler_world as v0_3;
 use super::engine::{CompiledPlugin, PluginEngine};
 use super::fault::Fault;
 use super::host::{self, HostState};
 use super::pool::{Instantiate, Pool, Warm, new_store};
-use super::{ConsumerContext, Input, Outcome, Outgoing, PluginError};
+use super::{ConsumerContext, Contract, Input, Outcome, Outgoing, PluginError};
 use crate::config::Isolation;
+
+/// A handler plugin, pre-linked, in the contract it was built against.
+enum HandlerPre {
+    V0_4(HandlerPluginPre<HostState>),
+    V0_3(v0_3::HandlerPluginPre<HostState>),
+}
+
+/// One instance's exports, in the contract its plugin was built against.
+pub(super) enum HandlerBindings {
+    V0_4(HandlerPlugin),
+    V0_3(v0_3::HandlerPlugin),
+}
+
+impl HandlerPre {
+    /// Checks the exports of the plugin's `handler-plugin` world.
+    fn new(
+        contract: Contract,
+        instance_pre: wasmtime::component::InstancePre<HostState>,
+    ) -> wasmtime::Result<Self> {
+        Ok(match contract {
+            Contract::V0_4 => HandlerPre::V0_4(HandlerPluginPre::new(instance_pre)?),
+            Contract::V0_3 => HandlerPre::V0_3(v0_3::HandlerPluginPre::new(instance_pre)?),
+        })
+    }
+
+    async fn instantiate_async(
+        &self,
+        store: &mut wasmtime::Store<HostState>,
+    ) -> wasmtime::Result<HandlerBindings> {
+        Ok(match self {
+            HandlerPre::V0_4(pre) => HandlerBindings::V0_4(pre.instantiate_async(store).await?),
+            HandlerPre::V0_3(pre) => HandlerBindings::V0_3(pre.instantiate_async(store).await?),
+        })
+    }
+}
+
+impl HandlerBindings {
+    /// Calls the plugin's `handle` on the message `message` names.
+    async fn handle(
+        &self,
+        store: &mut wasmtime::Store<HostState>,
+        message: wasmtime::component::Resource<host::message::LentMessage>,
+    ) -> wasmtime::Result<Outcome> {
+        match self {
+            HandlerBindings::V0_4(bindings) => bindings
+                .acemq_plugin_handler()
+                .call_handle(store, message)
+                .await
+                .map(host_outcome),
+            HandlerBindings::V0_3(bindings) => bindings
+                .acemq_plugin_handler()
+                .call_handle(store, message)
+                .await
+                .map(host::v0_3::outcome_of),
+        }
+    }
+}
 
 /// What makes a handler version's instances.
 struct Instances {
     engine: wasmtime::Engine,
     fuel_metering: bool,
-    pre: HandlerPluginPre<HostState>,
+    pre: HandlerPre,
     context: Arc<ConsumerContext>,
     /// The version's sha256, named in the plugin's log lines.
     sha256: Arc<str>,
 }
 
 impl Instantiate for Instances {
-    type Instance = Warm<HostState, HandlerPlugin>;
+    type Instance = Warm<HostState, HandlerBindings>;
 
     async fn instantiate(&self, deadline: Instant) -> wasmtime::Result<Self::Instance> {
         // Instantiation runs guest code (start functions): bound it too.
@@ -95,7 +153,8 @@ impl HandlerVersion {
         host::check_config(&compiled, &context)?;
         let mut linker: Linker<HostState> = Linker::new(engine.engine());
         let imports_wasi = super::host::wasi::imports_wasi(engine.engine(), &compiled.component);
-        host::link(&mut linker, imports_wasi).map_err(|e| PluginError::new(&path, e))?;
+        host::link(&mut linker, compiled.contract, imports_wasi)
+            .map_err(|e| PluginError::new(&path, e))?;
         // instantiate_pre checks every import against what the linker offers:
         // a plugin importing WASI beyond the grant, or another version of the
         // contract, fails here.
@@ -105,13 +164,12 @@ impl HandlerVersion {
                 format!("is not a handler plugin of this host: {}", chain(&e)),
             )
         })?;
-        // HandlerPluginPre::new checks the exports of the handler-plugin world.
-        let pre = HandlerPluginPre::new(instance_pre).map_err(|e| {
+        let pre = HandlerPre::new(compiled.contract, instance_pre).map_err(|e| {
             PluginError::new(
                 &path,
                 format!(
-                    "does not export the handler world ({}): {}",
-                    contract!("handler"),
+                    "does not export the handler world (acemq:plugin/handler@{}): {}",
+                    compiled.contract.version(),
                     chain(&e)
                 ),
             )
@@ -173,11 +231,7 @@ impl HandlerVersion {
             // Bounded on the host's side too: a call waiting in a WASI sleep
             // runs no wasm, so its epoch check never comes (pool.rs).
             let result = deadline
-                .bound(
-                    warm.bindings
-                        .acemq_plugin_handler()
-                        .call_handle(&mut warm.store, message),
-                )
+                .bound(warm.bindings.handle(&mut warm.store, message))
                 .await;
             fuel =
                 fuel_before.map(|before| before.saturating_sub(warm.store.get_fuel().unwrap_or(0)));
@@ -187,7 +241,7 @@ impl HandlerVersion {
         }
         .await;
         let (result, outputs) = match result {
-            Ok((outcome, outputs)) => (Ok(host_outcome(outcome)), outputs),
+            Ok((outcome, outputs)) => (Ok(outcome), outputs),
             Err(fault) => (Err(fault), Vec::new()),
         };
         Invocation {

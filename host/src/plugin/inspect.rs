@@ -1,6 +1,7 @@
-//! `acemq-host plugin inspect FILE`: what a plugin file is — which world it
-//! targets, what it imports and exports, its size and hash — read from the
-//! component's own type information, without running it.
+//! `acemq-host plugin inspect FILE`: what a plugin file is — which contract
+//! version it was built against, which world it targets, what it imports
+//! and exports, its size and hash — read from the component's own type
+//! information, without running it.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -8,11 +9,9 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 use wit_component::DecodedWasm;
 
-use super::PluginError;
+use super::{Contract, PluginError};
 
-/// Interfaces of the contract, by world.
-const HANDLER_EXPORT: &str = contract!("handler");
-const CODEC_EXPORT: &str = contract!("codec");
+/// The host interface of this host's own contract, named in refusals.
 const HOST_IMPORT: &str = contract!("host");
 
 /// The facts shown about a plugin.
@@ -22,8 +21,11 @@ pub struct PluginFacts {
     pub sha256: String,
     pub imports: Vec<String>,
     pub exports: Vec<String>,
+    /// The version of the contract it was built against, or why this host
+    /// would refuse it.
+    pub contract: Result<Contract, String>,
     /// The `handler-plugin` or `codec-plugin` world, qualified, or why it is neither.
-    pub world: Result<&'static str, String>,
+    pub world: Result<String, String>,
     /// The `[consumers.config]` keys it declares it reads.
     pub config_keys: Option<Vec<String>>,
 }
@@ -57,19 +59,24 @@ fn inspect_bytes(path: &Path, bytes: &[u8]) -> Result<PluginFacts, PluginError> 
     let name_of = |key: &wit_parser::WorldKey| resolve.name_world_key(key);
     let imports: Vec<String> = world.imports.keys().map(name_of).collect();
     let exports: Vec<String> = world.exports.keys().map(name_of).collect();
-    let world = classify(&imports, &exports);
+    let contract = Contract::of_names(imports.iter().chain(&exports).map(String::as_str));
+    let world = match &contract {
+        Ok(contract) => classify(*contract, &imports, &exports),
+        Err(why) => Err(why.clone()),
+    };
     Ok(PluginFacts {
         size: bytes.len(),
         sha256: hex::encode(Sha256::digest(bytes)),
         imports,
         exports,
+        contract,
         world,
         config_keys: super::config_keys::declared(bytes),
     })
 }
 
-/// Which of the contract's worlds the imports and exports fit.
-fn classify(imports: &[String], exports: &[String]) -> Result<&'static str, String> {
+/// Which of `contract`'s worlds the imports and exports fit.
+fn classify(contract: Contract, imports: &[String], exports: &[String]) -> Result<String, String> {
     // WASI is linked, locked down, for components that import it.
     let foreign: Vec<&String> = imports
         .iter()
@@ -82,15 +89,16 @@ fn classify(imports: &[String], exports: &[String]) -> Result<&'static str, Stri
             names.join(", ")
         ));
     }
-    if exports.iter().any(|e| e == HANDLER_EXPORT) {
-        return Ok(contract!("handler-plugin"));
+    let version = contract.version();
+    let name = |item: &str| format!("acemq:plugin/{item}@{version}");
+    let (handler, codec) = (name("handler"), name("codec"));
+    if exports.contains(&handler) {
+        return Ok(name("handler-plugin"));
     }
-    if exports.iter().any(|e| e == CODEC_EXPORT) {
-        return Ok(contract!("codec-plugin"));
+    if exports.contains(&codec) {
+        return Ok(name("codec-plugin"));
     }
-    Err(format!(
-        "exports neither {HANDLER_EXPORT} nor {CODEC_EXPORT}"
-    ))
+    Err(format!("exports neither {handler} nor {codec}"))
 }
 
 fn render(path: &Path, facts: &PluginFacts) -> String {
@@ -98,6 +106,22 @@ fn render(path: &Path, facts: &PluginFacts) -> String {
     let _ = writeln!(out, "file:    {}", path.display());
     let _ = writeln!(out, "size:    {} bytes", facts.size);
     let _ = writeln!(out, "sha256:  {}", facts.sha256);
+    match &facts.contract {
+        Ok(Contract::V0_4) => {
+            let _ = writeln!(out, "contract: {} (this host's own)", Contract::V0_4);
+        }
+        Ok(contract) => {
+            let _ = writeln!(
+                out,
+                "contract: {contract} (an earlier one this host still runs; rebuild it with \
+                 this host's guest SDK for {})",
+                Contract::V0_4
+            );
+        }
+        Err(why) => {
+            let _ = writeln!(out, "contract: refused: it {why}");
+        }
+    }
     match &facts.world {
         Ok(world) => {
             let _ = writeln!(out, "world:   {world}");
@@ -155,36 +179,51 @@ fn wasi_grants(imports: &[String]) -> Vec<String> {
 mod tests {
     use super::*;
 
+    const HANDLER_EXPORT: &str = contract!("handler");
+    const CODEC_EXPORT: &str = contract!("codec");
+
     fn names(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| s.to_string()).collect()
     }
 
     #[test]
     fn worlds_are_told_apart() {
+        let v0_4 = Contract::V0_4;
         assert_eq!(
-            classify(&names(&[HOST_IMPORT]), &names(&[HANDLER_EXPORT])),
-            Ok(contract!("handler-plugin"))
+            classify(v0_4, &names(&[HOST_IMPORT]), &names(&[HANDLER_EXPORT])),
+            Ok(contract!("handler-plugin").to_string())
         );
         assert_eq!(
-            classify(&[], &names(&[CODEC_EXPORT])),
-            Ok(contract!("codec-plugin"))
+            classify(v0_4, &[], &names(&[CODEC_EXPORT])),
+            Ok(contract!("codec-plugin").to_string())
+        );
+        // A plugin of the 0.3 contract is one of its worlds.
+        assert_eq!(
+            classify(
+                Contract::V0_3,
+                &names(&[legacy_contract!("host")]),
+                &names(&[legacy_contract!("handler")])
+            ),
+            Ok(legacy_contract!("handler-plugin").to_string())
         );
         // WASI is linked (locked down) for the components that import it.
         assert_eq!(
             classify(
+                v0_4,
                 &names(&["wasi:cli/environment@0.2.0", HOST_IMPORT]),
                 &names(&[HANDLER_EXPORT]),
             ),
-            Ok(contract!("handler-plugin"))
+            Ok(contract!("handler-plugin").to_string())
         );
         let err = classify(
+            v0_4,
             &names(&["wasi:cli/environment@0.2.0", "wasi:http/types@0.2.0"]),
             &names(&[HANDLER_EXPORT]),
         )
         .unwrap_err();
         assert!(err.contains("wasi:http/types@0.2.0"), "{err}");
         assert!(!err.contains("wasi:cli"), "{err}");
-        let err = classify(&[], &names(&["other:thing/iface"])).unwrap_err();
+        let err = classify(v0_4, &[], &names(&["other:thing/iface"])).unwrap_err();
         assert!(err.contains("exports neither"), "{err}");
     }
 

@@ -11,17 +11,35 @@
 //! `host/`.
 
 /// The version of `wit/plugin.wit` (`package acemq:plugin@...`) this host
-/// implements. A plugin built against another version of the contract is
-/// refused when it loads. A macro, so that names can be built from it with
+/// implements. A plugin built against a version this host does not
+/// implement (this one or [`legacy_contract_version`]) is refused when it
+/// loads (`contract.rs`). A macro, so that names can be built from it with
 /// `concat!` in constants.
 macro_rules! contract_version {
+    () => {
+        "0.4.0"
+    };
+}
+
+/// The version of `wit/v0.3/plugin.wit`, the frozen contract whose plugins
+/// this host still loads and runs (`host/v0_3.rs`).
+macro_rules! legacy_contract_version {
     () => {
         "0.3.0"
     };
 }
 
+/// [`contract`] for the 0.3 contract: `legacy_contract!("handler")` is
+/// `acemq:plugin/handler@0.3.0`.
+#[allow(unused_macros)]
+macro_rules! legacy_contract {
+    ($name:literal) => {
+        concat!("acemq:plugin/", $name, "@", legacy_contract_version!())
+    };
+}
+
 /// A name of `wit/plugin.wit`, qualified with the package and the version
-/// this host implements: `contract!("handler")` is `acemq:plugin/handler@0.3.0`.
+/// this host implements: `contract!("handler")` is `acemq:plugin/handler@0.4.0`.
 macro_rules! contract {
     ($name:literal) => {
         concat!("acemq:plugin/", $name, "@", contract_version!())
@@ -33,6 +51,7 @@ pub mod capacity;
 pub mod codec;
 pub mod componentize;
 pub mod config_keys;
+mod contract;
 mod engine;
 mod fault;
 mod handler;
@@ -51,6 +70,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 pub use codec::{CodecSet, CodecVersion, Conversion};
+pub use contract::Contract;
 pub use engine::{CompiledPlugin, EPOCH_TICK, EngineSettings, PluginEngine};
 pub use fault::{Fault, FaultKind};
 pub use handler::{HandlerSlot, HandlerVersion, Invocation};
@@ -134,6 +154,10 @@ pub struct Input {
     pub routing_key: String,
     pub redelivered: bool,
     pub stream_offset: Option<u64>,
+    /// The AMQP `reply-to` property.
+    pub reply_to: Option<String>,
+    /// The AMQP `correlation-id` property (a plain RPC client's pairing).
+    pub amqp_correlation_id: Option<String>,
     pub content_type: Option<String>,
     pub headers: Vec<(String, HeaderValue)>,
     pub body: Bytes,
@@ -164,4 +188,22 @@ pub enum Outcome {
     Retry(String),
     Reject(String),
     Park(String),
+}
+
+/// A plain input for unit tests: a new message with an empty JSON body.
+#[cfg(test)]
+pub(crate) fn test_input() -> Input {
+    Input {
+        envelope: Arc::new(Envelope::new("test", "acemq@test", 1_700_000_000_000)),
+        exchange: "in".into(),
+        routing_key: "test".into(),
+        redelivered: false,
+        stream_offset: None,
+        reply_to: None,
+        amqp_correlation_id: None,
+        content_type: Some("application/json".into()),
+        headers: Vec::new(),
+        body: Bytes::from_static(b"{}"),
+        trace_id: None,
+    }
 }

@@ -89,6 +89,7 @@ impl types::HostMessage for Lending {
             attempt: e.attempt,
             first_seen_ms: e.first_seen_ms,
             origin: e.origin.clone(),
+            route: declared_route(e),
         })
     }
 
@@ -100,6 +101,8 @@ impl types::HostMessage for Lending {
             routing_key: message.routing_key.clone(),
             redelivered: message.redelivered,
             stream_offset: message.stream_offset,
+            reply_to: message.reply_to.clone(),
+            amqp_correlation_id: message.amqp_correlation_id.clone(),
         })
     }
 
@@ -124,6 +127,24 @@ impl types::HostMessage for Lending {
     fn drop(&mut self, _handle: Resource<LentMessage>) -> wasmtime::Result<()> {
         Ok(())
     }
+}
+
+/// Java's declared route of `envelope`, when it is on one: the step names
+/// of `x-acemq-route`, comma-joined on the wire, and the position of the
+/// current step (0 when the header is missing or does not fit).
+fn declared_route(envelope: &crate::envelope::Envelope) -> Option<types::DeclaredRoute> {
+    let route = envelope.route.as_deref()?;
+    Some(types::DeclaredRoute {
+        steps: route
+            .split(',')
+            .map(|step| step.trim().to_string())
+            .collect(),
+        position: envelope
+            .route_position
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(0),
+        id: envelope.route_id.clone(),
+    })
 }
 
 /// A header value as the guest reads it.

@@ -7,20 +7,28 @@
 //! | `message.rs` | `resource message` of `acemq:plugin/types` | the message lent to the current call |
 //! | `log.rs` | `log` of `acemq:plugin/host` | what tags its lines; the lines of the call, counted |
 //! | `publish.rs` | `publish` of `acemq:plugin/host` | the outputs the call buffered, against `publish_to` and the limits |
+//! | `reply.rs` | `reply` of `acemq:plugin/host` | the reply the call buffered |
 //! | `config.rs` | `config` of `acemq:plugin/host` | the consumer's `[consumers.config]` |
 //! | `clock.rs` | `now-ms` of `acemq:plugin/host` | nothing |
+//! | `state.rs` | `acemq:plugin/state` | nothing: not available in this host yet |
 //! | `wasi.rs` | WASI 0.2, for a component that imports it | the locked-down WASI context, and the grant ([`wasi::GRANT`]) |
 //!
 //! A new interface is a new file whose state implements [`HostInterface`],
 //! a field of [`HostState`], and its line in [`link`].
+//!
+//! Those are contract 0.4's. A plugin built against 0.3 is linked to
+//! `v0_3.rs` instead, which maps each of its calls onto the same state.
 
 pub mod clock;
 pub mod config;
 pub mod log;
 pub mod message;
 pub mod publish;
+pub mod reply;
 #[cfg(test)]
 mod sandbox_doc;
+pub mod state;
+pub mod v0_3;
 pub mod wasi;
 
 use std::sync::Arc;
@@ -28,11 +36,12 @@ use std::sync::Arc;
 use wasmtime::component::{HasSelf, Linker, Resource};
 
 use super::bindings::handler_world::acemq::plugin::host as wit_host;
-use super::bindings::handler_world::acemq::plugin::types;
+use super::bindings::handler_world::acemq::plugin::{state as wit_state, types};
+use super::bindings::v0_3::handler_world::acemq::plugin::{host as old_host, types as old_types};
 use super::engine::CompiledPlugin;
 use super::fault::CallEvidence;
 use super::pool::{CallBounds, Observed};
-use super::{ConsumerContext, Input, Outgoing, PluginError};
+use super::{ConsumerContext, Contract, Input, Outgoing, PluginError};
 use message::{LentMessage, MessageInterface};
 
 /// One interface's state in each instance of a consumer's handler plugin.
@@ -56,18 +65,41 @@ pub fn check_config(plugin: &CompiledPlugin, context: &ConsumerContext) -> Resul
     config::Config::check_config(plugin, context)
 }
 
-/// Links what a handler plugin may import: one line per WIT interface.
-/// WASI only for a component that imports it (a Rust plugin built with the
-/// guest SDK does not, and its stores never build a WASI context).
-pub fn link(linker: &mut Linker<HostState>, imports_wasi: bool) -> Result<(), String> {
+/// Links what a handler plugin of `contract` may import: one line per WIT
+/// interface. WASI only for a component that imports it (a Rust plugin
+/// built with the guest SDK does not, and its stores never build a WASI
+/// context).
+pub fn link(
+    linker: &mut Linker<HostState>,
+    contract: Contract,
+    imports_wasi: bool,
+) -> Result<(), String> {
     let host = |e: wasmtime::Error| format!("cannot link the host interface: {e:#}");
-    types::add_to_linker::<_, MessageInterface>(linker, |state| &mut state.message)
-        .map_err(host)?;
-    wit_host::add_to_linker::<_, HasSelf<_>>(linker, |state| state).map_err(host)?;
+    match contract {
+        Contract::V0_4 => {
+            types::add_to_linker::<_, MessageInterface>(linker, |state| &mut state.message)
+                .map_err(host)?;
+            wit_host::add_to_linker::<_, HasSelf<_>>(linker, |state| state).map_err(host)?;
+            wit_state::add_to_linker::<_, StateInterface>(linker, |state| &mut state.state)
+                .map_err(host)?;
+        }
+        Contract::V0_3 => {
+            old_types::add_to_linker::<_, MessageInterface>(linker, |state| &mut state.message)
+                .map_err(host)?;
+            old_host::add_to_linker::<_, HasSelf<_>>(linker, |state| state).map_err(host)?;
+        }
+    }
     if imports_wasi {
         wasi::link(linker).map_err(|e| format!("cannot link WASI: {e:#}"))?;
     }
     Ok(())
+}
+
+/// Links `acemq:plugin/state` on its own state alone.
+pub struct StateInterface;
+
+impl wasmtime::component::HasData for StateInterface {
+    type Data<'a> = &'a mut state::Unavailable;
 }
 
 /// The data of one handler instance's store: each interface's state, and
@@ -77,8 +109,10 @@ pub struct HostState {
     pub message: message::Lending,
     pub log: log::Log,
     pub publish: publish::Publishing,
+    pub reply: reply::Replying,
     pub config: config::Config,
     pub clock: clock::Clock,
+    pub state: state::Unavailable,
     /// WASI, for a plugin that imports it (built on first use).
     pub wasi: wasi::LazyWasi,
 }
@@ -101,8 +135,10 @@ impl HostState {
             message: HostInterface::prepare(&context, &plugin),
             log: HostInterface::prepare(&context, &plugin),
             publish: HostInterface::prepare(&context, &plugin),
+            reply: HostInterface::prepare(&context, &plugin),
             config: HostInterface::prepare(&context, &plugin),
             clock: HostInterface::prepare(&context, &plugin),
+            state: HostInterface::prepare(&context, &plugin),
             wasi: HostInterface::prepare(&context, &plugin),
         }
     }
@@ -180,8 +216,15 @@ impl wit_host::Host for HostState {
         Ok(())
     }
 
-    fn publish(&mut self, msg: types::Outgoing) -> wasmtime::Result<Result<(), String>> {
-        Ok(self.publish.buffer(msg))
+    fn publish(&mut self, msg: types::Outgoing) -> wasmtime::Result<Result<types::Sent, String>> {
+        Ok(self.publish.buffer(msg, self.message.current()))
+    }
+
+    fn reply(
+        &mut self,
+        msg: types::OutgoingReply,
+    ) -> wasmtime::Result<Result<types::Sent, String>> {
+        Ok(self.reply.buffer(msg, self.message.current()))
     }
 
     fn config(&mut self, key: String) -> wasmtime::Result<Option<String>> {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::super::bindings::handler_world::acemq::plugin::types;
-use super::super::{ConsumerContext, Outgoing};
+use super::super::{ConsumerContext, Input, Outgoing};
 use super::HostInterface;
 use super::message::from_wit;
 use crate::envelope::{self, HeaderValue};
@@ -19,6 +19,8 @@ pub const MAX_MESSAGE_TYPE_BYTES: usize = envelope::MAX_SHORT_STRING;
 pub struct Publishing {
     /// Its `publish_to` and its limits (`max_outputs`, `max_output_bytes`).
     context: Arc<ConsumerContext>,
+    /// The plugin version's sha256: part of each output's default id.
+    plugin: Arc<str>,
     /// Messages buffered by `publish`, sent only if the handler accepts.
     outputs: Vec<Outgoing>,
     output_bytes: usize,
@@ -29,9 +31,10 @@ pub struct Publishing {
 }
 
 impl HostInterface for Publishing {
-    fn prepare(context: &Arc<ConsumerContext>, _plugin: &Arc<str>) -> Self {
+    fn prepare(context: &Arc<ConsumerContext>, plugin: &Arc<str>) -> Self {
         Self {
             context: context.clone(),
+            plugin: plugin.clone(),
             outputs: Vec::new(),
             output_bytes: 0,
             refused: None,
@@ -59,7 +62,7 @@ fn check_lengths(msg: &types::Outgoing) -> Result<(), String> {
     if let Some(content_type) = &msg.content_type {
         check_length("content type", content_type, envelope::MAX_SHORT_STRING)?;
     }
-    if let Some(message_type) = &msg.message_type {
+    if let Some(message_type) = &msg.envelope.message_type {
         check_length("message type", message_type, MAX_MESSAGE_TYPE_BYTES)?;
     }
     Ok(())
@@ -73,8 +76,19 @@ impl Publishing {
         (std::mem::take(&mut self.outputs), self.refused.take())
     }
 
-    /// Buffers `msg`, or says why not (and buffers nothing).
-    pub fn buffer(&mut self, msg: types::Outgoing) -> Result<(), String> {
+    /// Buffers `msg`, an output of `input`, or says why not (and buffers
+    /// nothing); answers the id and correlation it will carry.
+    pub fn buffer(
+        &mut self,
+        msg: types::Outgoing,
+        input: Option<&Input>,
+    ) -> Result<types::Sent, String> {
+        let Some(input) = input else {
+            return Err(
+                "publish is only possible while handling a message (not in start-up code)"
+                    .to_string(),
+            );
+        };
         check_lengths(&msg)?;
         self.check_allowed(&msg.exchange)?;
         let headers: Vec<(String, HeaderValue)> = msg
@@ -99,17 +113,21 @@ impl Publishing {
             ));
         }
         self.output_bytes += size;
+        let sent = types::Sent {
+            id: envelope::output_id(&input.envelope.id, &self.plugin, self.outputs.len()),
+            correlation_id: input.envelope.correlation_id.clone(),
+        };
         self.outputs.push(Outgoing {
             exchange: msg.exchange,
             routing_key: msg.routing_key,
             body: msg.body,
             content_type: msg.content_type,
             headers,
-            message_type: msg.message_type,
+            message_type: msg.envelope.message_type,
             persistent: msg.persistent,
             mandatory: msg.mandatory,
         });
-        Ok(())
+        Ok(sent)
     }
 
     /// Whether the consumer's `publish_to` lists `exchange`; the first
