@@ -12,7 +12,8 @@
 //! crate carry both worlds: a codec plugin is never asked to export a
 //! handler, and a handler plugin never a codec.
 
-/// The `handler-plugin` world: imports `host`, exports `handler`.
+/// The `handler-plugin` world: imports `host` (and `state`, which this SDK
+/// does not wrap yet), exports `handler`.
 pub mod handler {
     wit_bindgen::generate!({
         world: "handler-plugin",

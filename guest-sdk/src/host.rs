@@ -1,5 +1,5 @@
 //! The host's services: configuration, clock, logging. Publishing is in
-//! [`publish`](crate::publish).
+//! [`publish`](crate::publish()), replying in [`reply`](crate::reply()).
 //!
 //! Handler plugins only: the `codec-plugin` world imports nothing, so a codec
 //! that calls any of these is refused by the host when it loads.
@@ -112,8 +112,8 @@ macro_rules! error {
 /// handler with a plain `cargo test`.
 pub(crate) mod sys {
     #[cfg(target_arch = "wasm32")]
-    pub(crate) use crate::bindings::wit_host::{config, log, now_ms, publish};
+    pub(crate) use crate::bindings::wit_host::{config, log, now_ms, publish, reply};
 
     #[cfg(not(target_arch = "wasm32"))]
-    pub(crate) use crate::testing::sys::{config, log, now_ms, publish};
+    pub(crate) use crate::testing::sys::{config, log, now_ms, publish, reply};
 }

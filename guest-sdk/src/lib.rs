@@ -4,8 +4,10 @@
 //! (accept, retry, reject, park) and what it publishes. The host does
 //! everything else: connection, acknowledgements, retries, dead-lettering,
 //! publisher confirms. A plugin is a WebAssembly component with no access to
-//! the machine; it reaches the outside only through the host: [`publish`],
-//! [`config`], [`now_ms`], and [logging](log).
+//! the machine; it reaches the outside only through the host: [`publish`](publish()),
+//! [`reply`](reply()) (to answer a request), [`config`], [`now_ms`], and
+//! [logging](log). A message on a routing slip shows it
+//! ([`Message::routing_slip`]); the host forwards it to the next step.
 //!
 //! # A handler
 //!
@@ -57,7 +59,8 @@
 //! | error                        | becomes                                      |
 //! |------------------------------|----------------------------------------------|
 //! | [`BodyError`] ([`Message::json`], [`Message::text`]) | [`Outcome::Reject`]: the body will never be readable |
-//! | [`PublishError`] ([`Publish::send`])                  | [`Outcome::Retry`]: the refusal is usually configuration |
+//! | [`PublishError`] ([`Publish::send`]), [`ReplyError`] ([`Reply::send`]) | [`Outcome::Retry`]: the refusal is usually configuration |
+//! | [`SlipError`] ([`Message::routing_slip`])             | [`Outcome::Reject`]: the slip will never be readable |
 //! | any `Option` / `Result`, via [`OrOutcome`]            | the outcome you name: `.or_reject("no tenant")?` |
 //!
 //! # Building
@@ -97,18 +100,25 @@ mod codec;
 mod host;
 mod message;
 mod outcome;
+mod outgoing;
 mod publish;
+mod reply;
+mod slip;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
 
 pub use codec::{Body, Codec, CodecError};
 pub use host::{config, log, now_ms};
-pub use message::{BodyError, Delivery, Envelope, HeaderValue, Headers, Message};
+pub use message::{
+    BodyError, DeclaredRoute, Delivery, Envelope, HeaderValue, Headers, Message, REPLY_TO_HEADER,
+};
 pub use outcome::{OrOutcome, Outcome, Result, accept, park, reject, retry};
-pub use publish::{Publish, PublishError, publish};
+pub use publish::{Publish, PublishError, Sent, publish};
+pub use reply::{Reply, ReplyError, reply};
 /// Re-exported so plugins can build JSON with [`json!`] without depending on
 /// `serde_json` themselves.
 pub use serde_json::{self, json};
+pub use slip::{DoneStep, ROUTING_SLIP_HEADER, RoutingSlip, SlipError, SlipForm, SlipStep};
 
 /// A handler plugin. Export it with [`export_handler!`].
 ///
@@ -215,7 +225,7 @@ macro_rules! config_keys {
 pub mod prelude {
     pub use crate::{
         Handler, Message, OrOutcome, Outcome, Result, accept, config, json, now_ms, park, publish,
-        reject, retry,
+        reject, reply, retry,
     };
     // Macros, by name, so `info!(..)` works after the glob import.
     pub use crate::{debug, error, info, trace, warn};

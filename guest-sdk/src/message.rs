@@ -6,8 +6,13 @@ use core::fmt;
 use serde::Deserialize;
 
 use crate::bindings::wit_types::Message as HostMessage;
-pub use crate::bindings::wit_types::{Delivery, Envelope, HeaderValue};
+pub use crate::bindings::wit_types::{DeclaredRoute, Delivery, Envelope, HeaderValue};
 use crate::outcome::Outcome;
+use crate::slip::{ROUTING_SLIP_HEADER, RoutingSlip, SlipError};
+
+/// The application header in which an AceMQ request names its reply queue
+/// (the AMQP `reply-to` property carries the same value).
+pub const REPLY_TO_HEADER: &str = "acemq-reply-to";
 
 /// One message handed to a [`Handler`](crate::Handler).
 ///
@@ -108,6 +113,54 @@ impl Message {
         serde_json::from_slice(self.body()).map_err(|e| BodyError {
             problem: format!("body is not a valid {}: {e}", short_type_name::<T>()),
         })
+    }
+
+    /// Where a reply to this message goes, as the host resolves it: the
+    /// `acemq-reply-to` header (which AceMQ callers write) when it is
+    /// text and not empty, else the AMQP `reply-to` property (all a plain
+    /// AMQP RPC client sets). `None`: not a request. See
+    /// [`reply`](crate::reply()).
+    pub fn reply_to(&self) -> Option<&str> {
+        let header = self.headers().get_str(REPLY_TO_HEADER);
+        let property = self.delivery().reply_to.as_deref();
+        header
+            .filter(|h| !h.is_empty())
+            .or(property.filter(|p| !p.is_empty()))
+    }
+
+    /// The AMQP `correlation-id` property: how a plain AMQP RPC client
+    /// (pika, amqplib) pairs its replies; the host echoes it on the reply.
+    /// AceMQ pairs on the envelope's
+    /// [`correlation_id`](Envelope::correlation_id) instead.
+    pub fn amqp_correlation_id(&self) -> Option<&str> {
+        self.delivery().amqp_correlation_id.as_deref()
+    }
+
+    /// The routing slip the message is on, in either wire form: Java's
+    /// declared route ([`envelope().route`](Envelope::route)) or else the
+    /// JSON `acemq-routing-slip` header; `Ok(None)` when it is on neither.
+    /// Read-only: the host forwards the message to the next step after an
+    /// accept. A JSON slip that cannot be read is an error that converts
+    /// into a [`reject`](crate::reject) naming the header.
+    ///
+    /// ```
+    /// # use acemq_guest::prelude::*;
+    /// # fn f(msg: Message) -> Result {
+    /// if let Some(slip) = msg.routing_slip()? {
+    ///     let next = slip.next().map_or("none", |step| step.name.as_str());
+    ///     acemq_guest::info!("{} steps done, next: {next}", slip.done().len());
+    /// }
+    /// # accept()
+    /// # }
+    /// ```
+    pub fn routing_slip(&self) -> Result<Option<RoutingSlip>, SlipError> {
+        if let Some(route) = &self.envelope().route {
+            return Ok(Some(RoutingSlip::from_declared(route)));
+        }
+        self.headers()
+            .get(ROUTING_SLIP_HEADER)
+            .map(RoutingSlip::from_header)
+            .transpose()
     }
 
     /// The body as UTF-8 text; not UTF-8 converts into a
@@ -432,6 +485,29 @@ mod tests {
             "HashMap<String, (u8, Order)>"
         );
         assert_eq!(short_type_name::<&[u8]>(), "&[u8]");
+    }
+
+    #[test]
+    fn reply_to_reads_the_header_first_then_the_property() {
+        let mut msg = testing::request("q", "from-header");
+        msg.delivery_mut().reply_to = Some("from-property".into());
+        assert_eq!(msg.reply_to(), Some("from-header"));
+        msg.headers_mut().insert(REPLY_TO_HEADER, "");
+        assert_eq!(
+            msg.reply_to(),
+            Some("from-property"),
+            "empty reads as absent"
+        );
+        msg.delivery_mut().reply_to = None;
+        assert_eq!(msg.reply_to(), None);
+
+        let mut pika = testing::message("q");
+        pika.delivery_mut().reply_to = Some("amq.gen-x".into());
+        pika.delivery_mut().amqp_correlation_id = Some("rpc-1".into());
+        assert_eq!(
+            (pika.reply_to(), pika.amqp_correlation_id()),
+            (Some("amq.gen-x"), Some("rpc-1"))
+        );
     }
 
     #[test]

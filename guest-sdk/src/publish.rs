@@ -2,11 +2,10 @@
 
 use core::fmt;
 
-use serde::Serialize;
-
 use crate::bindings::wit_types::Outgoing;
-use crate::message::{HeaderValue, Headers};
+pub use crate::bindings::wit_types::Sent;
 use crate::outcome::Outcome;
+use crate::outgoing::{Parts, shared_builder_methods};
 
 /// Starts a message to `exchange` with `routing_key`; finish it with
 /// [`send`](Publish::send).
@@ -19,122 +18,73 @@ use crate::outcome::Outcome;
 /// input is retried, so outputs are delivered *at least once*: consumers of
 /// what you publish should tolerate duplicates (the envelope id helps).
 ///
-/// The exchange must be in the consumer's `publish_to` list, and header names
-/// starting with `x-acemq-` are reserved; otherwise `send` fails and buffers
+/// The exchange must be in the consumer's `publish_to` list, header names
+/// starting with `x-acemq-` are reserved, and an explicit [`id`](Publish::id)
+/// must be a UUID unique in the call; otherwise `send` fails and buffers
 /// nothing.
+///
+/// `send` returns the [`Sent`] envelope fields: the id and correlation the
+/// message will carry on the wire. This is the id to log, or to hand on.
 ///
 /// ```
 /// # use acemq_guest::prelude::*;
 /// # fn f(order_id: &str) -> Result {
-/// publish("orders.events", "order.accepted")
+/// let sent = publish("orders.events", "order.accepted")
 ///     .json(&json!({ "id": order_id }))
 ///     .header("tenant", "acme")
+///     .message_type("order.accepted")
+///     .version(2)
 ///     .send()?; // refused by the host: ends the handler with `retry`
+/// acemq_guest::info!("order {order_id} announced as {}", sent.id);
 /// # accept()
 /// # }
 /// ```
 pub fn publish(exchange: impl Into<String>, routing_key: impl Into<String>) -> Publish {
     Publish {
-        out: Outgoing {
-            exchange: exchange.into(),
-            routing_key: routing_key.into(),
-            body: Vec::new(),
-            content_type: None,
-            headers: Vec::new(),
-            message_type: None,
-            persistent: true,
-            mandatory: None,
-        },
-        encode_error: None,
+        exchange: exchange.into(),
+        routing_key: routing_key.into(),
+        parts: Parts::default(),
+        persistent: true,
+        mandatory: None,
     }
 }
 
 /// A message being built by [`publish`]. Defaults: empty body, no content
-/// type (the host then uses `application/json`), no headers, message type =
-/// routing key, persistent.
+/// type (the host then uses `application/json`), no headers, persistent;
+/// envelope: an id derived by the host, message type = routing key,
+/// version 1, the input's correlation, causation = the input's id.
 #[must_use = "nothing is published until `.send()` is called"]
 #[derive(Clone, Debug)]
 pub struct Publish {
-    out: Outgoing,
-    // A body that failed to serialize is reported by `send`, so the builder
-    // chain needs a single `?` at its end.
-    encode_error: Option<String>,
+    exchange: String,
+    routing_key: String,
+    parts: Parts,
+    persistent: bool,
+    mandatory: Option<bool>,
 }
 
 impl Publish {
-    /// Sets the body to `value` serialized as JSON, and the content type to
-    /// `application/json` unless one was set. A value that cannot be
-    /// serialized makes [`send`](Self::send) fail.
-    pub fn json<T: Serialize + ?Sized>(mut self, value: &T) -> Self {
-        match serde_json::to_vec(value) {
-            Ok(body) => {
-                self.out.body = body;
-                self.encode_error = None;
-            }
-            Err(e) => self.encode_error = Some(format!("body could not be serialized: {e}")),
-        }
-        self.out
-            .content_type
-            .get_or_insert_with(|| "application/json".into());
+    shared_builder_methods!("the routing key");
+
+    /// Sets the conversation the message belongs to (`x-acemq-correlation`).
+    /// Default: the input's correlation; set it to start a conversation of
+    /// its own.
+    pub fn correlation_id(mut self, correlation_id: impl Into<String>) -> Self {
+        self.parts.envelope.correlation_id = Some(correlation_id.into());
         self
     }
 
-    /// Sets the body to `text`, and the content type to
-    /// `text/plain; charset=utf-8` unless one was set.
-    pub fn text(mut self, text: impl Into<String>) -> Self {
-        self.out.body = text.into().into_bytes();
-        self.encode_error = None;
-        self.out
-            .content_type
-            .get_or_insert_with(|| "text/plain; charset=utf-8".into());
-        self
-    }
-
-    /// Sets the body to raw bytes. Set a [`content_type`](Self::content_type)
-    /// too: without one the host labels the message `application/json`.
-    pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
-        self.out.body = body.into();
-        self.encode_error = None;
-        self
-    }
-
-    /// Sets the AMQP content type.
-    pub fn content_type(mut self, content_type: impl Into<String>) -> Self {
-        self.out.content_type = Some(content_type.into());
-        self
-    }
-
-    /// Sets an application header (replacing one of the same name).
-    pub fn header(mut self, name: impl Into<String>, value: impl Into<HeaderValue>) -> Self {
-        let name = name.into();
-        let value = value.into();
-        match self.out.headers.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, v)) => *v = value,
-            None => self.out.headers.push((name, value)),
-        }
-        self
-    }
-
-    /// Sets several headers, e.g. to forward those of the input:
-    /// `.headers(msg.headers().clone())`.
-    pub fn headers(mut self, headers: Headers) -> Self {
-        for (name, value) in headers {
-            self = self.header(name, value);
-        }
-        self
-    }
-
-    /// Sets the envelope's message type (`x-acemq-type`); it defaults to the
-    /// routing key.
-    pub fn message_type(mut self, message_type: impl Into<String>) -> Self {
-        self.out.message_type = Some(message_type.into());
+    /// Names the message that caused this one (`x-acemq-causation`).
+    /// Default: the input's id.
+    pub fn causation_id(mut self, causation_id: impl Into<String>) -> Self {
+        self.parts.envelope.causation_id = Some(causation_id.into());
         self
     }
 
     /// Publishes with delivery mode 1: the broker may lose it on restart.
     /// Messages are persistent unless this is called.
     pub fn transient(mut self) -> Self {
-        self.out.persistent = false;
+        self.persistent = false;
         self
     }
 
@@ -144,28 +94,43 @@ impl Publish {
     /// may have no subscriber yet. Unset, the consumer's `mandatory_outputs`
     /// setting decides (true unless configured).
     pub fn mandatory(mut self, must_be_routed: bool) -> Self {
-        self.out.mandatory = Some(must_be_routed);
+        self.mandatory = Some(must_be_routed);
         self
     }
 
     /// Hands the message to the host's buffer (see [`publish`] for when it is
-    /// really sent). The error converts into [`Outcome::Retry`], so `?` ends
-    /// the handler with a retry that names the exchange and the host's reason.
-    pub fn send(self) -> Result<(), PublishError> {
+    /// really sent) and returns the id and correlation it will carry. The
+    /// error converts into [`Outcome::Retry`], so `?` ends the handler with
+    /// a retry that names the exchange and the host's reason.
+    pub fn send(self) -> Result<Sent, PublishError> {
         let fail = |problem: String| PublishError {
-            exchange: self.out.exchange.clone(),
-            routing_key: self.out.routing_key.clone(),
+            exchange: self.exchange.clone(),
+            routing_key: self.routing_key.clone(),
             problem,
         };
-        if let Some(problem) = &self.encode_error {
+        if let Some(problem) = &self.parts.encode_error {
             return Err(fail(problem.clone()));
         }
-        crate::host::sys::publish(&self.out).map_err(fail)
+        let out = Outgoing {
+            exchange: self.exchange.clone(),
+            routing_key: self.routing_key.clone(),
+            body: self.parts.body,
+            content_type: self.parts.content_type,
+            headers: self.parts.headers,
+            envelope: self.parts.envelope,
+            persistent: self.persistent,
+            mandatory: self.mandatory,
+            // Delayed publishing belongs to a later contract feature; this
+            // SDK does not offer it yet, and the host refuses it.
+            deliver_at_ms: None,
+        };
+        crate::host::sys::publish(&out).map_err(fail)
     }
 }
 
-/// A publish the host refused (exchange not allowed, reserved header), or
-/// whose body could not be serialized. Nothing was buffered.
+/// A publish the host refused (exchange not allowed, reserved header,
+/// refused envelope field), or whose body could not be serialized.
+/// Nothing was buffered.
 ///
 /// Converts into [`Outcome::Retry`]: a refusal usually comes from the
 /// consumer's configuration, which an operator can fix while the retry
@@ -216,26 +181,36 @@ impl From<PublishError> for Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::TestHost;
+    use crate::HeaderValue;
+    use crate::testing::{self, EnvelopeFields, TestHost};
 
     #[test]
     fn builder_fills_every_field() {
         let host = TestHost::new();
-        let sent = host.run(|| {
+        let ran = host.run(|| {
             publish("ex", "rk")
                 .json(&serde_json::json!({"a": 1}))
                 .header("k", "v")
                 .header("n", 1)
                 .header("k", "w")
                 .message_type("thing.done")
+                .version(3)
+                .id("0190b3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d")
+                .correlation_id("conversation-9")
+                .causation_id("cause-1")
                 .transient()
                 .mandatory(false)
                 .send()
         });
-        assert_eq!(sent.value, Ok(()));
+        let sent = Sent {
+            id: "0190b3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d".into(),
+            correlation_id: "conversation-9".into(),
+        };
+        assert_eq!(ran.value, Ok(sent.clone()));
+        assert_eq!(ran.published[0].sent, sent);
         assert_eq!(
-            sent.published,
-            [Outgoing {
+            ran.published[0].message,
+            Outgoing {
                 exchange: "ex".into(),
                 routing_key: "rk".into(),
                 body: br#"{"a":1}"#.to_vec(),
@@ -244,11 +219,77 @@ mod tests {
                     ("k".into(), HeaderValue::Text("w".into())),
                     ("n".into(), HeaderValue::Int(1)),
                 ],
-                message_type: Some("thing.done".into()),
+                envelope: EnvelopeFields {
+                    id: Some("0190b3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d".into()),
+                    message_type: Some("thing.done".into()),
+                    version: Some(3),
+                    correlation_id: Some("conversation-9".into()),
+                    causation_id: Some("cause-1".into()),
+                },
                 persistent: false,
                 mandatory: Some(false),
-            }]
+                deliver_at_ms: None,
+            }
         );
+    }
+
+    #[test]
+    fn defaults_leave_the_envelope_to_the_host_and_inherit_the_correlation() {
+        let mut input = testing::message("in");
+        input.envelope_mut().id = "input-7".into();
+        input.envelope_mut().correlation_id = "conversation-1".into();
+        let done = TestHost::new().handle::<TwoOutputs>(input);
+        assert_eq!(done.outcome, Outcome::Accept);
+        let [first, second] = &done.published[..] else {
+            panic!("two outputs expected: {:?}", done.published)
+        };
+        assert_eq!(first.envelope, EnvelopeFields::default());
+        assert_eq!(first.sent.correlation_id, "conversation-1");
+        assert_ne!(first.sent.id, second.sent.id, "each output has its own id");
+        // What the handler logged is what the host would put on the wire.
+        assert_eq!(done.logs[0].1, format!("sent {}", first.sent.id));
+
+        // Handled again (a redelivery), the same outputs get the same ids.
+        let mut again = testing::message("in");
+        again.envelope_mut().id = "input-7".into();
+        let redone = TestHost::new().handle::<TwoOutputs>(again);
+        assert_eq!(redone.published[0].sent.id, first.sent.id);
+        assert_eq!(redone.published[1].sent.id, second.sent.id);
+    }
+
+    struct TwoOutputs;
+    impl crate::Handler for TwoOutputs {
+        fn handle(_: crate::Message) -> crate::Result {
+            let sent = publish("ex", "a").text("1").send()?;
+            crate::info!("sent {}", sent.id);
+            publish("ex", "b").text("2").send()?;
+            crate::accept()
+        }
+    }
+
+    #[test]
+    fn refused_envelope_fields_buffer_nothing() {
+        let id = "0190b3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d";
+        let ran = TestHost::new().run(|| {
+            (
+                publish("ex", "rk").id("order-1").send(),
+                publish("ex", "rk").version(0).send(),
+                publish("ex", "rk").id(id).send(),
+                publish("ex", "rk").id(id).send(),
+            )
+        });
+        let (not_uuid, version_zero, first, duplicate) = ran.value;
+        assert!(
+            not_uuid
+                .unwrap_err()
+                .reason()
+                .contains("'order-1' is not a UUID"),
+            "the refusal names the id"
+        );
+        assert!(version_zero.unwrap_err().reason().contains("version 0"));
+        assert_eq!(first.unwrap().id, id);
+        assert!(duplicate.unwrap_err().reason().contains("already the id"));
+        assert_eq!(ran.published.len(), 1);
     }
 
     #[test]

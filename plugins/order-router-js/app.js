@@ -16,7 +16,7 @@
 // `handler-plugin`: the import below is the WIT interface `host`, and the
 // export `handler` is the WIT interface `handler`.
 
-import { log, publish, config, nowMs } from 'acemq:plugin/host@0.3.0';
+import { log, publish, config, nowMs } from 'acemq:plugin/host@0.4.0';
 
 // Consumer config key naming the exchange events are published to.
 const EVENTS_EXCHANGE_KEY = 'events_exchange';
@@ -60,9 +60,14 @@ function route(msg) {
       body: new TextEncoder().encode(event),
       contentType: 'application/json',
       headers: [],
-      messageType: undefined, // the host uses the routing key
+      // Every field unset: the host's defaults (a derived id, message type
+      // = the routing key, version 1, the input's correlation, causation =
+      // the input's id). `publish` returns the id and correlation that go
+      // on the wire; the log line stays the Rust plugin's, which has none.
+      envelope: {},
       persistent: true,
       mandatory: undefined, // the consumer's `mandatory_outputs` decides
+      deliverAtMs: undefined, // now (delayed publishing is not in this host yet)
     });
   } catch (e) {
     // A WIT `result` error arrives as a thrown error whose `payload` is the

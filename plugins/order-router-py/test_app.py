@@ -21,15 +21,29 @@ def _fake_bindings():
             self.value = value
 
     @dataclass
+    class EnvelopeFields:
+        id: object
+        message_type: object
+        version: object
+        correlation_id: object
+        causation_id: object
+
+    @dataclass
     class Outgoing:
         exchange: str
         routing_key: str
         body: bytes
         content_type: object
         headers: list
-        message_type: object
+        envelope: EnvelopeFields
         persistent: bool
         mandatory: object
+        deliver_at_ms: object
+
+    @dataclass
+    class Sent:
+        id: str
+        correlation_id: str
 
     @dataclass
     class Outcome_Accept:
@@ -62,6 +76,8 @@ def _fake_bindings():
     wtypes.Message = object
     wtypes.Outcome = object
     wtypes.Outgoing = Outgoing
+    wtypes.EnvelopeFields = EnvelopeFields
+    wtypes.Sent = Sent
     wtypes.Outcome_Accept = Outcome_Accept
     wtypes.Outcome_Retry = Outcome_Retry
     wtypes.Outcome_Reject = Outcome_Reject
@@ -110,6 +126,7 @@ class TestHost:
         if self.publish_to is not None and out.exchange not in self.publish_to:
             raise Err(f"exchange `{out.exchange}` is not in this consumer's publish_to")
         self.published.append(out)
+        return wtypes.Sent(id=f"sent-{len(self.published)}", correlation_id="test-correlation-1")
 
     def route(self, body):
         msg = Message(body)
@@ -130,7 +147,8 @@ class OrderRouterTest(unittest.TestCase):
         self.assertEqual((event.exchange, event.routing_key), ("orders.events", "order.accepted"))
         self.assertEqual(event.content_type, "application/json")
         self.assertTrue(event.persistent)
-        self.assertEqual((event.headers, event.message_type, event.mandatory), ([], None, None))
+        self.assertEqual((event.headers, event.mandatory, event.deliver_at_ms), ([], None, None))
+        self.assertEqual(event.envelope, wtypes.EnvelopeFields(None, None, None, None, None))
         self.assertEqual(event.body, b'{"id":"o-1","customer":"acme","total":12.5,"routed_at_ms":42}')
         self.assertEqual(h.logs, [(L.INFO, "order o-1 from acme (total 12.5) accepted: "
                                            "order.accepted to orders.events")])

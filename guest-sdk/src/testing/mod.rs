@@ -1,15 +1,19 @@
 //! Unit-testing handlers natively, with `cargo test`, without a host.
 //!
-//! Natively (not on wasm32) the SDK's host functions ([`publish`](crate::publish),
-//! [`config`](crate::config), [`now_ms`](crate::now_ms), logging) talk to a
-//! [`TestHost`] instead of `acemq-host`. It records what the handler
-//! published and logged, and answers `config` and `now_ms` from what the test
-//! set. Outside [`TestHost::handle`] / [`TestHost::run`] they panic.
+//! Natively (not on wasm32) the SDK's host functions ([`publish`](crate::publish()),
+//! [`reply`](crate::reply()), [`config`](crate::config), [`now_ms`](crate::now_ms),
+//! logging) talk to a [`TestHost`] instead of `acemq-host`. It records what
+//! the handler published, replied and logged, with the [`Sent`] id and
+//! correlation the host would answer (`envelope` below says how its ids
+//! stand in for the host's), and answers `config` and `now_ms` from what
+//! the test set. Outside [`TestHost::handle`] / [`TestHost::run`] they panic.
 //!
 //! Each interface of the host has its part here, named as the host names
 //! its file (`host/src/plugin/host/`): `message` (the messages a test
-//! hands in: [`message()`], [`json_message`]), `log`, `publish`
-//! ([`TestHost::publish_to`]), `config` ([`TestHost::config`]) and `clock`
+//! hands in: [`message()`], [`json_message`], a [`request`], a message
+//! [`on_json_slip`] or [`on_declared_route`]), `log`, `publish`
+//! ([`TestHost::publish_to`]), `reply`, `envelope` (the envelope fields
+//! both check and default), `config` ([`TestHost::config`]) and `clock`
 //! ([`TestHost::now_ms`]).
 //!
 //! ```
@@ -37,18 +41,22 @@
 
 mod clock;
 mod config;
+mod envelope;
 mod log;
 mod message;
 mod publish;
+mod reply;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
-pub use crate::bindings::wit_types::Outgoing;
+use crate::Sent;
+pub use crate::bindings::wit_types::{EnvelopeFields, Outgoing, OutgoingReply};
 use crate::log::Level;
 use crate::{Handler, Message, Outcome};
 pub use clock::DEFAULT_NOW_MS;
-pub use message::{json_message, message};
+use envelope::Input;
+pub use message::{json_message, message, on_declared_route, on_json_slip, request};
 
 /// A stand-in for `acemq-host` in native tests.
 #[derive(Clone, Debug)]
@@ -68,6 +76,48 @@ impl Default for TestHost {
     }
 }
 
+/// A message a handler buffered with [`publish`](crate::publish), and the
+/// [`Sent`] the host answered with (see the module `envelope` above for the
+/// id). Derefs to the [`Outgoing`] record, so `done.published[0].body`
+/// reads it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Published {
+    /// What the handler asked for, as the host receives it (`envelope`
+    /// holds only the fields the handler set).
+    pub message: Outgoing,
+    /// The id and correlation it will carry.
+    pub sent: Sent,
+}
+
+impl core::ops::Deref for Published {
+    type Target = Outgoing;
+    fn deref(&self) -> &Outgoing {
+        &self.message
+    }
+}
+
+/// The reply a handler buffered with [`reply`](crate::reply()), the
+/// [`Sent`] the host answered with (its correlation is the request's) and
+/// where the host would send it. Derefs to the [`OutgoingReply`] record.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Replied {
+    /// What the handler asked for, as the host receives it.
+    pub message: OutgoingReply,
+    /// The id and correlation it will carry.
+    pub sent: Sent,
+    /// The reply queue, as the host resolves it from the request
+    /// (`acemq-reply-to`, else the `reply-to` property); `None` when the
+    /// request had neither, which the real host rejects on accept.
+    pub to: Option<String>,
+}
+
+impl core::ops::Deref for Replied {
+    type Target = OutgoingReply;
+    fn deref(&self) -> &OutgoingReply {
+        &self.message
+    }
+}
+
 /// What a handler did under [`TestHost::handle`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Handled {
@@ -75,7 +125,11 @@ pub struct Handled {
     pub outcome: Outcome,
     /// Every message `send` buffered, in order. The real host publishes them
     /// only when `outcome` is [`Outcome::Accept`].
-    pub published: Vec<Outgoing>,
+    pub published: Vec<Published>,
+    /// The reply `reply().send()` buffered, if any; the real host sends it
+    /// only when `outcome` is [`Outcome::Accept`] (and then rejects a
+    /// message that had no reply address: [`Replied::to`] `None`).
+    pub reply: Option<Replied>,
     /// Every line logged, in order.
     pub logs: Vec<(Level, String)>,
 }
@@ -86,7 +140,9 @@ pub struct Ran<T> {
     /// What the closure returned.
     pub value: T,
     /// Every message `send` buffered, in order.
-    pub published: Vec<Outgoing>,
+    pub published: Vec<Published>,
+    /// The reply buffered, if any.
+    pub reply: Option<Replied>,
     /// Every line logged, in order.
     pub logs: Vec<(Level, String)>,
 }
@@ -100,20 +156,28 @@ impl TestHost {
 
     /// Runs handler `H` on `msg`, as the host would call it.
     pub fn handle<H: Handler>(&self, msg: Message) -> Handled {
-        let ran = self.run(|| crate::__private::decide::<H>(msg));
+        let ran = self.run_with(Input::of(&msg), || crate::__private::decide::<H>(msg));
         Handled {
             outcome: ran.value,
             published: ran.published,
+            reply: ran.reply,
             logs: ran.logs,
         }
     }
 
     /// Runs any code that uses the host functions (a helper of a handler,
-    /// say) against this host.
+    /// say) against this host, as if it handled [`message()`]'s default
+    /// message (its id and correlation are what outputs inherit).
     pub fn run<T>(&self, f: impl FnOnce() -> T) -> Ran<T> {
+        self.run_with(Input::of(&message(Vec::new())), f)
+    }
+
+    fn run_with<T>(&self, input: Input, f: impl FnOnce() -> T) -> Ran<T> {
         let state = State {
             host: self.clone(),
+            input,
             published: Vec::new(),
+            reply: None,
             logs: Vec::new(),
         };
         let previous = ACTIVE.with(|a| a.borrow_mut().replace(state));
@@ -136,6 +200,7 @@ impl TestHost {
         Ran {
             value,
             published: state.published,
+            reply: state.reply,
             logs: state.logs,
         }
     }
@@ -143,8 +208,20 @@ impl TestHost {
 
 struct State {
     host: TestHost,
-    published: Vec<Outgoing>,
+    input: Input,
+    published: Vec<Published>,
+    reply: Option<Replied>,
     logs: Vec<(Level, String)>,
+}
+
+impl State {
+    /// The ids of every message buffered so far in this call.
+    fn sent_ids(&self) -> impl Iterator<Item = &str> {
+        let outputs = self.published.iter().map(|p| &p.sent);
+        outputs
+            .chain(self.reply.as_ref().map(|r| &r.sent))
+            .map(|sent| sent.id.as_str())
+    }
 }
 
 thread_local! {
@@ -169,6 +246,7 @@ pub(crate) mod sys {
     pub(crate) use super::config::config;
     pub(crate) use super::log::log;
     pub(crate) use super::publish::publish;
+    pub(crate) use super::reply::reply;
 }
 
 #[cfg(test)]

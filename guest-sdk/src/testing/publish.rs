@@ -1,10 +1,15 @@
 //! `publish`: the host's refusals (the consumer's `publish_to`, the
-//! reserved `x-acemq-*` headers), in the same order and words as the host's
-//! `plugin/host/publish.rs`; its output limits are not modelled.
+//! reserved `x-acemq-*` headers, then the envelope fields), in the same
+//! order as the host's `plugin/host/publish.rs`; its output limits are not
+//! modelled. Each buffered output gets the [`Sent`] the host would return
+//! (see [`envelope`](super::envelope) for its id).
 
 use std::collections::BTreeSet;
 
-use super::{Outgoing, TestHost, with_state};
+use crate::HeaderValue;
+
+use super::envelope::{check_fields, sent};
+use super::{Outgoing, Published, Sent, TestHost, with_state};
 
 const RESERVED_PREFIX: &str = "x-acemq-";
 
@@ -18,14 +23,23 @@ impl TestHost {
     }
 }
 
-pub(crate) fn publish(msg: &Outgoing) -> Result<(), String> {
+pub(crate) fn publish(msg: &Outgoing) -> Result<Sent, String> {
     with_state(|s| {
         if let Some(allowed) = &s.host.publish_to {
             check_allowed(allowed, &msg.exchange)?;
         }
-        check_headers(msg)?;
-        s.published.push(msg.clone());
-        Ok(())
+        check_headers(&msg.headers)?;
+        check_fields(&msg.envelope, s.sent_ids())?;
+        let sent = sent(
+            &msg.envelope,
+            &s.input,
+            &format!("output {}", s.published.len()),
+        );
+        s.published.push(Published {
+            message: msg.clone(),
+            sent: sent.clone(),
+        });
+        Ok(sent)
     })
 }
 
@@ -40,8 +54,10 @@ fn check_allowed(allowed: &BTreeSet<String>, exchange: &str) -> Result<(), Strin
     ))
 }
 
-fn check_headers(msg: &Outgoing) -> Result<(), String> {
-    let reserved = msg.headers.iter().find(|(name, _)| {
+/// Refuses a header in the reserved `x-acemq-*` namespace (outputs and
+/// replies alike).
+pub(crate) fn check_headers(headers: &[(String, HeaderValue)]) -> Result<(), String> {
+    let reserved = headers.iter().find(|(name, _)| {
         name.get(..RESERVED_PREFIX.len())
             .is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_PREFIX))
     });

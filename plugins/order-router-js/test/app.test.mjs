@@ -23,6 +23,8 @@ class TestHost {
       throw e;
     }
     this.published.push(msg);
+    // The WIT `sent` record: the id and correlation that go on the wire.
+    return { id: `output-${this.published.length - 1}`, correlationId: 'test-correlation-1' };
   }
   config(key) {
     return this.configs[key];
@@ -46,7 +48,8 @@ test('a valid order publishes an event and accepts', () => {
   assert.equal(event.routingKey, 'order.accepted');
   assert.equal(event.contentType, 'application/json');
   assert.equal(event.persistent, true);
-  assert.deepEqual([event.headers, event.messageType, event.mandatory], [[], undefined, undefined]);
+  assert.deepEqual([event.headers, event.mandatory, event.deliverAtMs], [[], undefined, undefined]);
+  assert.deepEqual(event.envelope, {}, "the host's defaults");
   assert.equal(
     new TextDecoder().decode(event.body),
     '{"id":"o-1","customer":"acme","total":12.5,"routed_at_ms":42}',

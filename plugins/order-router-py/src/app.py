@@ -62,15 +62,22 @@ def route(msg):
         + ',"routed_at_ms":' + str(host.now_ms()) + "}"
     )
     try:
+        # The Sent it returns names the id and correlation that will go on
+        # the wire; the log line stays the Rust plugin's, which has none.
         host.publish(types.Outgoing(
             exchange=exchange,
             routing_key=ACCEPTED_ROUTING_KEY,
             body=event.encode("utf-8"),
             content_type="application/json",
             headers=[],
-            message_type=None,  # the host uses the routing key
+            # Every field None: the host's defaults (a derived id, message
+            # type = the routing key, version 1, the input's correlation,
+            # causation = the input's id).
+            envelope=types.EnvelopeFields(id=None, message_type=None, version=None,
+                                          correlation_id=None, causation_id=None),
             persistent=True,
             mandatory=None,  # the consumer's `mandatory_outputs` decides
+            deliver_at_ms=None,  # now (delayed publishing is not in this host yet)
         ))
     except Err as e:
         # A refusal usually comes from the consumer's configuration, which an
