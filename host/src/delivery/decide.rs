@@ -622,7 +622,9 @@ mod tests {
             body: b"{}".to_vec(),
             content_type: None,
             headers: vec![],
-            message_type: None,
+            envelope: crate::envelope::OutputFields::with_id(crate::envelope::output_id(
+                &e.id, "v1", 0,
+            )),
             persistent: true,
             mandatory: None,
         };

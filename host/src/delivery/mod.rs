@@ -287,7 +287,12 @@ impl Pipeline {
         redelivered: bool,
         body: &Bytes,
     ) -> Read {
-        let envelope = Arc::new(Envelope::read(properties, routing_key, envelope::now_ms()));
+        let envelope = Arc::new(Envelope::read_delivery(
+            properties,
+            routing_key,
+            body,
+            envelope::now_ms(),
+        ));
         let trace = DeliveryTrace::start(&self.tracer, properties.headers().as_ref());
         let (mut flow, unfollowable) =
             Flow::read(&self.queue, properties, &envelope, exchange, body);

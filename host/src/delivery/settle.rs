@@ -302,8 +302,7 @@ async fn accept(
     let (queue, id) = (subject.queue, subject.envelope.id.as_str());
     let (now_ms, frame_max) = (port.now_ms(), port.frame_max());
     let (mut publications, mut spans) =
-        output_publications(subject, outputs, version, now_ms, frame_max)
-            .map_err(Setback::OutputsFailed)?;
+        output_publications(subject, outputs, now_ms, frame_max).map_err(Setback::OutputsFailed)?;
     // The reply and the hop go in the outputs' batch: all of them are
     // confirmed, or the accept fails and the delivery is not acked.
     let answered = match (reply, &subject.flow.request) {
@@ -526,18 +525,15 @@ fn set_aside_copy(
 fn output_publications(
     subject: Subject<'_>,
     outputs: Vec<Outgoing>,
-    version: &str,
     now_ms: u64,
     frame_max: u32,
 ) -> Result<(Vec<Publication>, Vec<TraceParent>), String> {
     let mut spans = Vec::with_capacity(outputs.len());
     let publications = outputs
         .into_iter()
-        .enumerate()
-        .map(|(position, o)| {
-            let id = envelope::output_id(&subject.envelope.id, version, position);
+        .map(|o| {
             let span = subject.trace.publish_span();
-            let publication = output_publication(subject, id, o, now_ms, frame_max, &span);
+            let publication = output_publication(subject, o, now_ms, frame_max, &span);
             spans.push(span);
             publication
         })
@@ -589,24 +585,24 @@ fn publish_span(
     });
 }
 
-/// A plugin's output as a new AceMQ message caused by `parent`, with the
-/// id `id` ([`envelope::output_id`]); refused
-/// when its properties would not fit a frame of `frame_max` bytes.
+/// A plugin's output as a new AceMQ message caused by the delivery, with
+/// the envelope fields settled when it was buffered (its id above all, the
+/// one `publish` answered: see [`Envelope::output_of`]); refused when its
+/// properties would not fit a frame of `frame_max` bytes.
 fn output_publication(
     subject: Subject<'_>,
-    id: String,
     output: Outgoing,
     now_ms: u64,
     frame_max: u32,
     span: &TraceParent,
 ) -> Result<Publication, String> {
-    let message_type = match &output.message_type {
-        Some(message_type) => message_type.clone(),
-        None => output.routing_key.clone(),
-    };
-    let parent = subject.envelope;
-    let mut child = Envelope::child_of(parent, message_type, envelope::default_origin(), now_ms);
-    child.id = id;
+    let child = Envelope::output_of(
+        subject.envelope,
+        &output.envelope,
+        &output.routing_key,
+        envelope::default_origin(),
+        now_ms,
+    );
     let properties = envelope::outgoing_properties(
         &child,
         output.content_type.as_deref(),
@@ -794,7 +790,7 @@ mod tests {
             body: b"{}".to_vec(),
             content_type: None,
             headers: vec![],
-            message_type: None,
+            envelope: envelope::OutputFields::with_id(uuid::Uuid::new_v4().to_string()),
             persistent: true,
             mandatory: None,
         }
@@ -986,24 +982,44 @@ mod tests {
         }
     }
 
+    /// The id settled when the output was buffered (the one `publish`
+    /// answered the plugin) is the one published, with the fields chosen.
     #[tokio::test]
-    async fn a_redelivered_input_publishes_its_outputs_with_the_same_ids() {
-        let ids = || async {
-            let port = Recorder::default();
-            let outputs = vec![output("orders.events", "a"), output("orders.events", "b")];
-            run(&port, 1, decided(Outcome::Accept, outputs), &policy()).await;
-            let calls = port.calls();
-            let [Call::Publish(published), Call::Ack] = &calls[..] else {
-                panic!("publish then ack, got {calls:?}");
-            };
-            published
-                .iter()
-                .map(|(_, _, child)| child.id.clone())
-                .collect::<Vec<_>>()
+    async fn an_output_is_published_with_the_id_and_fields_it_was_buffered_with() {
+        let port = Recorder::default();
+        let mut chosen = output("orders.events", "a");
+        chosen.envelope = envelope::OutputFields {
+            id: "6f1c0c1e-3b5a-4c8e-9d2f-0a1b2c3d4e5f".into(),
+            message_type: Some("invoice.raised".into()),
+            version: Some(3),
+            correlation_id: Some("conversation-9".into()),
+            causation_id: Some("cause-7".into()),
         };
-        let first = ids().await;
-        assert_eq!(first, ids().await, "the same input, version and positions");
-        assert_ne!(first[0], first[1]);
+        let defaulted = output("orders.events", "b");
+        let default_id = defaulted.envelope.id.clone();
+        run(
+            &port,
+            1,
+            decided(Outcome::Accept, vec![chosen, defaulted]),
+            &policy(),
+        )
+        .await;
+        let calls = port.calls();
+        let [Call::Publish(published), Call::Ack] = &calls[..] else {
+            panic!("publish then ack, got {calls:?}");
+        };
+        let (parent, _) = delivered(1);
+        let (first, second) = (&published[0].2, &published[1].2);
+        assert_eq!(first.id, "6f1c0c1e-3b5a-4c8e-9d2f-0a1b2c3d4e5f");
+        assert_eq!(first.message_type, "invoice.raised");
+        assert_eq!(first.version, 3);
+        assert_eq!(first.correlation_id, "conversation-9");
+        assert_eq!(first.causation_id.as_deref(), Some("cause-7"));
+        assert_eq!(second.id, default_id);
+        assert_eq!(second.message_type, "b");
+        assert_eq!(second.version, 1);
+        assert_eq!(second.correlation_id, parent.correlation_id);
+        assert_eq!(second.causation_id.as_deref(), Some(parent.id.as_str()));
     }
 
     #[tokio::test]

@@ -24,6 +24,11 @@
 //!   republish ([`retry_properties`], [`set_aside_properties`]) and of every
 //!   plugin output ([`outgoing_properties`]), and [`Envelope::to_headers`],
 //!   which writes the envelope into them.
+//! * `derived_id.rs`, for the consumer: the id of a delivery that names
+//!   none, the same at every delivery of it ([`derived_input_id`]).
+//! * `fields.rs`, for plugins: the envelope fields a plugin may choose for
+//!   what it sends ([`ChosenFields`], checked strictly), and the envelope
+//!   of an output built from them ([`Envelope::output_of`]).
 //! * `bounds.rs`, for whoever publishes: the sizes the broker enforces
 //!   ([`MAX_REASON_BYTES`], [`check_frame`]), and a set-aside copy made to
 //!   fit them ([`set_aside_within_frame`]).
@@ -47,6 +52,8 @@ use std::sync::OnceLock;
 
 mod amqp;
 mod bounds;
+mod derived_id;
+mod fields;
 #[cfg(test)]
 mod fuzz;
 mod headers;
@@ -62,6 +69,8 @@ pub use bounds::{
     FrameTooSmall, HEADER_FRAME_OVERHEAD, MAX_REASON_BYTES, bound_reason, check_frame,
     header_frame_size, set_aside_within_frame, truncate_middle,
 };
+pub use derived_id::derived_input_id;
+pub use fields::{ChosenFields, MAX_FIELD_BYTES, OutputFields, check_length, parse_id};
 pub use headers::{
     HeaderError, HeaderValue, MAX_SHORT_STRING, check_plugin_headers, plugin_headers_size,
     plugin_headers_to_table, preview,

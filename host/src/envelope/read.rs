@@ -136,6 +136,26 @@ impl Envelope {
         )
     }
 
+    /// [`Envelope::read`] of a delivery with `body`: a message that names
+    /// no id gets the one derived from what the broker delivered
+    /// ([`derived_input_id`](super::derived_input_id)), the same at every
+    /// delivery of it, instead of a fresh one each time.
+    #[must_use]
+    pub fn read_delivery(
+        properties: &BasicProperties,
+        routing_key: &str,
+        body: &[u8],
+        now_ms: u64,
+    ) -> Self {
+        Self::from_headers_or(
+            properties.headers().as_ref(),
+            properties.message_id().as_ref().map(ShortString::as_str),
+            routing_key,
+            now_ms,
+            || super::derived_input_id(properties, body),
+        )
+    }
+
     /// [`Envelope::read`] over a bare header table and `message-id`.
     #[must_use]
     pub fn from_headers(
@@ -143,6 +163,20 @@ impl Envelope {
         message_id: Option<&str>,
         routing_key: &str,
         now_ms: u64,
+    ) -> Self {
+        Self::from_headers_or(headers, message_id, routing_key, now_ms, || {
+            uuid::Uuid::new_v4().to_string()
+        })
+    }
+
+    /// [`Envelope::from_headers`], with `no_id` making the id of a message
+    /// that names none.
+    fn from_headers_or(
+        headers: Option<&FieldTable>,
+        message_id: Option<&str>,
+        routing_key: &str,
+        now_ms: u64,
+        no_id: impl FnOnce() -> String,
     ) -> Self {
         let reserved = ReservedHeaders::collect(headers);
 
@@ -153,7 +187,7 @@ impl Envelope {
             .id
             .and_then(text)
             .or_else(|| message_id.and_then(non_empty))
-            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            .unwrap_or_else(no_id);
         let message_type = reserved
             .message_type
             .and_then(text)
@@ -413,6 +447,29 @@ mod tests {
         assert_ne!(first.id, second.id);
         // Empty routing key: Java's literal `message`.
         assert_eq!(first.message_type, DEFAULT_MESSAGE_TYPE);
+    }
+
+    #[test]
+    fn a_delivery_with_no_id_gets_the_same_derived_id_at_every_delivery() {
+        let properties = with_headers(vec![("tenant", ls("acme"))]);
+        let first = Envelope::read_delivery(&properties, "k", b"{}", NOW);
+        let redelivered = with_headers(vec![
+            ("tenant", ls("acme")),
+            ("x-delivery-count", AMQPValue::LongLongInt(1)),
+        ]);
+        let again = Envelope::read_delivery(&redelivered, "k", b"{}", NOW + 1);
+        assert_eq!(
+            first.id,
+            crate::envelope::derived_input_id(&properties, b"{}")
+        );
+        assert_eq!(first.id, again.id);
+        assert_eq!(first.correlation_id, first.id);
+        // An id the message carries is kept as it is.
+        let named = properties.clone().with_message_id("from-property".into());
+        assert_eq!(
+            Envelope::read_delivery(&named, "k", b"{}", NOW).id,
+            "from-property"
+        );
     }
 
     #[test]

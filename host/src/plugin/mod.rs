@@ -78,7 +78,7 @@ pub use host::wasi;
 pub use pool::InstanceCost;
 
 use crate::config::Isolation;
-use crate::envelope::{Envelope, HeaderValue};
+use crate::envelope::{Envelope, HeaderValue, OutputFields};
 
 /// A plugin file that cannot be used, and why. Always names the file.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -174,7 +174,9 @@ pub struct Outgoing {
     pub body: Vec<u8>,
     pub content_type: Option<String>,
     pub headers: Vec<(String, HeaderValue)>,
-    pub message_type: Option<String>,
+    /// Its id (settled when it was buffered) and the envelope fields the
+    /// plugin chose.
+    pub envelope: OutputFields,
     pub persistent: bool,
     /// Must reach a queue; `None` follows the consumer's setting.
     pub mandatory: Option<bool>,

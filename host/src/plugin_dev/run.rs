@@ -264,8 +264,19 @@ fn render_output(n: usize, output: &Outgoing) -> String {
             .map(|c| format!(", {c}"))
             .unwrap_or_default()
     );
-    if let Some(message_type) = &output.message_type {
+    let fields = &output.envelope;
+    out.push_str(&format!("     id: {}\n", fields.id));
+    if let Some(message_type) = &fields.message_type {
         out.push_str(&format!("     type: {message_type}\n"));
+    }
+    if let Some(version) = fields.version {
+        out.push_str(&format!("     version: {version}\n"));
+    }
+    if let Some(correlation) = &fields.correlation_id {
+        out.push_str(&format!("     correlation: {correlation}\n"));
+    }
+    if let Some(causation) = &fields.causation_id {
+        out.push_str(&format!("     causation: {causation}\n"));
     }
     for (key, value) in &output.headers {
         out.push_str(&format!("     header {key}: {}\n", header_text(value)));
@@ -423,7 +434,9 @@ mod tests {
                 body: b"HELLO".to_vec(),
                 content_type: Some("text/plain".into()),
                 headers: vec![("tenant".into(), HeaderValue::Text("acme".into()))],
-                message_type: None,
+                envelope: crate::envelope::OutputFields::with_id(
+                    "6f1c0c1e-3b5a-4c8e-9d2f-0a1b2c3d4e5f",
+                ),
                 persistent: true,
                 mandatory: None,
             }],

@@ -228,7 +228,9 @@ impl wit_host::Host for HostState {
         &mut self,
         msg: types::OutgoingReply,
     ) -> wasmtime::Result<Result<types::Sent, String>> {
-        Ok(self.reply.buffer(msg, self.message.current()))
+        Ok(self
+            .reply
+            .buffer(msg, self.message.current(), &mut self.publish))
     }
 
     fn config(&mut self, key: String) -> wasmtime::Result<Option<String>> {

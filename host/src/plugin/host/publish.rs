@@ -1,19 +1,25 @@
 //! `publish` of `acemq:plugin/host`: messages a call buffers, checked
 //! against the consumer's `publish_to` allowlist, the reserved `x-acemq-*`
-//! headers and the per-call limits when they are buffered; the host
-//! publishes them only if the call accepts.
+//! headers, the envelope fields a plugin may choose and the per-call limits
+//! when they are buffered; the host publishes them only if the call accepts.
+//!
+//! Each output's id is settled here, when it is buffered (the plugin's own,
+//! or [`envelope::output_id`] of the input, the plugin version and the
+//! output's position), so `publish` can answer it and the host publishes
+//! exactly that id.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::super::bindings::handler_world::acemq::plugin::types;
 use super::super::{ConsumerContext, Input, Outgoing};
 use super::HostInterface;
 use super::message::from_wit;
-use crate::envelope::{self, HeaderValue};
+use crate::envelope::{self, ChosenFields, HeaderValue, check_length};
 
-/// Most bytes of an output's message type (`x-acemq-type`). Not an AMQP
-/// short string, but a type name, and the same bound keeps it one.
-pub const MAX_MESSAGE_TYPE_BYTES: usize = envelope::MAX_SHORT_STRING;
+/// What a publish with `deliver-at-ms` answers in this host.
+pub const DELAYED_NOT_AVAILABLE: &str = "delayed publishing (deliver-at-ms) is not available \
+     in this host yet: leave deliver-at-ms unset to publish when the handler accepts";
 
 /// One instance's publishing: what its current call buffered.
 pub struct Publishing {
@@ -24,6 +30,8 @@ pub struct Publishing {
     /// Messages buffered by `publish`, sent only if the handler accepts.
     outputs: Vec<Outgoing>,
     output_bytes: usize,
+    /// The ids of the call's outputs: an id is unique among them.
+    ids: HashSet<uuid::Uuid>,
     /// The first publish this consumer's `publish_to` refused during the
     /// call, in the host's words: a configuration fault (see
     /// [`CallEnd`](super::CallEnd)).
@@ -37,22 +45,10 @@ impl HostInterface for Publishing {
             plugin: plugin.clone(),
             outputs: Vec::new(),
             output_bytes: 0,
+            ids: HashSet::new(),
             refused: None,
         }
     }
-}
-
-/// `value` when it is at most `max` bytes; otherwise the plugin's refusal,
-/// naming `what` was too long.
-fn check_length(what: &str, value: &str, max: usize) -> Result<(), String> {
-    if value.len() <= max {
-        return Ok(());
-    }
-    Err(format!(
-        "the {what} '{}' is {} bytes long; at most {max} are allowed",
-        envelope::preview(value),
-        value.len()
-    ))
 }
 
 /// The AMQP short strings of `msg`: lapin cannot even write a longer one.
@@ -62,10 +58,18 @@ fn check_lengths(msg: &types::Outgoing) -> Result<(), String> {
     if let Some(content_type) = &msg.content_type {
         check_length("content type", content_type, envelope::MAX_SHORT_STRING)?;
     }
-    if let Some(message_type) = &msg.envelope.message_type {
-        check_length("message type", message_type, MAX_MESSAGE_TYPE_BYTES)?;
-    }
     Ok(())
+}
+
+/// The plugin's `envelope-fields`, in the host's terms.
+pub fn chosen_fields(fields: types::EnvelopeFields) -> ChosenFields {
+    ChosenFields {
+        id: fields.id,
+        message_type: fields.message_type,
+        version: fields.version,
+        correlation_id: fields.correlation_id,
+        causation_id: fields.causation_id,
+    }
 }
 
 impl Publishing {
@@ -73,7 +77,15 @@ impl Publishing {
     /// consumer refused; the next call starts empty.
     pub fn take(&mut self) -> (Vec<Outgoing>, Option<String>) {
         self.output_bytes = 0;
+        self.ids.clear();
         (std::mem::take(&mut self.outputs), self.refused.take())
+    }
+
+    /// Takes `id` for a message of this call that is not an output (its
+    /// reply), so that no output may take it after; false when an output
+    /// already has it.
+    pub fn claim_id(&mut self, id: uuid::Uuid) -> bool {
+        self.ids.insert(id)
     }
 
     /// Buffers `msg`, an output of `input`, or says why not (and buffers
@@ -91,6 +103,11 @@ impl Publishing {
         };
         check_lengths(&msg)?;
         self.check_allowed(&msg.exchange)?;
+        if msg.deliver_at_ms.is_some() {
+            return Err(DELAYED_NOT_AVAILABLE.to_string());
+        }
+        let chosen = chosen_fields(msg.envelope);
+        chosen.check()?;
         let headers: Vec<(String, HeaderValue)> = msg
             .headers
             .into_iter()
@@ -112,10 +129,25 @@ impl Publishing {
                 limits.max_output_bytes
             ));
         }
+        let id = match &chosen.id {
+            Some(id) => id.clone(),
+            None => envelope::output_id(&input.envelope.id, &self.plugin, self.outputs.len()),
+        };
+        let uuid = envelope::parse_id(&id)?;
+        if self.ids.contains(&uuid) {
+            return Err(format!(
+                "the id '{id}' is already the id of another message this call publishes: \
+                 ids are unique among the messages of one call"
+            ));
+        }
+        self.ids.insert(uuid);
         self.output_bytes += size;
         let sent = types::Sent {
-            id: envelope::output_id(&input.envelope.id, &self.plugin, self.outputs.len()),
-            correlation_id: input.envelope.correlation_id.clone(),
+            id: id.clone(),
+            correlation_id: chosen
+                .correlation_id
+                .clone()
+                .unwrap_or_else(|| input.envelope.correlation_id.clone()),
         };
         self.outputs.push(Outgoing {
             exchange: msg.exchange,
@@ -123,7 +155,7 @@ impl Publishing {
             body: msg.body,
             content_type: msg.content_type,
             headers,
-            message_type: msg.envelope.message_type,
+            envelope: chosen.with_id(id),
             persistent: msg.persistent,
             mandatory: msg.mandatory,
         });
@@ -144,5 +176,227 @@ impl Publishing {
         );
         self.refused.get_or_insert_with(|| refusal.clone());
         Err(refusal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::test_input;
+
+    const PLUGIN: &str = "sha-of-the-plugin";
+    const ID: &str = "6f1c0c1e-3b5a-4c8e-9d2f-0a1b2c3d4e5f";
+
+    fn publishing() -> Publishing {
+        let context = Arc::new(ConsumerContext {
+            publish_to: ["out".to_string()].into(),
+            ..ConsumerContext::default()
+        });
+        Publishing::prepare(&context, &Arc::from(PLUGIN))
+    }
+
+    fn no_fields() -> types::EnvelopeFields {
+        types::EnvelopeFields {
+            id: None,
+            message_type: None,
+            version: None,
+            correlation_id: None,
+            causation_id: None,
+        }
+    }
+
+    fn outgoing(envelope: types::EnvelopeFields) -> types::Outgoing {
+        types::Outgoing {
+            exchange: "out".into(),
+            routing_key: "order.billed".into(),
+            body: b"{}".to_vec(),
+            content_type: None,
+            headers: Vec::new(),
+            envelope,
+            persistent: true,
+            mandatory: None,
+            deliver_at_ms: None,
+        }
+    }
+
+    /// The refusal of `msg`, checking that nothing was buffered.
+    fn refusal(publishing: &mut Publishing, msg: types::Outgoing, input: &Input) -> String {
+        let before = publishing.outputs.len();
+        let err = publishing.buffer(msg, Some(input)).unwrap_err();
+        assert_eq!(
+            publishing.outputs.len(),
+            before,
+            "a refused publish buffers nothing"
+        );
+        err
+    }
+
+    #[test]
+    fn defaults_derive_the_id_and_keep_the_inputs_correlation() {
+        let input = test_input();
+        let mut p = publishing();
+        let first = p.buffer(outgoing(no_fields()), Some(&input)).unwrap();
+        let second = p.buffer(outgoing(no_fields()), Some(&input)).unwrap();
+        assert_eq!(first.id, envelope::output_id(&input.envelope.id, PLUGIN, 0));
+        assert_eq!(
+            second.id,
+            envelope::output_id(&input.envelope.id, PLUGIN, 1)
+        );
+        assert_eq!(first.correlation_id, input.envelope.correlation_id);
+        let (outputs, _) = p.take();
+        assert_eq!(
+            outputs[0].envelope,
+            envelope::OutputFields::with_id(first.id)
+        );
+        assert_eq!(outputs[1].envelope.id, second.id);
+    }
+
+    #[test]
+    fn the_same_input_handled_again_answers_the_same_ids() {
+        let input = test_input();
+        let ids = || {
+            let mut p = publishing();
+            (0..3)
+                .map(|_| p.buffer(outgoing(no_fields()), Some(&input)).unwrap().id)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(), ids());
+    }
+
+    #[test]
+    fn chosen_fields_are_answered_and_buffered() {
+        let input = test_input();
+        let mut p = publishing();
+        let fields = types::EnvelopeFields {
+            id: Some(ID.into()),
+            message_type: Some("invoice.raised".into()),
+            version: Some(2),
+            correlation_id: Some("conversation-9".into()),
+            causation_id: Some("cause-7".into()),
+        };
+        let sent = p.buffer(outgoing(fields), Some(&input)).unwrap();
+        assert_eq!(
+            (sent.id.as_str(), sent.correlation_id.as_str()),
+            (ID, "conversation-9")
+        );
+        let (outputs, _) = p.take();
+        assert_eq!(
+            outputs[0].envelope,
+            envelope::OutputFields {
+                id: ID.into(),
+                message_type: Some("invoice.raised".into()),
+                version: Some(2),
+                correlation_id: Some("conversation-9".into()),
+                causation_id: Some("cause-7".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn an_id_is_a_uuid_unique_among_the_ids_of_one_call() {
+        let input = test_input();
+        let mut p = publishing();
+        let with_id = |id: &str| {
+            outgoing(types::EnvelopeFields {
+                id: Some(id.into()),
+                ..no_fields()
+            })
+        };
+        let err = refusal(&mut p, with_id("order-1"), &input);
+        assert!(err.starts_with("the id 'order-1' is not a UUID"), "{err}");
+        p.buffer(with_id(ID), Some(&input)).unwrap();
+        let err = refusal(&mut p, with_id(&ID.to_uppercase()), &input);
+        assert!(
+            err.contains("is already the id of another message this call publishes"),
+            "{err}"
+        );
+        // The id the host would derive for the next output is taken too.
+        let derived = envelope::output_id(&input.envelope.id, PLUGIN, 1);
+        p.buffer(outgoing(no_fields()), Some(&input)).unwrap();
+        let err = refusal(&mut p, with_id(&derived), &input);
+        assert!(err.contains("is already the id"), "{err}");
+        // The next call starts with no ids taken.
+        let _ = p.take();
+        p.buffer(with_id(ID), Some(&input)).unwrap();
+    }
+
+    #[test]
+    fn each_refused_field_is_named() {
+        let input = test_input();
+        let mut p = publishing();
+        let cases = [
+            (
+                types::EnvelopeFields {
+                    version: Some(0),
+                    ..no_fields()
+                },
+                "the version 0 is not allowed",
+            ),
+            (
+                types::EnvelopeFields {
+                    correlation_id: Some(String::new()),
+                    ..no_fields()
+                },
+                "the correlation id is empty",
+            ),
+            (
+                types::EnvelopeFields {
+                    causation_id: Some("c".repeat(256)),
+                    ..no_fields()
+                },
+                "is 256 bytes long; at most 255 are allowed",
+            ),
+            (
+                types::EnvelopeFields {
+                    message_type: Some("t".repeat(256)),
+                    ..no_fields()
+                },
+                "the message type 'ttt",
+            ),
+        ];
+        for (fields, expected) in cases {
+            let err = refusal(&mut p, outgoing(fields), &input);
+            assert!(err.contains(expected), "{err}");
+        }
+    }
+
+    #[test]
+    fn delayed_publishing_is_refused_as_not_available_yet() {
+        let input = test_input();
+        let mut p = publishing();
+        let msg = types::Outgoing {
+            deliver_at_ms: Some(1_800_000_000_000),
+            ..outgoing(no_fields())
+        };
+        assert_eq!(refusal(&mut p, msg, &input), DELAYED_NOT_AVAILABLE);
+        assert!(DELAYED_NOT_AVAILABLE.starts_with("delayed publishing"));
+    }
+
+    #[test]
+    fn reserved_headers_and_other_exchanges_are_still_refused() {
+        let input = test_input();
+        let mut p = publishing();
+        let msg = types::Outgoing {
+            headers: vec![("x-acemq-attempt".into(), types::HeaderValue::Int(9))],
+            ..outgoing(no_fields())
+        };
+        let err = refusal(&mut p, msg, &input);
+        assert!(err.contains("reserved 'x-acemq-' namespace"), "{err}");
+        let msg = types::Outgoing {
+            exchange: "elsewhere".into(),
+            ..outgoing(no_fields())
+        };
+        let err = refusal(&mut p, msg, &input);
+        assert!(err.contains("'elsewhere' is not allowed"), "{err}");
+    }
+
+    #[test]
+    fn outside_a_call_nothing_is_buffered() {
+        let mut p = publishing();
+        let err = p.buffer(outgoing(no_fields()), None).unwrap_err();
+        assert!(
+            err.starts_with("publish is only possible while handling a message"),
+            "{err}"
+        );
     }
 }

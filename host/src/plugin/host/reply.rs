@@ -19,8 +19,8 @@ use super::super::bindings::handler_world::acemq::plugin::types;
 use super::super::{ConsumerContext, Input};
 use super::HostInterface;
 use super::message::from_wit;
-use super::publish::MAX_MESSAGE_TYPE_BYTES;
-use crate::envelope::{self, HeaderValue, Reply};
+use super::publish::{Publishing, chosen_fields};
+use crate::envelope::{self, HeaderValue, Reply, check_length};
 
 /// One instance's replying: what its current call buffered.
 pub struct Replying {
@@ -49,11 +49,14 @@ impl Replying {
     }
 
     /// Buffers the reply to `input`, or says why not (and buffers nothing);
-    /// answers the id and correlation it will carry.
+    /// answers the id and correlation it will carry. Its id is one of the
+    /// call's, so `publishing` (the call's outputs) is told of it: an id is
+    /// unique among all the messages of one call.
     pub fn buffer(
         &mut self,
         msg: types::OutgoingReply,
         input: Option<&Input>,
+        publishing: &mut Publishing,
     ) -> Result<types::Sent, String> {
         let Some(input) = input else {
             return Err(
@@ -67,32 +70,24 @@ impl Replying {
                     .to_string(),
             );
         }
-        let fields = msg.envelope;
-        if fields.correlation_id.is_some() {
+        let chosen = chosen_fields(msg.envelope);
+        if chosen.correlation_id.is_some() {
             return Err(
                 "a reply carries the request's correlation; correlation-id cannot be \
                  set on a reply"
                     .to_string(),
             );
         }
-        if fields.causation_id.is_some() {
+        if chosen.causation_id.is_some() {
             return Err(
                 "a reply names the request as its causation; causation-id cannot be \
                  set on a reply"
                     .to_string(),
             );
         }
-        if let Some(id) = &fields.id {
-            check_id(id)?;
-        }
-        if fields.version == Some(0) {
-            return Err("a version starts at 1; 0 is not a schema version".to_string());
-        }
+        chosen.check()?;
         if let Some(content_type) = &msg.content_type {
             check_length("content type", content_type, envelope::MAX_SHORT_STRING)?;
-        }
-        if let Some(message_type) = &fields.message_type {
-            check_length("message type", message_type, MAX_MESSAGE_TYPE_BYTES)?;
         }
         let headers: Vec<(String, HeaderValue)> = msg
             .headers
@@ -107,17 +102,23 @@ impl Replying {
                 "a reply of {size} bytes (body and headers) exceeds the {limit} bytes one call may publish"
             ));
         }
-        let id = fields
+        let id = chosen
             .id
             .clone()
             .unwrap_or_else(|| envelope::reply_id(&input.envelope.id, &self.plugin));
+        if !publishing.claim_id(envelope::parse_id(&id)?) {
+            return Err(format!(
+                "the id '{id}' is already the id of another message this call publishes: \
+                 ids are unique among the messages of one call"
+            ));
+        }
         self.reply = Some(Reply {
             body: msg.body,
             content_type: msg.content_type,
             headers,
             id: Some(id.clone()),
-            message_type: fields.message_type,
-            version: fields.version,
+            message_type: chosen.message_type,
+            version: chosen.version,
         });
         Ok(types::Sent {
             id,
@@ -126,45 +127,26 @@ impl Replying {
     }
 }
 
-/// An id a plugin chose: a UUID in its 36-character text form, as every
-/// AceMQ id is.
-fn check_id(id: &str) -> Result<(), String> {
-    let parsed = uuid::Uuid::try_parse(id).ok().filter(|_| id.len() == 36);
-    match parsed {
-        Some(_) => Ok(()),
-        None => Err(format!(
-            "the id '{}' is not a UUID in its 36-character text form \
-             (such as 0b0e5f0c-8a1d-4c1e-9d4a-1f2e3d4c5b6a)",
-            envelope::preview(id)
-        )),
-    }
-}
-
-/// `value` when it is at most `max` bytes; otherwise the plugin's refusal.
-fn check_length(what: &str, value: &str, max: usize) -> Result<(), String> {
-    if value.len() <= max {
-        return Ok(());
-    }
-    Err(format!(
-        "the {what} '{}' is {} bytes long; at most {max} are allowed",
-        envelope::preview(value),
-        value.len()
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::plugin::test_input;
 
-    fn replying() -> Replying {
-        let context = Arc::new(ConsumerContext {
+    fn context() -> Arc<ConsumerContext> {
+        Arc::new(ConsumerContext {
             queue: "requests".into(),
             config: Default::default(),
-            publish_to: Default::default(),
+            publish_to: ["out".to_string()].into(),
             limits: Default::default(),
-        });
-        Replying::prepare(&context, &Arc::from("sha-1"))
+        })
+    }
+
+    fn replying() -> Replying {
+        Replying::prepare(&context(), &Arc::from("sha-1"))
+    }
+
+    fn publishing() -> Publishing {
+        Publishing::prepare(&context(), &Arc::from("sha-1"))
     }
 
     fn reply(envelope: types::EnvelopeFields) -> types::OutgoingReply {
@@ -190,10 +172,14 @@ mod tests {
     fn one_reply_per_call_with_a_derived_id_and_the_requests_correlation() {
         let input = test_input();
         let mut state = replying();
-        let sent = state.buffer(reply(no_fields()), Some(&input)).unwrap();
+        let sent = state
+            .buffer(reply(no_fields()), Some(&input), &mut publishing())
+            .unwrap();
         assert_eq!(sent.id, envelope::reply_id(&input.envelope.id, "sha-1"));
         assert_eq!(sent.correlation_id, input.envelope.correlation_id);
-        let second = state.buffer(reply(no_fields()), Some(&input)).unwrap_err();
+        let second = state
+            .buffer(reply(no_fields()), Some(&input), &mut publishing())
+            .unwrap_err();
         assert!(second.contains("already replied"), "{second}");
         let taken = state.take().unwrap();
         assert_eq!(taken.id.as_deref(), Some(sent.id.as_str()));
@@ -230,7 +216,7 @@ mod tests {
                     version: Some(0),
                     ..no_fields()
                 },
-                "0 is not a schema version",
+                "versions start at 1",
             ),
             (
                 types::EnvelopeFields {
@@ -242,14 +228,20 @@ mod tests {
         ];
         for (fields, expected) in refused {
             let mut state = replying();
-            let error = state.buffer(reply(fields), Some(&input)).unwrap_err();
+            let error = state
+                .buffer(reply(fields), Some(&input), &mut publishing())
+                .unwrap_err();
             assert!(error.contains(expected), "{error}");
             assert_eq!(state.take(), None, "nothing buffered");
         }
         let mut state = replying();
         let mut reserved = reply(no_fields());
         reserved.headers = vec![("x-acemq-id".into(), types::HeaderValue::Text("x".into()))];
-        assert!(state.buffer(reserved, Some(&input)).is_err());
+        assert!(
+            state
+                .buffer(reserved, Some(&input), &mut publishing())
+                .is_err()
+        );
 
         let chosen = "0b0e5f0c-8a1d-4c1e-9d4a-1f2e3d4c5b6a";
         let fields = types::EnvelopeFields {
@@ -258,7 +250,9 @@ mod tests {
             version: Some(2),
             ..no_fields()
         };
-        let sent = state.buffer(reply(fields), Some(&input)).unwrap();
+        let sent = state
+            .buffer(reply(fields), Some(&input), &mut publishing())
+            .unwrap();
         assert_eq!(sent.id, chosen);
         let taken = state.take().unwrap();
         assert_eq!(
@@ -269,7 +263,51 @@ mod tests {
 
     #[test]
     fn a_reply_outside_a_call_is_refused() {
-        let error = replying().buffer(reply(no_fields()), None).unwrap_err();
+        let error = replying()
+            .buffer(reply(no_fields()), None, &mut publishing())
+            .unwrap_err();
         assert!(error.contains("only possible while handling a message"));
+    }
+
+    #[test]
+    fn the_reply_id_is_unique_among_the_calls_messages_both_ways() {
+        let input = test_input();
+        let chosen = "0b0e5f0c-8a1d-4c1e-9d4a-1f2e3d4c5b6a";
+        let output = |id: &str| types::Outgoing {
+            exchange: "out".into(),
+            routing_key: "k".into(),
+            body: b"{}".to_vec(),
+            content_type: None,
+            headers: Vec::new(),
+            envelope: types::EnvelopeFields {
+                id: Some(id.into()),
+                ..no_fields()
+            },
+            persistent: true,
+            mandatory: None,
+            deliver_at_ms: None,
+        };
+        let with_id = || {
+            reply(types::EnvelopeFields {
+                id: Some(chosen.into()),
+                ..no_fields()
+            })
+        };
+        // An output took it first: the reply is refused.
+        let mut outputs = publishing();
+        outputs.buffer(output(chosen), Some(&input)).unwrap();
+        let error = replying()
+            .buffer(with_id(), Some(&input), &mut outputs)
+            .unwrap_err();
+        assert!(
+            error.contains("already the id of another message"),
+            "{error}"
+        );
+        // The reply took it first: the output is refused.
+        let mut outputs = publishing();
+        replying()
+            .buffer(with_id(), Some(&input), &mut outputs)
+            .unwrap();
+        assert!(outputs.buffer(output(chosen), Some(&input)).is_err());
     }
 }

@@ -1,0 +1,178 @@
+//! The id of a delivery that names none: derived from what the broker
+//! delivers, so that every delivery of the same message reads the same id.
+
+use lapin::BasicProperties;
+use lapin::protocol::basic::gen_properties;
+use lapin::types::FieldTable;
+use sha2::{Digest, Sha256};
+
+/// Headers the broker adds or changes between deliveries of one message:
+/// quorum queues count deliveries in `x-delivery-count`; dead-lettering
+/// writes `x-death` and the `x-first-death-*` / `x-last-death-*` summary.
+const CHANGED_BY_THE_BROKER: [&str; 2] = ["x-delivery-count", "x-death"];
+const CHANGED_BY_THE_BROKER_PREFIXES: [&str; 2] = ["x-first-death-", "x-last-death-"];
+
+/// Keeps the hash of an input id apart from any other hash the host makes
+/// (an output's id, [`super::output_id`]).
+const DOMAIN: &[u8] = b"acemq-host derived input id v1";
+
+/// The id of a delivered message that carries neither `x-acemq-id` nor a
+/// `message-id`: a UUID (version 8, RFC 9562's custom layout, like
+/// [`super::output_id`]) made of the first bytes of a SHA-256 of its body
+/// and its properties, headers included.
+///
+/// Why derived and not random: the outputs of a message are named after its
+/// id ([`super::output_id`]), so a random id, drawn again at every
+/// delivery, gave a redelivered message (after a crash between the
+/// outputs' confirm and the input's ack, say) outputs with new ids, which
+/// no reader could recognise as duplicates. Derived from what the broker
+/// delivers, the id is the same at every delivery of the message, and so
+/// are its outputs' ids.
+///
+/// What the broker changes between deliveries of one message is left out:
+/// the headers `x-delivery-count` (quorum queues), `x-death` and the
+/// `x-first-death-*` / `x-last-death-*` summary (dead-lettering), and the
+/// delivery's redelivered flag and delivery tag, which are not properties
+/// at all. Everything else the publisher set counts, including the
+/// broker's `x-stream-offset`, which tells two equal messages of a stream
+/// apart.
+///
+/// The limit: two byte-identical messages without ids (the same body, the
+/// same properties and headers) get the same id, and so do their outputs.
+/// The host cannot tell them apart, and neither could a reader; a
+/// publisher that sends the same message twice on purpose gives each an
+/// id (or a timestamp, or any header that differs).
+#[must_use]
+pub fn derived_input_id(properties: &BasicProperties, body: &[u8]) -> String {
+    let mut stable = properties.clone();
+    if let Some(headers) = properties.headers() {
+        let kept: FieldTable = headers
+            .into_iter()
+            .filter(|(name, _)| !changed_by_the_broker(name.as_str()))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into();
+        stable = stable.with_headers(kept);
+    }
+    let mut hash = Sha256::new();
+    hash.update(DOMAIN);
+    // The AMQP encoding of the properties: the same bytes for the same
+    // properties (the header table is ordered by name), whatever the
+    // version of this host.
+    match gen_properties::<Vec<u8>>(&stable)(Vec::new().into()) {
+        Ok(written) => part(&mut hash, &written.write),
+        // Only for a value the encoder cannot write, which a delivery that
+        // was read off the wire does not hold.
+        Err(_) => part(&mut hash, format!("{stable:?}").as_bytes()),
+    }
+    part(&mut hash, body);
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Uuid::new_v8(bytes).to_string()
+}
+
+/// Length-prefixed, so no two different inputs hash the same bytes.
+fn part(hash: &mut Sha256, bytes: &[u8]) {
+    hash.update((bytes.len() as u64).to_be_bytes());
+    hash.update(bytes);
+}
+
+fn changed_by_the_broker(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    CHANGED_BY_THE_BROKER.contains(&lower.as_str())
+        || CHANGED_BY_THE_BROKER_PREFIXES
+            .iter()
+            .any(|prefix| lower.starts_with(prefix))
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::AMQPValue;
+
+    use super::*;
+    use crate::envelope::test_support::{ls, x_death};
+
+    fn with_headers(entries: Vec<(&str, AMQPValue)>) -> BasicProperties {
+        let mut table = FieldTable::default();
+        for (name, value) in entries {
+            table.insert(name.into(), value);
+        }
+        BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_headers(table)
+    }
+
+    fn tenant() -> (&'static str, AMQPValue) {
+        ("tenant", ls("acme"))
+    }
+
+    #[test]
+    fn the_id_is_a_uuid_and_the_same_for_the_same_delivery() {
+        let properties = with_headers(vec![tenant()]);
+        let id = derived_input_id(&properties, b"{\"n\":1}");
+        let uuid = uuid::Uuid::parse_str(&id).expect("a UUID");
+        assert_eq!(uuid.get_version_num(), 8);
+        assert_eq!(id, uuid.hyphenated().to_string());
+        assert_eq!(id, derived_input_id(&properties.clone(), b"{\"n\":1}"));
+    }
+
+    #[test]
+    fn what_the_broker_changes_between_deliveries_does_not_change_the_id() {
+        let body = b"{\"n\":1}";
+        let first = derived_input_id(&with_headers(vec![tenant()]), body);
+        let again = with_headers(vec![
+            tenant(),
+            ("x-delivery-count", AMQPValue::LongLongInt(3)),
+            ("x-death", x_death()),
+            ("x-first-death-exchange", ls("orders")),
+            ("x-first-death-queue", ls("orders.new")),
+            ("x-first-death-reason", ls("rejected")),
+            ("x-last-death-exchange", ls("orders")),
+            ("x-last-death-queue", ls("orders.new.retry")),
+            ("x-last-death-reason", ls("expired")),
+        ]);
+        assert_eq!(first, derived_input_id(&again, body));
+    }
+
+    #[test]
+    fn a_different_body_header_or_property_is_a_different_id() {
+        let body = b"{\"n\":1}";
+        let first = derived_input_id(&with_headers(vec![tenant()]), body);
+        assert_ne!(
+            first,
+            derived_input_id(&with_headers(vec![tenant()]), b"{\"n\":2}")
+        );
+        assert_ne!(
+            first,
+            derived_input_id(&with_headers(vec![("tenant", ls("globex"))]), body)
+        );
+        assert_ne!(
+            first,
+            derived_input_id(
+                &with_headers(vec![
+                    tenant(),
+                    ("x-stream-offset", AMQPValue::LongLongInt(7))
+                ]),
+                body
+            )
+        );
+        assert_ne!(first, derived_input_id(&with_headers(vec![]), body));
+        let other_property = with_headers(vec![tenant()]).with_timestamp(1_700_000_000);
+        assert_ne!(first, derived_input_id(&other_property, body));
+        // The body and the properties are told apart, not run together.
+        assert_ne!(
+            derived_input_id(&BasicProperties::default(), b""),
+            derived_input_id(&BasicProperties::default(), b"\0")
+        );
+    }
+
+    /// The documented limit: byte-identical messages without ids are one
+    /// message to the host.
+    #[test]
+    fn byte_identical_messages_without_ids_get_the_same_id() {
+        let a = derived_input_id(&with_headers(vec![tenant()]), b"same");
+        let b = derived_input_id(&with_headers(vec![tenant()]), b"same");
+        assert_eq!(a, b);
+    }
+}
