@@ -14,9 +14,13 @@
 //! - a request with no reply address, rejected naming both places;
 //! - a request whose reply queue has gone: the reply is not mandatory, so
 //!   the request is still done (acked, nothing set aside).
+//!
+//! And the trace of an answered request: its process span's outcome is
+//! `answered`, and the reply has its own publish span.
 
 use std::time::Duration;
 
+use acemq_tests::collector::Collector;
 use acemq_tests::host::{InProcessHost, metric_sum, plugin_path};
 use acemq_tests::{ReceivedMessage, shared_broker, unique_name};
 use lapin::BasicProperties;
@@ -236,4 +240,67 @@ async fn a_rust_responder_answers_as_the_contract_says() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_python_responder_answers_as_the_contract_says() {
     replies_as_the_contract_says("responder-py").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answered_request_ends_its_span_as_answered() {
+    let broker = shared_broker();
+    let collector = Collector::start().await.unwrap();
+    let queue = unique_name("replies.traced");
+    let replies = unique_name("replies.traced.to");
+    let config = format!(
+        r#"
+[broker]
+url = "{url}"
+
+[[queues]]
+name = "{queue}"
+dead_letter = true
+
+[[queues]]
+name = "{replies}"
+
+[[consumers]]
+queue = "{queue}"
+plugin = "{plugin}"
+
+[tracing]
+otlp_endpoint = "{endpoint}"
+"#,
+        url = broker.amqp_url(),
+        plugin = plugin_path("responder").display(),
+        endpoint = collector.endpoint,
+    );
+    let host = InProcessHost::start(&config).await.unwrap();
+    for body in [&b"traced"[..], b"fail"] {
+        broker
+            .publish("", &queue, body, request(&[("acemq-reply-to", &replies)]))
+            .await
+            .unwrap();
+    }
+    broker.drain(&replies, 2, WAIT).await.unwrap();
+    // Stopping flushes the host's spans to the collector.
+    host.stop().await.unwrap();
+    let spans = collector.spans();
+    let outcomes: Vec<Option<&str>> = spans
+        .iter()
+        .filter(|s| s.name == format!("{queue} process"))
+        .map(|s| s.attribute("messaging.acemq.outcome"))
+        .collect();
+    assert_eq!(outcomes.len(), 2, "{spans:#?}");
+    assert!(outcomes.contains(&Some("answered")), "{outcomes:?}");
+    assert!(outcomes.contains(&Some("rejected")), "{outcomes:?}");
+    let reply_spans = spans
+        .iter()
+        .filter(|s| s.name == format!("{replies} publish"))
+        .count();
+    assert_eq!(reply_spans, 2, "the reply and the error reply: {spans:#?}");
+    for q in [
+        format!("{queue}.dlq"),
+        format!("{queue}.parked"),
+        queue,
+        replies,
+    ] {
+        let _ = broker.delete_queue(&q).await;
+    }
 }
