@@ -290,6 +290,13 @@ async fn a_declared_route_goes_through_three_consumers(plugin: &str) {
     for step in STEPS {
         acked(&host, &format!("{pipeline}.{step}"), 1.0).await;
     }
+    // Each hop is a publish of the host's own, counted as any publish is.
+    let hops = metric_sum(
+        &host.metrics.render(),
+        "acemq_publish_total",
+        &[("exchange", &pipeline), ("outcome", "confirmed")],
+    );
+    assert_eq!(hops, 3.0, "three hops, each confirmed");
     host.stop().await.unwrap();
     cleanup(&pipeline, &pipeline).await;
 }
