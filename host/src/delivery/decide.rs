@@ -14,7 +14,7 @@ use std::time::Duration;
 use super::plugins::PluginRun;
 use std::sync::Arc;
 
-use crate::envelope::{self, Envelope, NO_REASON};
+use crate::envelope::{self, Envelope, NO_REASON, Reply};
 use crate::plugin::{Outcome, Outgoing};
 use crate::retry::{Decision, LONGEST_CONSUMER_WAIT, RetryPolicy, WaitPlace};
 use crate::topology::naming;
@@ -28,6 +28,10 @@ pub enum Settlement {
     Accept {
         outputs: Vec<Outgoing>,
         version: Arc<str>,
+        /// The answer to the request, published with the outputs (not
+        /// mandatory; see `delivery/flow.rs`). Boxed: rare, and large beside
+        /// the other settlements.
+        reply: Option<Box<Reply>>,
     },
     /// Hold the delivery unacked for `wait` (the policy's delay, jittered),
     /// then republish it to its own queue with the attempt advanced, then ack.
@@ -235,8 +239,9 @@ fn settlement_for(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy
             outcome,
             outputs,
             version,
+            reply,
             ..
-        } => decide_outcome(facts, outcome, outputs, version, policy),
+        } => decide_outcome(facts, outcome, outputs, version, reply, policy),
         // A fault is a failure like any other: the policy decides.
         PluginRun::Faulted { fault, .. } => retry_or_give_up(facts, fault.reason, policy),
         PluginRun::OutputsRefused { reason, .. } => retry_or_give_up(facts, reason, policy),
@@ -269,10 +274,15 @@ fn decide_outcome(
     outcome: Outcome,
     outputs: Vec<Outgoing>,
     version: Arc<str>,
+    reply: Option<Reply>,
     policy: &RetryPolicy,
 ) -> Settlement {
     match outcome {
-        Outcome::Accept => Settlement::Accept { outputs, version },
+        Outcome::Accept => Settlement::Accept {
+            outputs,
+            version,
+            reply: reply.map(Box::new),
+        },
         Outcome::Retry(reason) if facts.from_stream => Settlement::DeadLetter {
             queue: naming::dead_letter_queue(facts.queue),
             reason: stream_retry_refused(facts.queue, &facts.envelope.id, &or_no_reason(reason)),
@@ -560,6 +570,7 @@ mod tests {
         let accept = Settlement::Accept {
             outputs: vec![],
             version: Arc::from("v1"),
+            reply: None,
         };
         for setback in [
             Setback::BrokerTrouble("the connection was lost".into()),
@@ -589,6 +600,7 @@ mod tests {
             outputs: vec![],
             version: "v1".into(),
             fuel: None,
+            reply: None,
         }
     }
 
@@ -621,6 +633,7 @@ mod tests {
             outputs: vec![output.clone()],
             version: "v1".into(),
             fuel: None,
+            reply: None,
         };
         let s = decide(facts(&e, 0), run, &RetryPolicy::none());
         assert_eq!(
@@ -628,6 +641,7 @@ mod tests {
             Settlement::Accept {
                 outputs: vec![output],
                 version: "v1".into(),
+                reply: None,
             }
         );
         assert_eq!(s.outcome(), ConsumeOutcome::Acked);
@@ -869,6 +883,7 @@ mod tests {
         let accepted = Settlement::Accept {
             outputs: vec![],
             version: "v1".into(),
+            reply: None,
         };
         let s = follow_up(
             facts(&e, 0),
@@ -930,6 +945,7 @@ mod tests {
             &Settlement::Accept {
                 outputs: vec![],
                 version: "v1".into(),
+                reply: None,
             },
             Setback::SetAsideFailed(huge),
             &RetryPolicy::none(),

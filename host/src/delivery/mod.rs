@@ -14,12 +14,15 @@
 //!   rung missing, set-aside failed, shutdown during a wait).
 //! - [`settle`]: carries a settlement out through a broker port (a small
 //!   trait) and reports how it ended; unit-tested with a recording port.
+//! - [`flow`]: where a delivery goes on after its handler: the reply to a
+//!   request, the hop to a routing slip's next step.
 //! - [`metrics`]: the consumer's metric handles; a report is counted once.
 //!
 //! AMQP mechanics (subscribing, coalesced acks, confirmed publishing) live
 //! in `crate::broker`, which knows nothing of this module.
 
 pub mod decide;
+pub mod flow;
 pub mod metrics;
 pub mod plugins;
 pub mod settle;
@@ -35,6 +38,7 @@ use lapin::BasicProperties;
 use tokio_util::sync::CancellationToken;
 
 pub use decide::{ConsumeOutcome, DeliveryFacts, Settlement};
+use flow::Flow;
 pub use plugins::{PluginRun, run_plugins};
 use settle::{BrokerPort, Subject, Waited};
 
@@ -146,6 +150,7 @@ impl Pipeline {
         let Read {
             envelope,
             trace,
+            flow,
             input,
         } = match read {
             Ok(read) => read,
@@ -163,26 +168,39 @@ impl Pipeline {
                 return;
             }
         };
-        let delivery = Unsettled {
-            envelope: &envelope,
-            properties: &properties,
-            receipt: &receipt,
-            body: &body,
-            trace: &trace,
-            arrived,
-        };
+        let mut flow = flow;
         let mut input = match input {
             Ok(input) => input,
             Err(refusal) => {
                 // Never handed to a plugin: the concurrency slot is not needed.
                 drop(slot);
+                let delivery = Unsettled {
+                    envelope: &envelope,
+                    properties: &properties,
+                    receipt: &receipt,
+                    body: &body,
+                    trace: &trace,
+                    flow: &flow,
+                    arrived,
+                };
                 self.settle(delivery, refusal).await;
                 return;
             }
         };
         input.trace_id = Some(trace.trace_id());
         let run = self.call_plugins(input, slot, &envelope, &trace).await;
+        flow.failure = flow.failure.or(flow::failure_of(&run));
         let settlement = self.decide(&envelope, &properties, run);
+        let settlement = flow::refuse_unanswerable(&self.queue, &flow, settlement);
+        let delivery = Unsettled {
+            envelope: &envelope,
+            properties: &properties,
+            receipt: &receipt,
+            body: &body,
+            trace: &trace,
+            flow: &flow,
+            arrived,
+        };
         self.settle(delivery, settlement).await;
     }
 
@@ -276,10 +294,22 @@ impl Pipeline {
             envelope::now_ms(),
         ));
         let trace = DeliveryTrace::start(&self.tracer, properties.headers().as_ref());
-        let refusal =
-            decide::refuse_unreadable(&self.queue, unreadable_note(properties).as_deref()).or_else(
-                || decide::refuse_oversized(&self.queue, body.len(), self.rules.max_body_bytes),
-            );
+        let (mut flow, unfollowable) =
+            Flow::read(&self.queue, properties, &envelope, exchange, body);
+        let refusal = match (
+            decide::refuse_unreadable(&self.queue, unreadable_note(properties).as_deref()),
+            decide::refuse_oversized(&self.queue, body.len(), self.rules.max_body_bytes),
+        ) {
+            (Some(unreadable), _) => {
+                flow.failure = Some(envelope::ErrorType::Undecodable);
+                Some(unreadable)
+            }
+            (None, Some(oversized)) => {
+                flow.failure = Some(envelope::ErrorType::TooLarge);
+                Some(oversized)
+            }
+            (None, None) => unfollowable,
+        };
         let input = match refusal {
             Some(refusal) => Err(refusal),
             None => Ok(handler_input(
@@ -294,6 +324,7 @@ impl Pipeline {
         Read {
             envelope,
             trace,
+            flow,
             input,
         }
     }
@@ -322,6 +353,7 @@ impl Pipeline {
                 receipt,
                 body,
                 trace: &trace,
+                flow: &Flow::default(),
                 arrived,
             };
             let settled = AssertUnwindSafe(self.settle(delivery, set_aside.clone()))
@@ -345,6 +377,7 @@ impl Pipeline {
             receipt,
             body,
             trace,
+            flow,
             arrived,
         } = delivery;
         let from_stream = from_stream(properties);
@@ -368,6 +401,7 @@ impl Pipeline {
             mandatory_outputs: self.rules.mandatory_outputs,
             from_stream,
             trace,
+            flow,
         };
         // Boxed for the same reason as the plugin call: its future is large.
         let report = Box::pin(settle::settle(
@@ -383,7 +417,7 @@ impl Pipeline {
             trace.processed(Processed {
                 queue: &self.queue,
                 envelope,
-                outcome: report.outcome.as_str(),
+                outcome: report.span_outcome(),
                 reason: reason.as_deref(),
                 retry_delay,
             });
@@ -413,6 +447,8 @@ fn read_within_boundary(queue: &str, read: impl FnOnce() -> Read) -> Result<Read
 struct Read {
     envelope: Arc<Envelope>,
     trace: DeliveryTrace,
+    /// Its request and routing slip.
+    flow: Flow,
     /// The handler's input, or the delivery's set-aside instead.
     input: Result<Input, Settlement>,
 }
@@ -439,6 +475,7 @@ struct Unsettled<'a> {
     receipt: &'a Receipt,
     body: &'a Bytes,
     trace: &'a DeliveryTrace,
+    flow: &'a Flow,
     /// When it arrived: the start of its `acemq.consume.duration`.
     arrived: Instant,
 }

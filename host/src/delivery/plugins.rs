@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use crate::envelope::Reply;
 use crate::plugin::{CodecSet, Conversion, Fault, HandlerSlot, Input, Outcome, Outgoing};
 
 /// What running the plugins on one delivery produced.
@@ -18,13 +19,15 @@ pub enum PluginRun {
     /// A codec claiming the content type failed (trap, deadline, memory)
     /// before any converted it; no handler ran.
     CodecFaulted { reason: String },
-    /// The handler returned a outcome; for an accept, its outputs are
-    /// encoded and ready to publish (otherwise there are none).
+    /// The handler returned a outcome; for an accept, its outputs (and its
+    /// reply, when it answered) are encoded and ready to publish (otherwise
+    /// there are none).
     Decided {
         outcome: Outcome,
         outputs: Vec<Outgoing>,
         version: Arc<str>,
         fuel: Option<u64>,
+        reply: Option<Reply>,
     },
     /// The handler call failed: trap, panic, deadline, memory, fuel.
     Faulted {
@@ -111,12 +114,14 @@ pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: In
         };
     }
     match invocation.result {
-        Ok(Outcome::Accept) => match encode_outputs(codecs, invocation.outputs).await {
-            Ok(outputs) => PluginRun::Decided {
+        Ok(Outcome::Accept) => match encode_all(codecs, invocation.outputs, invocation.reply).await
+        {
+            Ok((outputs, reply)) => PluginRun::Decided {
                 outcome: Outcome::Accept,
                 outputs,
                 version,
                 fuel,
+                reply,
             },
             Err(NotEncoded::Refused(reason)) => PluginRun::OutputsRefused {
                 reason,
@@ -131,6 +136,7 @@ pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: In
             outputs: Vec::new(),
             version,
             fuel,
+            reply: None,
         },
         Err(fault) if fault.kind.is_the_hosts() => PluginRun::HostBusy {
             reason: fault.reason,
@@ -149,6 +155,39 @@ enum NotEncoded {
     Refused(String),
     /// The host had no instance slot for a codec: the host's fault.
     HostBusy(String),
+}
+
+/// The outputs and the reply of an accept, encoded alike: a reply is a
+/// message the requester's codecs read like any other.
+async fn encode_all(
+    codecs: &CodecSet,
+    outputs: Vec<Outgoing>,
+    reply: Option<Reply>,
+) -> Result<(Vec<Outgoing>, Option<Reply>), NotEncoded> {
+    let outputs = encode_outputs(codecs, outputs).await?;
+    let Some(mut reply) = reply else {
+        return Ok((outputs, None));
+    };
+    if codecs.is_empty() {
+        return Ok((outputs, Some(reply)));
+    }
+    match codecs
+        .encode(reply.content_type.as_deref(), &reply.body)
+        .await
+    {
+        Conversion::Unclaimed => {}
+        Conversion::Converted { content_type, body } => {
+            reply.content_type = Some(content_type);
+            reply.body = body;
+        }
+        Conversion::Refused(why) | Conversion::Faulted(why) => {
+            return Err(NotEncoded::Refused(format!(
+                "its reply could not be encoded: {why}"
+            )));
+        }
+        Conversion::HostBusy(why) => return Err(NotEncoded::HostBusy(why)),
+    }
+    Ok((outputs, Some(reply)))
 }
 
 async fn encode_outputs(

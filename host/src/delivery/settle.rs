@@ -18,8 +18,9 @@ use std::time::{Duration, SystemTime};
 use lapin::BasicProperties;
 
 use super::decide::{ConsumeOutcome, DeliveryFacts, Setback, Settlement, follow_up};
+use super::flow::{self, Flow};
 use crate::broker::publisher::{Publication, PublishError, PublishOutcome};
-use crate::envelope::{self, Envelope};
+use crate::envelope::{self, Envelope, Reply};
 use crate::plugin::Outgoing;
 use crate::retry::RetryPolicy;
 use crate::trace::{DeliveryTrace, Published, TraceParent};
@@ -78,6 +79,8 @@ pub struct Subject<'a> {
     pub from_stream: bool,
     /// Its trace: whatever is published for it continues it.
     pub trace: &'a DeliveryTrace,
+    /// Its request and routing slip (`flow.rs`).
+    pub flow: &'a Flow,
 }
 
 /// Where a retried delivery waited (the `where` label of
@@ -123,6 +126,9 @@ pub struct Report {
     pub rung_missing: Option<String>,
     /// A set-aside copy that was not confirmed, by target queue.
     pub set_aside_failed: Option<String>,
+    /// The handler's reply to the request was confirmed with its
+    /// accept (the span's outcome is `answered`).
+    pub answered: bool,
 }
 
 impl Report {
@@ -134,6 +140,17 @@ impl Report {
             set_aside: false,
             rung_missing: None,
             set_aside_failed: None,
+            answered: false,
+        }
+    }
+
+    /// The span's outcome word: `answered` for a request answered (the
+    /// contract's word, §11), else the settlement's.
+    pub fn span_outcome(&self) -> &'static str {
+        if self.answered {
+            "answered"
+        } else {
+            self.outcome.as_str()
         }
     }
 }
@@ -148,6 +165,8 @@ pub const LONGEST_PAUSE: Duration = Duration::from_secs(30);
 /// A step that settled the delivery, and what it adds to the report.
 enum Done {
     Acked,
+    /// Acked, its reply confirmed.
+    Answered,
     Retried(RetryPlace),
     SetAside,
 }
@@ -169,6 +188,7 @@ pub(crate) async fn settle(
                 report.outcome = settlement.outcome();
                 match done {
                     Done::Acked => {}
+                    Done::Answered => report.answered = true,
                     Done::Retried(place) => report.retried = Some(place),
                     Done::SetAside => report.set_aside = true,
                 }
@@ -228,8 +248,27 @@ async fn carry_out(
     subject: Subject<'_>,
     settlement: &mut Settlement,
 ) -> Result<Done, Setback> {
+    if matches!(
+        settlement,
+        Settlement::DeadLetter { .. } | Settlement::Park { .. }
+    ) {
+        answer_with_error(port, subject, settlement).await?;
+    }
     match settlement {
-        Settlement::Accept { outputs, .. } => accept(port, subject, std::mem::take(outputs)).await,
+        Settlement::Accept {
+            outputs,
+            version,
+            reply,
+        } => {
+            accept(
+                port,
+                subject,
+                std::mem::take(outputs),
+                reply.take().map(|reply| *reply),
+                version,
+            )
+            .await
+        }
         Settlement::RetryInConsumer { wait, reason } => {
             retry_in_consumer(port, subject, *wait, reason).await
         }
@@ -251,16 +290,41 @@ async fn carry_out(
     }
 }
 
-/// Publishes the handler's outputs, then acks.
+/// Publishes the handler's outputs, its reply and the slip's next hop, as
+/// one confirmed batch, then acks.
 async fn accept(
     port: &impl BrokerPort,
     subject: Subject<'_>,
     outputs: Vec<Outgoing>,
+    reply: Option<Reply>,
+    version: &str,
 ) -> Result<Done, Setback> {
     let (queue, id) = (subject.queue, subject.envelope.id.as_str());
-    let (publications, spans) =
-        output_publications(subject, outputs, port.now_ms(), port.frame_max())
-            .map_err(Setback::OutputsFailed)?;
+    let (now_ms, frame_max) = (port.now_ms(), port.frame_max());
+    let (mut publications, mut spans) =
+        output_publications(subject, outputs, now_ms, frame_max).map_err(Setback::OutputsFailed)?;
+    // The reply and the hop go in the outputs' batch: all of them are
+    // confirmed, or the accept fails and the delivery is not acked.
+    let answered = match (reply, &subject.flow.request) {
+        (Some(reply), Some(request)) => {
+            let span = subject.trace.publish_span();
+            publications.push(
+                flow::reply_publication(subject, request, reply, version, now_ms, frame_max, &span)
+                    .map_err(Setback::OutputsFailed)?,
+            );
+            spans.push(span);
+            true
+        }
+        // Refused before it came here (`flow::refuse_unanswerable`).
+        (Some(_), None) | (None, _) => false,
+    };
+    let span = subject.trace.publish_span();
+    if let Some(hop) =
+        flow::hop_publication(subject, now_ms, frame_max, &span).map_err(Setback::OutputsFailed)?
+    {
+        publications.push(hop);
+        spans.push(span);
+    }
     let started = SystemTime::now();
     let published = port.publish(&publications).await;
     for (publication, span) in publications.iter().zip(spans) {
@@ -271,8 +335,37 @@ async fn accept(
         return Err(broker_trouble_or(e, Setback::OutputsFailed));
     }
     port.ack().await;
-    tracing::debug!(queue, message_id = id, "acked");
-    Ok(Done::Acked)
+    tracing::debug!(queue, message_id = id, answered, "acked");
+    Ok(if answered {
+        Done::Answered
+    } else {
+        Done::Acked
+    })
+}
+
+/// Answers a request that `settlement` sets aside with the error reply,
+/// before its set-aside copy: a reply not confirmed fails the set-aside
+/// (the delivery is requeued, nothing acked), and a copy that fails after
+/// the reply makes the next try answer again, with the same id.
+async fn answer_with_error(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    settlement: &Settlement,
+) -> Result<(), Setback> {
+    let span = subject.trace.publish_span();
+    let Some(reply) =
+        flow::error_reply_publication(subject, settlement, port.now_ms(), port.frame_max(), &span)
+    else {
+        return Ok(());
+    };
+    let started = SystemTime::now();
+    let published = port.publish(std::slice::from_ref(&reply)).await;
+    publish_span(subject, span, &reply, started, &published);
+    published.map_err(|e| {
+        let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+        log_publish_failure(queue, id, "the error reply was not confirmed", &e);
+        broker_trouble_or(e, Setback::SetAsideFailed)
+    })
 }
 
 /// Waits `wait` in the consumer, republishes the delivery to its own queue
@@ -577,6 +670,8 @@ mod tests {
         frame_max: Option<u32>,
         /// The `mandatory` flag of every output published, in order.
         mandatory: Mutex<Vec<bool>>,
+        /// Every publication of `publish`, whole, in order.
+        publications: Mutex<Vec<Publication>>,
     }
 
     impl Recorder {
@@ -599,6 +694,10 @@ mod tests {
                 .lock()
                 .unwrap()
                 .extend(outputs.iter().map(|p| p.mandatory));
+            self.publications
+                .lock()
+                .unwrap()
+                .extend(outputs.iter().cloned());
             self.record(Call::Publish(
                 outputs
                     .iter()
@@ -703,6 +802,7 @@ mod tests {
             outputs,
             version: "v1".into(),
             fuel: None,
+            reply: None,
         }
     }
 
@@ -742,6 +842,7 @@ mod tests {
             mandatory_outputs: true,
             from_stream: false,
             trace: &untraced(),
+            flow: &Flow::default(),
         };
         let report = settle(port, subject, policy, settlement).await;
         let settled = port
@@ -773,6 +874,7 @@ mod tests {
             mandatory_outputs: true,
             from_stream: true,
             trace: &untraced(),
+            flow: &Flow::default(),
         };
         let report = settle(port, subject, &policy, settlement).await;
         let calls = port.calls();
@@ -858,6 +960,7 @@ mod tests {
                 mandatory_outputs: consumer_default,
                 from_stream: false,
                 trace: &untraced(),
+                flow: &Flow::default(),
             };
             let settlement = crate::delivery::decide::decide(
                 DeliveryFacts {
@@ -1323,6 +1426,293 @@ mod tests {
         assert_eq!(
             port.calls(),
             [Call::Wait(Duration::from_secs(10)), Call::Requeue]
+        );
+    }
+
+    // Replies and routing slips (`flow.rs`).
+
+    /// Settles one delivery carrying `headers` (and, for a plain AMQP
+    /// client, `reply_to` and `correlation_id` properties), read into its
+    /// flow as the pipeline reads it.
+    async fn run_flowing(
+        port: &Recorder,
+        headers: &[(&str, &str)],
+        reply_to: Option<&str>,
+        plugins: PluginRun,
+    ) -> Report {
+        let (envelope, properties) = delivered(1);
+        let mut table = properties.headers().clone().unwrap_or_default();
+        for (name, value) in headers {
+            table.insert(
+                (*name).into(),
+                AMQPValue::LongString(LongString::from(*value)),
+            );
+        }
+        let mut properties = properties.with_headers(table);
+        if let Some(queue) = reply_to {
+            properties = properties
+                .with_reply_to(queue.into())
+                .with_correlation_id("pika-7".into());
+        }
+        let body = bytes::Bytes::from_static(b"as delivered");
+        let (mut flow, refusal) = Flow::read("orders.new", &properties, &envelope, "orders", &body);
+        flow.failure = flow.failure.or(flow::failure_of(&plugins));
+        let policy = RetryPolicy::none();
+        let facts = DeliveryFacts {
+            queue: "orders.new",
+            envelope: &envelope,
+            now_ms: NOW_MS,
+            jitter_sample: 0.5,
+            from_stream: false,
+        };
+        let settlement = match refusal {
+            Some(refusal) => refusal,
+            None => flow::refuse_unanswerable("orders.new", &flow, decide(facts, plugins, &policy)),
+        };
+        let subject = Subject {
+            queue: "orders.new",
+            envelope: &envelope,
+            properties: &properties,
+            mandatory_outputs: true,
+            from_stream: false,
+            trace: &untraced(),
+            flow: &flow,
+        };
+        settle(port, subject, &policy, settlement).await
+    }
+
+    fn replied(outcome: Outcome, outputs: Vec<Outgoing>) -> PluginRun {
+        PluginRun::Decided {
+            outcome,
+            outputs,
+            version: "v1".into(),
+            fuel: None,
+            reply: Some(envelope::Reply {
+                body: b"{\"echo\":\"hi\"}".to_vec(),
+                content_type: None,
+                headers: vec![],
+                id: None,
+                message_type: Some("echo.reply".into()),
+                version: None,
+            }),
+        }
+    }
+
+    fn header_text(publication: &Publication, name: &str) -> Option<String> {
+        match publication
+            .properties
+            .headers()
+            .as_ref()?
+            .inner()
+            .get(name)?
+        {
+            AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+            other => panic!("{name} is not a long string: {other:?}"),
+        }
+    }
+
+    const SLIP: &str = r#"{"steps":[{"exchange":"a","routingKey":"a"},{"exchange":"b","routingKey":"b","name":"second"}],"done":[]}"#;
+
+    #[tokio::test]
+    async fn an_answered_request_publishes_outputs_reply_and_hop_in_one_batch_then_acks() {
+        let port = Recorder::default();
+        let report = run_flowing(
+            &port,
+            &[("acemq-reply-to", "replies"), ("acemq-routing-slip", SLIP)],
+            Some("replies"),
+            replied(Outcome::Accept, vec![output("orders.events", "k")]),
+        )
+        .await;
+        assert!(report.answered);
+        assert_eq!(report.span_outcome(), "answered");
+        assert_eq!(report.outcome, ConsumeOutcome::Acked);
+        let calls = port.calls();
+        let [Call::Publish(batch), Call::Ack] = calls.as_slice() else {
+            panic!("one batch, then the ack: {calls:?}");
+        };
+        let targets: Vec<(&str, &str)> = batch
+            .iter()
+            .map(|(x, k, _)| (x.as_str(), k.as_str()))
+            .collect();
+        assert_eq!(
+            targets,
+            [("orders.events", "k"), ("", "replies"), ("b", "b")]
+        );
+        // The reply is not mandatory; the output and the hop are.
+        assert_eq!(*port.mandatory.lock().unwrap(), [true, false, true]);
+        let (_, _, reply) = &batch[1];
+        assert_eq!(reply.correlation_id, "correlation-1");
+        assert_eq!(reply.causation_id.as_deref(), Some("message-1"));
+        assert_eq!(reply.message_type, "echo.reply");
+        assert_eq!(reply.id, envelope::reply_id("message-1", "v1"));
+        let publications = port.publications.lock().unwrap();
+        assert_eq!(
+            publications[1]
+                .properties
+                .correlation_id()
+                .as_ref()
+                .map(|c| c.as_str()),
+            Some("pika-7")
+        );
+        // The hop: the delivery itself, the step done, attempt 1.
+        let (_, _, hop) = &batch[2];
+        assert_eq!((hop.id.as_str(), hop.attempt), ("message-1", 1));
+        assert_eq!(&publications[2].body[..], b"as delivered");
+        let slip: serde_json::Value =
+            serde_json::from_str(&header_text(&publications[2], "acemq-routing-slip").unwrap())
+                .unwrap();
+        assert_eq!(slip["steps"].as_array().unwrap().len(), 1);
+        assert_eq!(slip["done"][0]["routingKey"], "a");
+        assert!(slip["done"][0]["completedAt"].is_string());
+    }
+
+    #[tokio::test]
+    async fn a_reply_or_hop_not_confirmed_fails_the_accept_and_nothing_is_acked() {
+        let port = Recorder {
+            publish_fails: Some(unroutable("b")),
+            ..Recorder::default()
+        };
+        let report = run_flowing(
+            &port,
+            &[("acemq-routing-slip", SLIP)],
+            None,
+            decided(Outcome::Accept, vec![]),
+        )
+        .await;
+        assert!(!report.answered);
+        let calls = port.calls();
+        // Without a policy the failed accept is dead-lettered, not acked unsent.
+        assert_eq!(report.outcome, ConsumeOutcome::DeadLettered);
+        assert!(matches!(calls[0], Call::Publish(_)));
+        assert!(matches!(&calls[1], Call::Republish(q, _) if q == "orders.new.dlq"));
+    }
+
+    #[tokio::test]
+    async fn an_accept_without_a_reply_sends_none_and_the_last_step_forwards_nothing() {
+        let port = Recorder::default();
+        let last = r#"{"steps":[{"exchange":"a","routingKey":"a"}],"done":[]}"#;
+        let report = run_flowing(
+            &port,
+            &[("acemq-reply-to", "replies"), ("acemq-routing-slip", last)],
+            None,
+            decided(Outcome::Accept, vec![]),
+        )
+        .await;
+        assert!(!report.answered);
+        assert_eq!(report.span_outcome(), "acked");
+        assert!(
+            port.publications.lock().unwrap().is_empty(),
+            "nothing published"
+        );
+        assert_eq!(port.calls().last(), Some(&Call::Ack));
+    }
+
+    #[tokio::test]
+    async fn a_rejected_request_is_answered_with_acemq_error_before_its_set_aside() {
+        let port = Recorder::default();
+        let report = run_flowing(
+            &port,
+            &[],
+            Some("amq.gen-reply"),
+            replied(Outcome::Reject("fail".into()), vec![]),
+        )
+        .await;
+        assert_eq!(report.outcome, ConsumeOutcome::Rejected);
+        assert!(!report.answered);
+        let calls = port.calls();
+        assert!(
+            matches!(&calls[0], Call::Publish(b) if b[0].1 == "amq.gen-reply"),
+            "{calls:?}"
+        );
+        assert!(matches!(&calls[1], Call::Republish(q, _) if q == "orders.new.dlq"));
+        assert_eq!(calls[2], Call::Ack);
+        let publications = port.publications.lock().unwrap();
+        assert_eq!(publications.len(), 1, "the handler's own reply is dropped");
+        assert_eq!(
+            header_text(&publications[0], "acemq-error").as_deref(),
+            Some("Rejected: the handler rejected it: fail")
+        );
+        assert!(!publications[0].mandatory);
+        assert_eq!(
+            publications[0]
+                .properties
+                .correlation_id()
+                .as_ref()
+                .map(|c| c.as_str()),
+            Some("pika-7")
+        );
+    }
+
+    #[tokio::test]
+    async fn an_error_reply_not_confirmed_requeues_the_request_without_a_set_aside() {
+        let port = Recorder {
+            publish_fails: Some(PublishError::Refused {
+                id: "r".into(),
+                exchange: String::new(),
+                routing_key: "amq.gen-reply".into(),
+            }),
+            ..Recorder::default()
+        };
+        let report = run_flowing(
+            &port,
+            &[],
+            Some("amq.gen-reply"),
+            decided(Outcome::Park("later".into()), vec![]),
+        )
+        .await;
+        assert_eq!(report.outcome, ConsumeOutcome::Retried);
+        let calls = port.calls();
+        assert!(
+            !calls.iter().any(|c| matches!(c, Call::Republish(..))),
+            "{calls:?}"
+        );
+        assert_eq!(calls.last(), Some(&Call::Requeue));
+    }
+
+    #[tokio::test]
+    async fn a_reply_to_a_request_without_an_address_rejects_it_naming_both() {
+        let port = Recorder::default();
+        let report = run_flowing(&port, &[], None, replied(Outcome::Accept, vec![])).await;
+        assert_eq!(report.outcome, ConsumeOutcome::Rejected);
+        let copy = copy_to(&port, "orders.new.dlq");
+        let error = copy.error.unwrap();
+        assert!(
+            error.contains("acemq-reply-to") && error.contains("reply-to property"),
+            "{error}"
+        );
+        assert!(
+            port.publications.lock().unwrap().is_empty(),
+            "no reply, nowhere to send it"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unfollowable_slip_is_dead_lettered_and_its_requester_told() {
+        let port = Recorder::default();
+        let report = run_flowing(
+            &port,
+            &[("acemq-routing-slip", "{not json")],
+            Some("amq.gen-reply"),
+            decided(Outcome::Accept, vec![]),
+        )
+        .await;
+        assert_eq!(report.outcome, ConsumeOutcome::DeadLettered);
+        let calls = port.calls();
+        let [Call::Publish(_), Call::Republish(target, copy), Call::Ack] = calls.as_slice() else {
+            panic!("the error reply, the set-aside, the ack: {calls:?}");
+        };
+        assert_eq!(target, "orders.new.dlq");
+        assert!(
+            copy.error.as_deref().unwrap().starts_with(
+                "its routing slip cannot be followed: the acemq-routing-slip header is not valid JSON"
+            ),
+            "{copy:?}"
+        );
+        let publications = port.publications.lock().unwrap();
+        assert!(
+            header_text(&publications[0], "acemq-error")
+                .unwrap()
+                .starts_with("InvalidRoutingSlip: its routing slip cannot be followed")
         );
     }
 }

@@ -35,6 +35,12 @@
 //! * `replay.rs`, for the set-aside tools (`acemq-host dlq`): the replay
 //!   stamps ([`stamp`], [`ReplayStamps`]) and the properties of a message
 //!   moved back to its queue ([`replay_properties`]).
+//! * `reply.rs`, for request/reply: where a request wants its answer
+//!   ([`Request`]), the reply's envelope and properties, and the host's
+//!   error reply ([`error_reply`]).
+//! * `slip.rs`, for routing slips: the slip a delivery carries in either
+//!   form ([`Slip`]) and the copy forwarded to its next step
+//!   ([`hop_properties`]).
 //! * `amqp.rs`, for the three above: the AMQP value conversions they share
 //!   (integers of any width, long and short strings), so none of them
 //!   depends on another in a circle.
@@ -54,6 +60,8 @@ mod headers;
 mod properties;
 mod read;
 mod replay;
+mod reply;
+mod slip;
 #[cfg(test)]
 mod test_support;
 
@@ -73,6 +81,13 @@ pub use properties::{
 };
 pub use read::{AppHeaders, split_headers, split_table};
 pub use replay::{ReplayStamps, parse_rfc3339_ms, replay_properties, rfc3339_millis, stamp};
+pub use reply::{
+    DEFAULT_REPLY_TYPE, ErrorType, NO_REPLY_ADDRESS, Reply, Request, error_reply, error_reply_id,
+    error_text, reply_header, reply_id, reply_properties,
+};
+pub use slip::{
+    Arrival, DeclaredRoute, Hop, JsonSlip, ROUTING_SLIP_HEADER, Slip, SlipError, hop_properties,
+};
 
 /// The wire names of the envelope (contract §4). They are a contract between
 /// languages, so they are spelled exactly as the other libraries spell them.

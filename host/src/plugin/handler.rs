@@ -130,6 +130,8 @@ pub struct Invocation {
     /// A publish the consumer's `publish_to` refused during the call,
     /// whatever the handler returned afterwards (see `host::CallEnd`).
     pub refused_publish: Option<String>,
+    /// Its reply to the request (meaningful only for `Accept`).
+    pub reply: Option<crate::envelope::Reply>,
 }
 
 impl HandlerVersion {
@@ -220,6 +222,7 @@ impl HandlerVersion {
         // Kept whether the call then succeeds or traps (a plugin may
         // `unwrap` the refusal).
         let mut refused_publish = None;
+        let mut reply = None;
         let result = async {
             let mut lease = self.instances.lease(reuse).await?;
             let deadline = lease.deadline();
@@ -237,12 +240,16 @@ impl HandlerVersion {
                 fuel_before.map(|before| before.saturating_sub(warm.store.get_fuel().unwrap_or(0)));
             let ended = warm.store.data_mut().end_call();
             refused_publish = ended.refused_publish;
+            reply = ended.reply;
             lease.finish(result.map(|outcome| (outcome, ended.outputs)))
         }
         .await;
         let (result, outputs) = match result {
             Ok((outcome, outputs)) => (Ok(outcome), outputs),
-            Err(fault) => (Err(fault), Vec::new()),
+            Err(fault) => {
+                reply = None;
+                (Err(fault), Vec::new())
+            }
         };
         Invocation {
             result,
@@ -250,6 +257,7 @@ impl HandlerVersion {
             version: self.sha256.clone(),
             fuel,
             refused_publish,
+            reply,
         }
     }
 

@@ -442,6 +442,7 @@ mod tests {
             }],
             version: Arc::from("abc"),
             fuel: Some(1234),
+            reply: None,
         });
         assert!(done.completed());
         let text = render(&done);
@@ -476,6 +477,7 @@ mod tests {
             outputs: Vec::new(),
             version: Arc::from("abc"),
             fuel: None,
+            reply: None,
         });
         assert!(rejected.completed());
         assert!(render(&rejected).contains("outcome: reject: empty"));

@@ -125,6 +125,8 @@ pub struct CallEnd {
     /// (and the SDK turns the refusal into a retry), but no retry can make
     /// the exchange allowed: the host sets the message aside at once.
     pub refused_publish: Option<String>,
+    /// The reply buffered by `reply`, sent only if the handler accepts.
+    pub reply: Option<crate::envelope::Reply>,
 }
 
 impl HostState {
@@ -148,6 +150,7 @@ impl HostState {
     pub fn begin_call(&mut self, message: Input) -> Resource<LentMessage> {
         self.log.begin_call();
         let _ = self.publish.take();
+        let _ = self.reply.take();
         self.bounds.limiter.refused = None;
         self.message.lend(message)
     }
@@ -162,6 +165,7 @@ impl HostState {
         CallEnd {
             outputs,
             refused_publish,
+            reply: self.reply.take(),
         }
     }
 
@@ -224,7 +228,9 @@ impl wit_host::Host for HostState {
         &mut self,
         msg: types::OutgoingReply,
     ) -> wasmtime::Result<Result<types::Sent, String>> {
-        Ok(self.reply.buffer(msg, self.message.current()))
+        Ok(self
+            .reply
+            .buffer(msg, self.message.current(), &mut self.publish))
     }
 
     fn config(&mut self, key: String) -> wasmtime::Result<Option<String>> {

@@ -81,6 +81,13 @@ impl Publishing {
         (std::mem::take(&mut self.outputs), self.refused.take())
     }
 
+    /// Takes `id` for a message of this call that is not an output (its
+    /// reply), so that no output may take it after; false when an output
+    /// already has it.
+    pub fn claim_id(&mut self, id: uuid::Uuid) -> bool {
+        self.ids.insert(id)
+    }
+
     /// Buffers `msg`, an output of `input`, or says why not (and buffers
     /// nothing); answers the id and correlation it will carry.
     pub fn buffer(
