@@ -217,6 +217,19 @@ fn warn_of_replica_arguments(config: &LoadedConfig) {
     }
 }
 
+/// Every exchange the host may publish to by its config: the declared ones
+/// (with the contract's `acemq.retry` and `acemq.dlx`) and each consumer's
+/// `publish_to`.
+fn configured_exchanges(config: &LoadedConfig, topology: &Topology) -> Vec<String> {
+    let declared = topology.exchanges.iter().map(|e| e.name.clone());
+    let allowed = config
+        .config
+        .consumers
+        .iter()
+        .flat_map(|c| c.publish_to.iter().cloned());
+    declared.chain(allowed).collect()
+}
+
 pub fn engine_settings(config: &LoadedConfig) -> EngineSettings {
     let consumers = &config.config.consumers;
     let host = &config.config.host;
@@ -466,6 +479,10 @@ pub async fn run(
         board,
         tracer,
     } = prepared;
+    // Publish series are labelled by exchange only for the exchanges the
+    // config names (a routing slip names its next exchange: the producer's
+    // choice).
+    metrics.label_exchanges(configured_exchanges(&config, &topology));
     // Hot swap and the admin endpoint (plugin/swap.rs, admin/). The admin
     // address is bound first, so one in use fails the start before anything
     // is declared or consumed.

@@ -86,8 +86,14 @@ pub struct PluginVersionLabels {
 
 /// A publish's labels. No routing key: plugins choose those (an order or a
 /// tenant id in each), and a series per key would grow without bound. The
-/// exchange is bounded by config: a consumer's `publish_to`, or the
-/// default exchange `""` (retries, set-asides).
+/// exchange is bounded by config: a consumer's `publish_to`, an exchange of
+/// `[[exchanges]]`, or the default exchange `""` (retries, set-asides,
+/// replies); any other (a routing slip's next step names its exchange, and
+/// the producer wrote the slip) is counted as [`UNCONFIGURED_EXCHANGE`].
+/// The `exchange` label of a publish to an exchange the config does not
+/// name (see [`PublishLabels`]).
+pub const UNCONFIGURED_EXCHANGE: &str = "(unconfigured)";
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PublishLabels {
     pub exchange: String,
@@ -214,6 +220,10 @@ pub struct Metrics {
     /// `publish_total`'s series by exchange and outcome, found without
     /// building a label set (two strings) for every publish.
     publish_series: Mutex<HashMap<String, PublishOutcomeSeries>>,
+    /// The exchanges publishes are labelled with by name
+    /// ([`Metrics::label_exchanges`]); `None` until a host names them (a
+    /// registry not tied to a config, in tests and benches, labels all).
+    labelled_exchanges: std::sync::RwLock<Option<std::collections::HashSet<String>>>,
     /// See [`Metrics::sample_names`].
     sample_names: BTreeSet<String>,
     /// See [`Metrics::catalogue`].
@@ -358,6 +368,7 @@ impl Metrics {
             stream_checkpoint_failures: Family::default(),
             blocked_since: Mutex::new(HashMap::new()),
             publish_series: Mutex::new(HashMap::new()),
+            labelled_exchanges: std::sync::RwLock::new(None),
             sample_names: BTreeSet::new(),
             catalogue: Vec::new(),
         }
@@ -612,6 +623,32 @@ impl crate::broker::LinkObserver for Metrics {
     }
 }
 
+impl Metrics {
+    /// Publishes to `exchanges` (and to the default exchange) are labelled
+    /// with their names from now on, every other one as
+    /// [`UNCONFIGURED_EXCHANGE`]: the host names those of its config, so no
+    /// producer can add series.
+    pub fn label_exchanges(&self, exchanges: impl IntoIterator<Item = String>) {
+        let mut named: std::collections::HashSet<String> = exchanges.into_iter().collect();
+        named.insert(String::new());
+        *self
+            .labelled_exchanges
+            .write()
+            .expect("labelled exchanges poisoned") = Some(named);
+    }
+
+    fn exchange_label<'a>(&self, exchange: &'a str) -> &'a str {
+        match &*self
+            .labelled_exchanges
+            .read()
+            .expect("labelled exchanges poisoned")
+        {
+            Some(named) if !named.contains(exchange) => UNCONFIGURED_EXCHANGE,
+            _ => exchange,
+        }
+    }
+}
+
 impl crate::broker::PublishObserver for Metrics {
     fn published(
         &self,
@@ -619,6 +656,7 @@ impl crate::broker::PublishObserver for Metrics {
         outcome: crate::broker::publisher::PublishOutcome,
         took: Duration,
     ) {
+        let exchange = self.exchange_label(exchange);
         let mut series = self.publish_series.lock().expect("publish series poisoned");
         let outcomes = match series.get_mut(exchange) {
             Some(outcomes) => outcomes,
@@ -646,6 +684,24 @@ impl crate::broker::PublishObserver for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_publish_to_an_exchange_the_config_does_not_name_adds_no_series_of_its_own() {
+        use crate::broker::PublishObserver;
+        use crate::broker::publisher::PublishOutcome;
+        let m = Metrics::new();
+        m.label_exchanges(["orders".to_string()]);
+        let ms = Duration::from_millis(1);
+        m.published("orders", PublishOutcome::Confirmed, ms);
+        m.published("", PublishOutcome::Confirmed, ms);
+        m.published("chosen-by-a-producer-1", PublishOutcome::Confirmed, ms);
+        m.published("chosen-by-a-producer-2", PublishOutcome::Confirmed, ms);
+        let text = m.render();
+        assert!(text.contains("acemq_publish_total{exchange=\"orders\",outcome=\"confirmed\"} 1"), "{text}");
+        assert!(text.contains("acemq_publish_total{exchange=\"\",outcome=\"confirmed\"} 1"), "{text}");
+        assert!(text.contains("acemq_publish_total{exchange=\"(unconfigured)\",outcome=\"confirmed\"} 2"), "{text}");
+        assert!(!text.contains("chosen-by-a-producer"), "{text}");
+    }
 
     #[test]
     fn publishes_are_counted_by_exchange_and_outcome() {
