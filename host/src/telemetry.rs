@@ -697,9 +697,20 @@ mod tests {
         m.published("chosen-by-a-producer-1", PublishOutcome::Confirmed, ms);
         m.published("chosen-by-a-producer-2", PublishOutcome::Confirmed, ms);
         let text = m.render();
-        assert!(text.contains("acemq_publish_total{exchange=\"orders\",outcome=\"confirmed\"} 1"), "{text}");
-        assert!(text.contains("acemq_publish_total{exchange=\"\",outcome=\"confirmed\"} 1"), "{text}");
-        assert!(text.contains("acemq_publish_total{exchange=\"(unconfigured)\",outcome=\"confirmed\"} 2"), "{text}");
+        assert!(
+            text.contains("acemq_publish_total{exchange=\"orders\",outcome=\"confirmed\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("acemq_publish_total{exchange=\"\",outcome=\"confirmed\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "acemq_publish_total{exchange=\"(unconfigured)\",outcome=\"confirmed\"} 2"
+            ),
+            "{text}"
+        );
         assert!(!text.contains("chosen-by-a-producer"), "{text}");
     }
 
