@@ -236,6 +236,12 @@ pub fn render(report: &RunReport) -> String {
     for (n, output) in outputs.iter().enumerate() {
         out.push_str(&render_output(n + 1, output));
     }
+    if let PluginRun::Decided {
+        reply: Some(reply), ..
+    } = &report.run
+    {
+        out.push_str(&render_reply(reply));
+    }
     out.push_str(&format!("logs: {}\n", report.logs.len()));
     for line in &report.logs {
         out.push_str(&format!("  {:<5} {}\n", line.level, line.text));
@@ -248,6 +254,32 @@ pub fn render(report: &RunReport) -> String {
     match report.run.fuel() {
         Some(fuel) => out.push_str(&format!("fuel: {fuel}\n")),
         None => out.push_str("fuel: -\n"),
+    }
+    out
+}
+
+/// The reply the call buffered: sent to the request's reply queue, with the
+/// request's correlation, when the handler accepts.
+fn render_reply(reply: &crate::envelope::Reply) -> String {
+    let mut out = format!(
+        "reply: {} bytes{} (sent to the request's reply queue on accept)\n",
+        reply.body.len(),
+        reply
+            .content_type
+            .as_deref()
+            .map(|c| format!(", {c}"))
+            .unwrap_or_default()
+    );
+    let id = reply
+        .id
+        .as_deref()
+        .unwrap_or("derived from the request's id");
+    out.push_str(&format!("     id: {id}\n"));
+    if let Some(message_type) = &reply.message_type {
+        out.push_str(&format!("     type: {message_type}\n"));
+    }
+    if let Some(version) = reply.version {
+        out.push_str(&format!("     version: {version}\n"));
     }
     out
 }
@@ -455,6 +487,33 @@ mod tests {
             "INFO  5 bytes",
             "time: 0.250 ms",
             "fuel: 1234",
+        ] {
+            assert!(text.contains(expected), "{expected}: {text}");
+        }
+    }
+
+    #[test]
+    fn the_report_shows_the_reply_a_call_buffered() {
+        let answered = report(PluginRun::Decided {
+            outcome: Outcome::Accept,
+            outputs: Vec::new(),
+            version: Arc::from("abc"),
+            fuel: None,
+            reply: Some(crate::envelope::Reply {
+                body: br#"{"echo":"hi"}"#.to_vec(),
+                content_type: Some("application/json".into()),
+                headers: Vec::new(),
+                id: None,
+                message_type: Some("echo.reply".into()),
+                version: None,
+            }),
+        });
+        let text = render(&answered);
+        for expected in [
+            "outputs: 0",
+            "reply: 13 bytes, application/json (sent to the request's reply queue on accept)",
+            "id: derived from the request's id",
+            "type: echo.reply",
         ] {
             assert!(text.contains(expected), "{expected}: {text}");
         }
