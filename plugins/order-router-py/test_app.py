@@ -1,138 +1,29 @@
 """The Rust plugin's tests, against app.py under plain CPython.
 
 `python3 -m unittest test_app` here (plugins/order-router-py). The `wit_world` bindings are faked in
-memory (the real ones exist only inside the component), so this tests the
-decisions and texts, not the build.
+memory by plugins/python-testing/fake_wit.py (the real ones exist only inside the component), so this
+tests the decisions and texts, not the build.
 """
 
 import json
 import sys
-import types as pytypes
 import unittest
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
+here = Path(__file__).resolve().parent
+sys.path.insert(0, str(here.parent / "python-testing"))
+import fake_wit  # noqa: E402
 
-def _fake_bindings():
-    class Err(Exception):
-        def __init__(self, value):
-            super().__init__(value)
-            self.value = value
-
-    @dataclass
-    class EnvelopeFields:
-        id: object
-        message_type: object
-        version: object
-        correlation_id: object
-        causation_id: object
-
-    @dataclass
-    class Outgoing:
-        exchange: str
-        routing_key: str
-        body: bytes
-        content_type: object
-        headers: list
-        envelope: EnvelopeFields
-        persistent: bool
-        mandatory: object
-        deliver_at_ms: object
-
-    @dataclass
-    class Sent:
-        id: str
-        correlation_id: str
-
-    @dataclass
-    class Outcome_Accept:
-        pass
-
-    @dataclass
-    class Outcome_Retry:
-        value: str
-
-    @dataclass
-    class Outcome_Reject:
-        value: str
-
-    class Level(Enum):
-        TRACE = 0
-        DEBUG = 1
-        INFO = 2
-        WARN = 3
-        ERROR = 4
-
-    cpt = pytypes.ModuleType("componentize_py_types")
-    cpt.Err = Err
-    wt = pytypes.ModuleType("wit_world")
-    exports = pytypes.ModuleType("wit_world.exports")
-    exports.Handler = object
-    imports = pytypes.ModuleType("wit_world.imports")
-    host = pytypes.ModuleType("wit_world.imports.host")
-    host.Level = Level
-    wtypes = pytypes.ModuleType("wit_world.imports.types")
-    wtypes.Message = object
-    wtypes.Outcome = object
-    wtypes.Outgoing = Outgoing
-    wtypes.EnvelopeFields = EnvelopeFields
-    wtypes.Sent = Sent
-    wtypes.Outcome_Accept = Outcome_Accept
-    wtypes.Outcome_Retry = Outcome_Retry
-    wtypes.Outcome_Reject = Outcome_Reject
-    imports.host, imports.types = host, wtypes
-    wt.exports, wt.imports = exports, imports
-    sys.modules.update({
-        "componentize_py_types": cpt, "wit_world": wt,
-        "wit_world.exports": exports, "wit_world.imports": imports,
-        "wit_world.imports.host": host, "wit_world.imports.types": wtypes,
-    })
-    return host, wtypes, Err
-
-
-host, wtypes, Err = _fake_bindings()
-sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
+host, wtypes, Err = fake_wit.install()
+sys.path.insert(0, str(here / "src"))
 import app  # noqa: E402
 
 
-class Message:
-    def __init__(self, body):
-        self._body = body.encode()
-        self.released = False
-
-    def body(self):
-        return self._body
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.released = True
-
-
-class TestHost:
-    """What the host did for one handle call."""
-
-    def __init__(self, config=None, now_ms=0, publish_to=None):
-        self.config, self.now, self.publish_to = config or {}, now_ms, publish_to
-        self.logs, self.published = [], []
-        host.log = lambda level, text: self.logs.append((level, text))
-        host.config = self.config.get
-        host.now_ms = lambda: self.now
-        host.publish = self._publish
-
-    def _publish(self, out):
-        if self.publish_to is not None and out.exchange not in self.publish_to:
-            raise Err(f"exchange `{out.exchange}` is not in this consumer's publish_to")
-        self.published.append(out)
-        return wtypes.Sent(id=f"sent-{len(self.published)}", correlation_id="test-correlation-1")
+class TestHost(fake_wit.FakeHost):
+    """What the host did for one handle call of the order router."""
 
     def route(self, body):
-        msg = Message(body)
-        outcome = app.Handler().handle(msg)
-        assert msg.released
-        return outcome
+        return self.handle(app.Handler(), fake_wit.message(body))
 
 
 L = host.Level

@@ -218,10 +218,13 @@ def install():
 class FakeHost:
     """Answers the `host` functions for one test and records what the
     handler did: `logs` [(level, text)], `published` [Outgoing], `replies`
-    [(OutgoingReply, reply queue or None)]."""
+    [(OutgoingReply, reply queue or None)]. A `publish_to` list refuses
+    publishes to any other exchange, as the consumer's setting does."""
 
-    def __init__(self, config=None, now_ms=1_700_000_000_000):
+    def __init__(self, config=None, now_ms=1_700_000_000_000, publish_to=None):
         self.config, self.now = dict(config or {}), now_ms
+        # The consumer's `publish_to`; None allows every exchange.
+        self.publish_to = publish_to
         self.logs, self.published, self.replies = [], [], []
         self._input = Envelope()
         self._reply_to = None
@@ -247,6 +250,8 @@ class FakeHost:
         return Sent(id=fields.id or f"{self._input.id}/{slot}", correlation_id=correlation)
 
     def _publish(self, out):
+        if self.publish_to is not None and out.exchange not in self.publish_to:
+            raise Err(f"exchange `{out.exchange}` is not in this consumer's publish_to")
         self.published.append(out)
         return self._sent(out.envelope, f"output-{len(self.published) - 1}")
 
