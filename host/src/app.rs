@@ -18,7 +18,7 @@ use crate::broker::{
     Addresses, Board, Link, OnConnected, OneOff, PublishLink, PublishSettings, Recovery,
     SubscriptionEnv, SubscriptionSpec, Tls, resubscribe,
 };
-use crate::config::{ConsumerConfig, LoadedConfig};
+use crate::config::{ConsumerConfig, LoadedConfig, SchedulerConfig};
 use crate::delivery::{self, ConsumerRules, Pipeline};
 use crate::plugin::capacity::{self, ConsumerDemand};
 use crate::plugin::swap::{PluginSpec, Reloader};
@@ -27,6 +27,7 @@ use crate::plugin::{
     PluginEngine,
 };
 use crate::retry::RetryPolicy;
+use crate::scheduler::control::Control;
 use crate::telemetry::{Metrics, PluginVersionLabels};
 use crate::topology::{self, Topology};
 
@@ -275,7 +276,7 @@ fn prepare_consumer(
 ) -> anyhow::Result<PreparedConsumer> {
     let queue = consumer.queue.get_ref().clone();
     let policy = retry_policy(config, index, consumer)?;
-    let context = consumer_context(consumer);
+    let context = consumer_context(consumer, &config.config.scheduler);
     let stream = stream_position(config, topology, index, consumer)?;
     let is_stream = stream.is_some();
     let plugin_path = config.resolve(consumer.plugin.get_ref());
@@ -373,11 +374,15 @@ fn stream_position(
 
 /// What a consumer's handler may see and do: its queue, its config table,
 /// the exchanges it may publish to, its limits.
-pub fn consumer_context(consumer: &ConsumerConfig) -> Arc<ConsumerContext> {
+pub fn consumer_context(
+    consumer: &ConsumerConfig,
+    scheduler: &SchedulerConfig,
+) -> Arc<ConsumerContext> {
     Arc::new(ConsumerContext {
         queue: consumer.queue.get_ref().clone(),
         config: consumer.config.clone(),
         publish_to: consumer.publish_to.iter().cloned().collect::<BTreeSet<_>>(),
+        delayed: consumer.publish_delayed.then_some(scheduler.max_delay),
         limits: Limits {
             deadline: consumer.deadline,
             max_memory_bytes: consumer.max_memory_bytes,
@@ -539,7 +544,26 @@ pub async fn run(
         drain_timeout: config.config.host.drain_timeout,
         board,
     };
-    let (running, savers) = start_consumers(consumers, &links, &shared, env, &links_stop);
+    let scheduler = config.config.scheduler_enabled().then(|| {
+        Arc::new(Control::new(
+            shared.publish_link.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        ))
+    });
+    let (mut running, savers) =
+        start_consumers(consumers, &links, &shared, env.clone(), &links_stop);
+    if let Some(control) = scheduler {
+        // The scheduler's control consumer, kept subscribed like any
+        // consumer (and drained with them at shutdown).
+        running.spawn(resubscribe::keep_subscribed(
+            links.consume.clone(),
+            Control::subscription(),
+            env,
+            links.apply_topology.clone(),
+            move |received| control.clone().handle(received),
+        ));
+    }
     let reloads = serve(running, &reloader, &config, &shutdown).await;
     let background = supervisors.into_iter().chain(savers).collect();
     shut_down(reloads, admin, &links, links_stop, background, &tracer).await;

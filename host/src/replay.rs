@@ -208,7 +208,7 @@ impl Plugins {
         request: &ReplayRequest,
     ) -> anyhow::Result<Self> {
         let engine = PluginEngine::new(crate::app::engine_settings(config))?;
-        let context = crate::app::consumer_context(consumer);
+        let context = crate::app::consumer_context(consumer, &config.config.scheduler);
         let candidate = HandlerSlot::new(HandlerVersion::load(
             &engine,
             &request.candidate,

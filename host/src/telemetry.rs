@@ -61,6 +61,16 @@ pub struct QueueRung {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RungLabel {
+    pub rung: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueueLabel {
     pub queue: String,
 }
@@ -105,6 +115,38 @@ pub struct PublishLabels {
 pub struct ConnectionLabel {
     /// consume or publish.
     pub connection: String,
+}
+
+/// The scheduler's series; see [`Metrics::declare_scheduler`] for each.
+#[derive(Clone)]
+pub struct SchedulerMetrics {
+    pub scheduled: Family<QueueLabel, Counter>,
+    pub hops: Family<RungLabel, Counter>,
+    pub delivered: Counter,
+    pub lateness: Histogram,
+    pub refused: Family<ReasonLabel, Counter>,
+    pub undeliverable: Family<ReasonLabel, Counter>,
+    /// Set at scrape time from [`crate::scheduler::control::Overdue`].
+    pub oldest_overdue_seconds: Gauge<f64, AtomicU64>,
+    pub overdue: std::sync::Arc<crate::scheduler::control::Overdue>,
+}
+
+impl Default for SchedulerMetrics {
+    fn default() -> Self {
+        Self {
+            scheduled: Family::default(),
+            hops: Family::default(),
+            delivered: Counter::default(),
+            // The contract's resolution is a second: buckets from a
+            // millisecond (a hold that ended on time) to a minute (a
+            // control consumer that was down).
+            lateness: seconds_histogram(),
+            refused: Family::default(),
+            undeliverable: Family::default(),
+            oldest_overdue_seconds: Gauge::default(),
+            overdue: std::sync::Arc::default(),
+        }
+    }
 }
 
 /// A family of histograms, each made with the buckets of its kind.
@@ -215,6 +257,8 @@ pub struct Metrics {
     /// Stream checkpoint reads and saves that failed (a consumer that
     /// cannot read its checkpoint does not start), per consumer queue.
     pub stream_checkpoint_failures: Family<QueueLabel, Counter>,
+    /// The scheduler's series (`crate::scheduler`).
+    pub scheduler: SchedulerMetrics,
     /// When each blocked connection was blocked.
     blocked_since: Mutex<HashMap<String, Instant>>,
     /// `publish_total`'s series by exchange and outcome, found without
@@ -329,6 +373,7 @@ impl Metrics {
             metrics.declare_publish(&mut declare);
             metrics.declare_connection(&mut declare);
             metrics.declare_stream(&mut declare);
+            metrics.declare_scheduler(&mut declare);
             metrics.declare_scraped(&mut declare);
         }
         metrics.sample_names = sample_names;
@@ -366,6 +411,7 @@ impl Metrics {
             stream_lag: Family::default(),
             stream_checkpoint_age_seconds: Family::default(),
             stream_checkpoint_failures: Family::default(),
+            scheduler: SchedulerMetrics::default(),
             blocked_since: Mutex::new(HashMap::new()),
             publish_series: Mutex::new(HashMap::new()),
             labelled_exchanges: std::sync::RwLock::new(None),
@@ -544,6 +590,55 @@ impl Metrics {
             "Stream checkpoint reads and saves that failed",
             &["queue"],
             self.stream_checkpoint_failures.clone(),
+        );
+    }
+
+    /// The scheduler: what plugins scheduled, and what its control consumer
+    /// did with each message it read.
+    fn declare_scheduler(&self, declare: &mut Declare<'_>) {
+        let s = &self.scheduler;
+        declare.register(
+            "acemq_scheduler_scheduled",
+            "Delayed outputs confirmed into the scheduler, by the consumer that published them",
+            &["queue"],
+            s.scheduled.clone(),
+        );
+        declare.register(
+            "acemq_scheduler_hops",
+            "Scheduled messages sent down to their next rung, by rung",
+            &["rung"],
+            s.hops.clone(),
+        );
+        declare.register(
+            "acemq_scheduler_delivered",
+            "Scheduled messages published to their final exchange",
+            &[],
+            s.delivered.clone(),
+        );
+        declare.register_with_unit(
+            "acemq_scheduler_lateness",
+            "How long after its due time each scheduled message was delivered",
+            Unit::Seconds,
+            &[],
+            s.lateness.clone(),
+        );
+        declare.register(
+            "acemq_scheduler_refused",
+            "Messages on the control queue rejected, by reason (missing_header, invalid_header)",
+            &["reason"],
+            s.refused.clone(),
+        );
+        declare.register(
+            "acemq_scheduler_undeliverable",
+            "Final publishes that failed (the message waits 10 s and is tried again), by reason",
+            &["reason"],
+            s.undeliverable.clone(),
+        );
+        declare.register(
+            "acemq_scheduler_oldest_overdue_seconds",
+            "How long the most overdue message this host is trying to deliver is past its due time (0 when none)",
+            &[],
+            s.oldest_overdue_seconds.clone(),
         );
     }
 

@@ -413,6 +413,13 @@ impl Admin {
             ("/health", &Method::GET) => self.health(),
             ("/metrics", &Method::GET) => {
                 // Ages are measured now, not when something last changed.
+                let scheduler = &self.metrics.scheduler;
+                scheduler.oldest_overdue_seconds.set(
+                    scheduler
+                        .overdue
+                        .oldest(std::time::SystemTime::now())
+                        .map_or(0.0, |d| d.as_secs_f64()),
+                );
                 for (queue, age) in self.board.oldest_unsettled() {
                     self.metrics
                         .oldest_unacked_seconds

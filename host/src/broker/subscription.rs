@@ -258,6 +258,22 @@ impl Receipt {
         requeue(&self.acker, &self.acks, self.tag).await;
     }
 
+    /// Refuses the delivery for good (`basic.reject`, no requeue): the
+    /// broker dead-letters it where its queue says, or drops it. Only for
+    /// a message that can never be handled (the scheduler's, missing the
+    /// headers that say where it goes).
+    pub async fn reject(&self) {
+        self.settled.store(true, Ordering::Relaxed);
+        let options = BasicNackOptions {
+            multiple: false,
+            requeue: false,
+        };
+        if let Err(e) = self.acker.nack(options).await {
+            tracing::warn!(delivery_tag = self.tag, error = %e, "reject failed; the broker will redeliver");
+        }
+        self.acks.forget(self.tag);
+    }
+
     /// Whether it came from a stream.
     pub fn is_stream(&self) -> bool {
         self.read_again.is_some()

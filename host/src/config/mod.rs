@@ -45,6 +45,42 @@ pub struct Config {
     pub codecs: Vec<CodecConfig>,
     #[serde(default)]
     pub tracing: TracingConfig,
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+}
+
+/// `[scheduler]`: the AceMQ scheduler (delayed publishing), which the host
+/// declares and whose control consumer it runs. See `crate::scheduler`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    /// Declare the scheduler's topology and run its control consumer. When
+    /// unset: on exactly when some consumer has `publish_delayed = true`.
+    pub enabled: Option<Spanned<bool>>,
+    /// The longest delay a plugin may ask for (`deliver-at-ms` this far
+    /// ahead at most).
+    #[serde(default = "defaults::max_delay", with = "humantime_serde")]
+    pub max_delay: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            enabled: None,
+            max_delay: defaults::max_delay(),
+        }
+    }
+}
+
+impl Config {
+    /// Whether the host runs the scheduler: as `[scheduler] enabled` says,
+    /// else when a consumer may publish delayed.
+    pub fn scheduler_enabled(&self) -> bool {
+        match &self.scheduler.enabled {
+            Some(enabled) => *enabled.get_ref(),
+            None => self.consumers.iter().any(|c| c.publish_delayed),
+        }
+    }
 }
 
 /// `[tracing]`: where spans are exported. The propagation of `traceparent`
@@ -359,6 +395,11 @@ pub struct ConsumerConfig {
     /// Exchanges the plugin may publish to.
     #[serde(default)]
     pub publish_to: Vec<String>,
+    /// Whether the plugin may publish for later (`deliver-at-ms`), through
+    /// the scheduler; turns the scheduler on unless `[scheduler] enabled`
+    /// says otherwise (which is then refused).
+    #[serde(default)]
+    pub publish_delayed: bool,
     #[serde(default)]
     pub isolation: Isolation,
     /// Wall-clock limit of one handler call.
@@ -504,6 +545,11 @@ mod defaults {
     }
     pub fn max_memory_bytes() -> u64 {
         64 << 20
+    }
+    pub fn max_delay() -> Duration {
+        // A month: far beyond "remind me tomorrow", short enough that a
+        // due time a producer got wrong by years is refused, not kept.
+        Duration::from_secs(30 * 24 * 3600)
     }
     pub fn max_body_bytes() -> usize {
         // Generous: far above any message a handler is meant for, yet a
@@ -789,6 +835,7 @@ impl LoadedConfig {
             }
         }
         found.extend(self.shared_consumer_names());
+        found.extend(self.delayed_without_scheduler());
         for (i, queue) in c.queues.iter().enumerate() {
             if let Some(name) = &queue.retry
                 && !c.retry.contains_key(name.get_ref())
@@ -834,6 +881,37 @@ impl LoadedConfig {
                     "consumers[{i}].consumer_name: '{name}' is already the name of consumers[{first}]{first_line}; two consumers of one name would each read the whole stream and overwrite each other's checkpoint: give each its own consumer_name"
                 ),
             });
+        }
+        found
+    }
+
+    /// `[scheduler]` against the consumers: a `max_delay` of 0, and consumers
+    /// that may publish delayed while `enabled = false` (their delayed
+    /// outputs would wait in rungs nobody here declared).
+    fn delayed_without_scheduler(&self) -> Vec<ConfigError> {
+        let c = &self.config;
+        let mut found = Vec::new();
+        if c.scheduler.max_delay.is_zero() {
+            found.push(self.error_at(
+                None,
+                "scheduler.max_delay: must be more than 0: no delayed publish could be accepted",
+            ));
+        }
+        let Some(enabled) = c.scheduler.enabled.as_ref().filter(|e| !*e.get_ref()) else {
+            return found;
+        };
+        for (i, consumer) in c.consumers.iter().enumerate() {
+            if consumer.publish_delayed {
+                found.push(self.error_at(
+                    Some(enabled.span().start),
+                    format!(
+                        "consumers[{i}].publish_delayed: the consumer of '{}' may publish delayed, but [scheduler] enabled = false: \
+                         its delayed messages go through the scheduler this host would not declare or run. \
+                         Remove enabled = false, or publish_delayed",
+                        consumer.queue.get_ref()
+                    ),
+                ));
+            }
         }
         found
     }
@@ -1085,6 +1163,41 @@ mod tests {
         assert!(
             err.message.contains("no retry policy named 'fast'"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn the_scheduler_is_on_when_a_consumer_may_publish_delayed_unless_refused() {
+        let consumer =
+            "[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\npublish_delayed = true\n";
+        let loaded = parse(consumer).unwrap();
+        assert!(loaded.config.scheduler_enabled());
+        assert_eq!(
+            loaded.config.scheduler.max_delay,
+            Duration::from_secs(30 * 24 * 3600)
+        );
+        let plain = "[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\n";
+        assert!(!parse(plain).unwrap().config.scheduler_enabled());
+        let asked = parse(&format!(
+            "[scheduler]\nenabled = true\nmax_delay = \"2h\"\n\n{plain}"
+        ))
+        .unwrap();
+        assert!(asked.config.scheduler_enabled());
+        assert_eq!(asked.config.scheduler.max_delay, Duration::from_secs(7200));
+
+        let refused = parse(&format!("[scheduler]\nenabled = false\n\n{consumer}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.starts_with("host.toml:2: consumers[0].publish_delayed: the consumer of 'q' may publish delayed, but [scheduler] enabled = false"),
+            "{refused}"
+        );
+        let zero = parse(&format!("[scheduler]\nmax_delay = \"0s\"\n\n{consumer}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            zero.contains("scheduler.max_delay: must be more than 0"),
+            "{zero}"
         );
     }
 

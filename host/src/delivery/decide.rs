@@ -627,6 +627,7 @@ mod tests {
             )),
             persistent: true,
             mandatory: None,
+            deliver_at_ms: None,
         };
         let run = PluginRun::Decided {
             outcome: Outcome::Accept,

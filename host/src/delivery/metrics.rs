@@ -32,6 +32,7 @@ pub struct ConsumerMetrics {
     retried: [OnceLock<Counter>; RetryPlace::ALL.len()],
     set_aside: SetAsideSeries,
     fuel: OnceLock<Counter>,
+    scheduled: OnceLock<Counter>,
     /// The series of the plugin version that made the last call: a swap
     /// changes it once, every other call finds it here.
     calls: Mutex<Option<VersionSeries>>,
@@ -87,6 +88,7 @@ impl ConsumerMetrics {
             retried: Default::default(),
             set_aside: Default::default(),
             fuel: OnceLock::new(),
+            scheduled: OnceLock::new(),
             calls: Mutex::new(None),
         }
     }
@@ -158,6 +160,22 @@ impl ConsumerMetrics {
                 fault: kind.label().to_string(),
             })
             .inc();
+    }
+
+    /// Counts `count` delayed outputs confirmed into the scheduler.
+    pub fn scheduled(&self, count: usize) {
+        if count == 0 {
+            return;
+        }
+        self.scheduled
+            .get_or_init(|| {
+                self.metrics
+                    .scheduler
+                    .scheduled
+                    .get_or_create(&self.label())
+                    .clone()
+            })
+            .inc_by(count as u64);
     }
 
     /// Counts one handler call that `version` made, how long it took and

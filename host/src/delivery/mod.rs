@@ -393,6 +393,7 @@ impl Pipeline {
             receipt,
             body,
             shutdown: &self.shutdown,
+            metrics: &self.metrics,
         };
         let subject = Subject {
             queue: &self.queue,
@@ -524,6 +525,7 @@ struct OnBroker<'a> {
     /// The delivery's body, for republishes.
     body: &'a Bytes,
     shutdown: &'a CancellationToken,
+    metrics: &'a ConsumerMetrics,
 }
 
 impl OnBroker<'_> {
@@ -668,7 +670,15 @@ impl BrokerPort for OnBroker<'_> {
         if outputs.is_empty() {
             return Ok(());
         }
-        self.publish_holding(outputs).await
+        self.publish_holding(outputs).await?;
+        // Delayed outputs go to the scheduler's exchange (see
+        // `settle::output_publication`); nothing else of a handler does.
+        let scheduled = outputs
+            .iter()
+            .filter(|o| o.exchange == crate::scheduler::EXCHANGE)
+            .count();
+        self.metrics.scheduled(scheduled);
+        Ok(())
     }
 
     async fn republish(

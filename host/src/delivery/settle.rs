@@ -23,6 +23,7 @@ use crate::broker::publisher::{Publication, PublishError, PublishOutcome};
 use crate::envelope::{self, Envelope, Reply};
 use crate::plugin::Outgoing;
 use crate::retry::RetryPolicy;
+use crate::scheduler;
 use crate::trace::{DeliveryTrace, Published, TraceParent};
 
 /// What carrying out a settlement needs from the broker (and the clock).
@@ -611,19 +612,31 @@ fn output_publication(
     )
     .map_err(|e| e.to_string())?;
     let properties = subject.trace.stamp(properties, span);
-    envelope::check_frame(&properties, frame_max).map_err(|e| {
-        format!(
-            "the output to exchange '{}' with key '{}' cannot be published: {e}",
-            output.exchange, output.routing_key
-        )
-    })?;
-    Ok(Publication {
+    let publication = Publication {
         exchange: output.exchange,
         routing_key: output.routing_key,
         body: bytes::Bytes::from(output.body),
         properties,
         mandatory: output.mandatory.unwrap_or(subject.mandatory_outputs),
-    })
+    };
+    let too_large = |e: envelope::FrameTooSmall, publication: &Publication| {
+        format!(
+            "the output to exchange '{}' with key '{}' cannot be published: {e}",
+            publication.exchange, publication.routing_key
+        )
+    };
+    // For later: the same message, sent through the scheduler (its final
+    // delivery is mandatory, as every scheduler publish is). The frame is
+    // checked with the scheduler's headers on.
+    if let Some(due_at_ms) = output.deliver_at_ms {
+        let scheduled = scheduler::wire::scheduled(publication.clone(), due_at_ms, now_ms);
+        envelope::check_frame(&scheduled.properties, frame_max)
+            .map_err(|e| too_large(e, &publication))?;
+        return Ok(scheduled);
+    }
+    envelope::check_frame(&publication.properties, frame_max)
+        .map_err(|e| too_large(e, &publication))?;
+    Ok(publication)
 }
 
 #[cfg(test)]
@@ -793,6 +806,7 @@ mod tests {
             envelope: envelope::OutputFields::with_id(uuid::Uuid::new_v4().to_string()),
             persistent: true,
             mandatory: None,
+            deliver_at_ms: None,
         }
     }
 

@@ -7,7 +7,7 @@ use lapin::types::{AMQPValue, LongString, ShortString};
 
 /// Every string this host writes into a header table is a long string (see
 /// [`HeaderValue::to_amqp`] for why); plugin headers and the envelope share it.
-pub(super) fn long_string(value: &str) -> AMQPValue {
+pub(crate) fn long_string(value: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(value))
 }
 
@@ -18,7 +18,7 @@ pub(super) fn short_string(value: &str) -> Option<ShortString> {
 }
 
 /// The value of an AMQP integer type, `None` for every other type.
-pub(super) fn integer_value(value: &AMQPValue) -> Option<i128> {
+pub(crate) fn integer_value(value: &AMQPValue) -> Option<i128> {
     Some(match *value {
         AMQPValue::ShortShortInt(n) => n.into(),
         AMQPValue::ShortShortUInt(n) => n.into(),

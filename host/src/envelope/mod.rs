@@ -65,6 +65,7 @@ mod slip;
 #[cfg(test)]
 mod test_support;
 
+pub(crate) use amqp::{integer_value, long_string};
 pub use bounds::{
     FrameTooSmall, HEADER_FRAME_OVERHEAD, MAX_REASON_BYTES, bound_reason, check_frame,
     header_frame_size, set_aside_within_frame, truncate_middle,

@@ -137,6 +137,9 @@ pub struct ConsumerContext {
     pub config: BTreeMap<String, String>,
     /// Exchanges `publish` may target (`publish_to`).
     pub publish_to: BTreeSet<String>,
+    /// The longest delay its plugin may publish with (`deliver-at-ms`);
+    /// `None`: it may not publish delayed (`publish_delayed` unset).
+    pub delayed: Option<Duration>,
     pub limits: Limits,
 }
 
@@ -180,6 +183,8 @@ pub struct Outgoing {
     pub persistent: bool,
     /// Must reach a queue; `None` follows the consumer's setting.
     pub mandatory: Option<bool>,
+    /// Delivered through the scheduler at this time (epoch ms), not now.
+    pub deliver_at_ms: Option<u64>,
 }
 
 /// What the handler decided, in the host's terms: the WIT's `outcome`,

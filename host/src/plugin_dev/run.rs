@@ -139,6 +139,9 @@ pub fn run(request: &RunRequest) -> Result<RunReport, Failure> {
         queue: QUEUE.to_string(),
         config: request.config.iter().cloned().collect::<BTreeMap<_, _>>(),
         publish_to: request.publish_to.iter().cloned().collect::<BTreeSet<_>>(),
+        // A trial run may try delayed publishing: the report shows when
+        // each output would be delivered.
+        delayed: Some(crate::config::SchedulerConfig::default().max_delay),
         limits: Limits {
             deadline: request.deadline,
             ..Limits::default()
@@ -471,6 +474,7 @@ mod tests {
                 ),
                 persistent: true,
                 mandatory: None,
+                deliver_at_ms: None,
             }],
             version: Arc::from("abc"),
             fuel: Some(1234),

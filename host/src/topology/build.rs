@@ -25,6 +25,7 @@ use super::plan;
 use super::validate::{self, Entry, Problems};
 use crate::config::{BindingConfig, Config, ConsumerConfig, ExchangeConfig, QueueConfig};
 use crate::retry::RetryPolicy;
+use crate::scheduler;
 
 impl Topology {
     /// Everything the config declares, both halves, in declaration order; or
@@ -58,6 +59,12 @@ impl Topology {
             builder.problems.reading(item("consumers", index));
             builder.consumer(consumer);
         }
+        builder
+            .problems
+            .reading(Some(Entry::Table("scheduler".into())));
+        if config.scheduler_enabled() {
+            builder.scheduler_half();
+        }
         builder.problems.reading(None);
         builder.finish(&origins)
     }
@@ -88,7 +95,7 @@ pub(crate) fn rung_queue(
 /// A queue AceMQ keeps messages in for it (`.dlq`, `.parked`, rungs):
 /// durable and classic, so it never depends on the broker's quorum support
 /// and never dead-letters by itself.
-fn holding_queue(name: String, by: DeclaredBy) -> QueueDecl {
+pub(crate) fn holding_queue(name: String, by: DeclaredBy) -> QueueDecl {
     QueueDecl {
         name,
         queue_type: QueueType::Classic,
@@ -543,6 +550,28 @@ impl<'a> Builder<'a> {
             arguments: Arguments::new(),
             declared_by: by,
         });
+    }
+
+    // ---- the scheduler, when the host runs it ----
+
+    /// `acemq.schedule` (direct), its five rungs and control queue, each
+    /// bound on its own name (contract §11): the scheduler's topology,
+    /// declared here as a deployment's topology step declares it in every
+    /// library (their control consumers declare nothing).
+    fn scheduler_half(&mut self) {
+        let by = DeclaredBy::Topology;
+        self.add_exchange(managed_exchange(scheduler::EXCHANGE, by));
+        for queue in scheduler::topology_queues() {
+            let name = queue.name.clone();
+            self.add_queue(queue);
+            self.add_binding(BindingDecl {
+                queue: name.clone(),
+                exchange: scheduler::EXCHANGE.to_string(),
+                routing_key: name,
+                arguments: Arguments::new(),
+                declared_by: by,
+            });
+        }
     }
 
     // ---- helpers ----

@@ -10,6 +10,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::super::bindings::handler_world::acemq::plugin::types;
 use super::super::{ConsumerContext, Input, Outgoing};
@@ -17,9 +18,10 @@ use super::HostInterface;
 use super::message::from_wit;
 use crate::envelope::{self, ChosenFields, HeaderValue, check_length};
 
-/// What a publish with `deliver-at-ms` answers in this host.
-pub const DELAYED_NOT_AVAILABLE: &str = "delayed publishing (deliver-at-ms) is not available \
-     in this host yet: leave deliver-at-ms unset to publish when the handler accepts";
+/// What a publish with `deliver-at-ms` answers when its consumer may not
+/// publish delayed.
+pub const DELAYED_NOT_ALLOWED: &str = "delayed publishing (deliver-at-ms) is not allowed for \
+     this consumer: set publish_delayed = true in its [[consumers]] entry";
 
 /// One instance's publishing: what its current call buffered.
 pub struct Publishing {
@@ -48,6 +50,20 @@ impl HostInterface for Publishing {
             ids: HashSet::new(),
             refused: None,
         }
+    }
+}
+
+/// A delayed output's headers may not name the scheduler's own: they say
+/// where and when it goes, and the host writes them.
+fn check_no_schedule_headers(headers: &[(String, HeaderValue)]) -> Result<(), String> {
+    match headers
+        .iter()
+        .find(|(name, _)| name.starts_with(crate::scheduler::header::PREFIX))
+    {
+        Some((name, _)) => Err(format!(
+            "the header '{name}' is the scheduler's (x-schedule-* headers say where and when a delayed message goes, and the host writes them)"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -103,8 +119,8 @@ impl Publishing {
         };
         check_lengths(&msg)?;
         self.check_allowed(&msg.exchange)?;
-        if msg.deliver_at_ms.is_some() {
-            return Err(DELAYED_NOT_AVAILABLE.to_string());
+        if let Some(due_at_ms) = msg.deliver_at_ms {
+            self.check_delay(due_at_ms)?;
         }
         let chosen = chosen_fields(msg.envelope);
         chosen.check()?;
@@ -114,6 +130,9 @@ impl Publishing {
             .map(|(k, v)| (k, from_wit(v)))
             .collect();
         envelope::check_plugin_headers(&headers).map_err(|e| e.to_string())?;
+        if msg.deliver_at_ms.is_some() {
+            check_no_schedule_headers(&headers)?;
+        }
         let limits = &self.context.limits;
         if self.outputs.len() >= limits.max_outputs {
             return Err(format!(
@@ -158,8 +177,26 @@ impl Publishing {
             envelope: chosen.with_id(id),
             persistent: msg.persistent,
             mandatory: msg.mandatory,
+            deliver_at_ms: msg.deliver_at_ms,
         });
         Ok(sent)
+    }
+
+    /// Whether this consumer may publish delayed, and `due_at_ms` is within
+    /// its `max_delay` from now.
+    fn check_delay(&self, due_at_ms: u64) -> Result<(), String> {
+        let Some(max_delay) = self.context.delayed else {
+            return Err(DELAYED_NOT_ALLOWED.to_string());
+        };
+        let ahead = Duration::from_millis(due_at_ms.saturating_sub(envelope::now_ms()));
+        if ahead > max_delay {
+            return Err(format!(
+                "deliver-at-ms {due_at_ms} is {} from now, beyond the longest delay this host schedules ([scheduler] max_delay = {})",
+                humantime::format_duration(Duration::from_secs(ahead.as_secs())),
+                humantime::format_duration(max_delay)
+            ));
+        }
+        Ok(())
     }
 
     /// Whether the consumer's `publish_to` lists `exchange`; the first
@@ -360,16 +397,79 @@ mod tests {
         }
     }
 
+    fn delayed(due_at_ms: u64) -> types::Outgoing {
+        types::Outgoing {
+            deliver_at_ms: Some(due_at_ms),
+            ..outgoing(no_fields())
+        }
+    }
+
     #[test]
-    fn delayed_publishing_is_refused_as_not_available_yet() {
+    fn delayed_publishing_needs_publish_delayed() {
         let input = test_input();
         let mut p = publishing();
+        let due = envelope::now_ms() + 60_000;
+        assert_eq!(refusal(&mut p, delayed(due), &input), DELAYED_NOT_ALLOWED);
+        assert!(DELAYED_NOT_ALLOWED.contains("publish_delayed = true"));
+    }
+
+    fn publishing_delayed(max_delay: Duration) -> Publishing {
+        let context = Arc::new(ConsumerContext {
+            publish_to: ["out".to_string()].into(),
+            delayed: Some(max_delay),
+            ..ConsumerContext::default()
+        });
+        Publishing::prepare(&context, &Arc::from(PLUGIN))
+    }
+
+    #[test]
+    fn a_delayed_output_keeps_its_due_time_within_max_delay() {
+        let input = test_input();
+        let mut p = publishing_delayed(Duration::from_secs(3600));
+        let due = envelope::now_ms() + 600_000;
+        p.buffer(delayed(due), Some(&input)).unwrap();
+        // Overdue already: delivered as soon as possible.
+        p.buffer(delayed(1), Some(&input)).unwrap();
+        let (outputs, refused) = p.take();
+        assert_eq!(refused, None);
+        let due_times: Vec<_> = outputs.iter().map(|o| o.deliver_at_ms).collect();
+        assert_eq!(due_times, [Some(due), Some(1)]);
+    }
+
+    #[test]
+    fn a_delay_beyond_max_delay_is_refused_naming_the_limit() {
+        let input = test_input();
+        let mut p = publishing_delayed(Duration::from_secs(3600));
+        let due = envelope::now_ms() + 2 * 3_600_000 + 500;
+        let err = refusal(&mut p, delayed(due), &input);
+        assert!(
+            err.starts_with(&format!("deliver-at-ms {due} is 2h from now")),
+            "{err}"
+        );
+        assert!(
+            err.ends_with(
+                "beyond the longest delay this host schedules ([scheduler] max_delay = 1h)"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_delayed_output_may_not_write_the_schedulers_headers() {
+        let input = test_input();
+        let mut p = publishing_delayed(Duration::from_secs(3600));
         let msg = types::Outgoing {
-            deliver_at_ms: Some(1_800_000_000_000),
-            ..outgoing(no_fields())
+            headers: vec![(
+                "x-schedule-exchange".into(),
+                types::HeaderValue::Text("elsewhere".into()),
+            )],
+            ..delayed(envelope::now_ms() + 5_000)
         };
-        assert_eq!(refusal(&mut p, msg, &input), DELAYED_NOT_AVAILABLE);
-        assert!(DELAYED_NOT_AVAILABLE.starts_with("delayed publishing"));
+        let err = refusal(&mut p, msg, &input);
+        assert!(
+            err.starts_with("the header 'x-schedule-exchange' is the scheduler's"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -137,6 +137,7 @@ mod tests {
             queue: "requests".into(),
             config: Default::default(),
             publish_to: ["out".to_string()].into(),
+            delayed: None,
             limits: Default::default(),
         })
     }
