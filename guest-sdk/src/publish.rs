@@ -1,6 +1,7 @@
 //! Asking the host to publish a message.
 
 use core::fmt;
+use std::time::Duration;
 
 use crate::bindings::wit_types::Outgoing;
 pub use crate::bindings::wit_types::Sent;
@@ -26,6 +27,9 @@ use crate::outgoing::{Parts, shared_builder_methods};
 /// `send` returns the [`Sent`] envelope fields: the id and correlation the
 /// message will carry on the wire. This is the id to log, or to hand on.
 ///
+/// A message can also be published later: [`delay`](Publish::delay) and
+/// [`deliver_at`](Publish::deliver_at) hand it to the AceMQ scheduler.
+///
 /// ```
 /// # use acemq_guest::prelude::*;
 /// # fn f(order_id: &str) -> Result {
@@ -46,6 +50,7 @@ pub fn publish(exchange: impl Into<String>, routing_key: impl Into<String>) -> P
         parts: Parts::default(),
         persistent: true,
         mandatory: None,
+        deliver_at_ms: None,
     }
 }
 
@@ -61,6 +66,7 @@ pub struct Publish {
     parts: Parts,
     persistent: bool,
     mandatory: Option<bool>,
+    deliver_at_ms: Option<u64>,
 }
 
 impl Publish {
@@ -98,6 +104,64 @@ impl Publish {
         self
     }
 
+    /// Delivers the message at `epoch_ms` (the host's wall clock, in
+    /// milliseconds since the Unix epoch, as [`now_ms`](crate::now_ms)
+    /// reads it) instead of now.
+    ///
+    /// When the handler accepts, the host publishes the message to the
+    /// AceMQ scheduler (the `acemq.schedule` exchange and its queues on the
+    /// broker) instead of to `exchange`, and acknowledges the input once the
+    /// broker has confirmed it there: from then on the broker holds it, so a
+    /// host restart loses nothing. At its due time, within about a second,
+    /// the scheduler publishes it to `exchange` with its routing key, body,
+    /// content type, headers and envelope (the same id). A time already past
+    /// delivers it as soon as possible, still through the scheduler.
+    ///
+    /// The host refuses it (and `send` fails) unless the consumer's
+    /// `[[consumers]]` entry has `publish_delayed = true`, and when it is
+    /// further ahead than the host's `[scheduler] max_delay` (30 days unless
+    /// configured). The consumer's `publish_to` must list `exchange`, as for
+    /// any output.
+    ///
+    /// ```
+    /// # use acemq_guest::prelude::*;
+    /// # fn f(due_at_ms: u64) -> Result {
+    /// publish("reminders", "invoice.due")
+    ///     .text("invoice 42 is due")
+    ///     .deliver_at(due_at_ms)
+    ///     .send()?;
+    /// # accept()
+    /// # }
+    /// ```
+    pub fn deliver_at(mut self, epoch_ms: u64) -> Self {
+        self.deliver_at_ms = Some(epoch_ms);
+        self
+    }
+
+    /// Delivers the message `delay` after now: [`deliver_at`](Self::deliver_at)
+    /// the host's [`now_ms`](crate::now_ms) plus `delay` (whole
+    /// milliseconds; a sum past `u64::MAX` stays there, which the host
+    /// refuses as beyond its `max_delay`). See `deliver_at` for what the
+    /// host does and what the consumer needs (`publish_delayed = true`).
+    ///
+    /// ```
+    /// # use acemq_guest::prelude::*;
+    /// # fn f() -> Result {
+    /// use std::time::Duration;
+    ///
+    /// publish("reminders", "call.back")
+    ///     .text("call the customer back")
+    ///     .delay(Duration::from_secs(15 * 60))
+    ///     .send()?;
+    /// # accept()
+    /// # }
+    /// ```
+    pub fn delay(self, delay: Duration) -> Self {
+        let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        let now = crate::now_ms();
+        self.deliver_at(now.saturating_add(delay_ms))
+    }
+
     /// Hands the message to the host's buffer (see [`publish`] for when it is
     /// really sent) and returns the id and correlation it will carry. The
     /// error converts into [`Outcome::Retry`], so `?` ends the handler with
@@ -120,16 +184,14 @@ impl Publish {
             envelope: self.parts.envelope,
             persistent: self.persistent,
             mandatory: self.mandatory,
-            // Delayed publishing belongs to a later contract feature; this
-            // SDK does not offer it yet, and the host refuses it.
-            deliver_at_ms: None,
+            deliver_at_ms: self.deliver_at_ms,
         };
         crate::host::sys::publish(&out).map_err(fail)
     }
 }
 
 /// A publish the host refused (exchange not allowed, reserved header,
-/// refused envelope field), or whose body could not be serialized.
+/// refused envelope field, a delay the consumer may not ask for), or whose body could not be serialized.
 /// Nothing was buffered.
 ///
 /// Converts into [`Outcome::Retry`]: a refusal usually comes from the
@@ -200,6 +262,7 @@ mod tests {
                 .causation_id("cause-1")
                 .transient()
                 .mandatory(false)
+                .deliver_at(testing::DEFAULT_NOW_MS + 60_000)
                 .send()
         });
         let sent = Sent {
@@ -228,8 +291,129 @@ mod tests {
                 },
                 persistent: false,
                 mandatory: Some(false),
-                deliver_at_ms: None,
+                deliver_at_ms: Some(testing::DEFAULT_NOW_MS + 60_000),
             }
+        );
+        assert_eq!(ran.published[0].due_in, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn without_a_due_time_the_message_is_published_now() {
+        let ran = TestHost::new().run(|| publish("ex", "rk").text("now").send());
+        assert!(ran.value.is_ok());
+        assert_eq!(ran.published[0].deliver_at_ms, None);
+        assert_eq!(ran.published[0].due_in, None);
+    }
+
+    #[test]
+    fn delay_counts_from_the_hosts_clock() {
+        let host = TestHost::new().now_ms(1_000);
+        let ran = host.run(|| {
+            publish("ex", "rk")
+                .text("later")
+                .delay(Duration::from_millis(90_500))
+                .send()
+        });
+        assert!(ran.value.is_ok());
+        assert_eq!(ran.published[0].deliver_at_ms, Some(91_500));
+        assert_eq!(ran.published[0].due_in, Some(Duration::from_millis(90_500)));
+
+        // The last call wins, whichever of the two it is.
+        let ran = host.run(|| {
+            publish("ex", "rk")
+                .delay(Duration::from_secs(5))
+                .deliver_at(7_000)
+                .send()
+        });
+        assert_eq!(ran.published[0].deliver_at_ms, Some(7_000));
+        let ran = host.run(|| {
+            publish("ex", "rk")
+                .deliver_at(7_000)
+                .delay(Duration::from_secs(5))
+                .send()
+        });
+        assert_eq!(ran.published[0].deliver_at_ms, Some(6_000));
+    }
+
+    #[test]
+    fn delay_saturates_instead_of_wrapping() {
+        // Near the end of u64 milliseconds, a huge delay stops at u64::MAX
+        // rather than wrapping round to a time in the past (which would
+        // deliver at once); `Duration::MAX` has more milliseconds than u64.
+        let host = TestHost::new().now_ms(u64::MAX - 5);
+        let ran = host.run(|| publish("ex", "rk").delay(Duration::MAX).send());
+        assert!(ran.value.is_ok());
+        assert_eq!(ran.published[0].deliver_at_ms, Some(u64::MAX));
+        assert_eq!(ran.published[0].due_in, Some(Duration::from_millis(5)));
+
+        // From an ordinary now, the saturated time is beyond any max_delay.
+        let ran = TestHost::new().run(|| publish("ex", "rk").delay(Duration::MAX).send());
+        let err = ran.value.unwrap_err();
+        assert!(err.reason().contains("beyond the longest delay"), "{err}");
+        assert!(ran.published.is_empty());
+    }
+
+    #[test]
+    fn a_due_time_already_past_is_due_at_once() {
+        let ran = TestHost::new()
+            .now_ms(10_000)
+            .run(|| publish("ex", "rk").deliver_at(4_000).send());
+        assert!(ran.value.is_ok());
+        assert_eq!(ran.published[0].deliver_at_ms, Some(4_000));
+        assert_eq!(ran.published[0].due_in, Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_consumer_without_publish_delayed_is_refused_a_delay() {
+        let host = TestHost::new().publish_delayed(false);
+        let ran = host.run(|| {
+            (
+                publish("ex", "rk").delay(Duration::from_secs(1)).send(),
+                publish("ex", "rk").text("now").send(),
+            )
+        });
+        let (delayed, now) = ran.value;
+        assert_eq!(
+            delayed.unwrap_err().reason(),
+            "delayed publishing (deliver-at-ms) is not allowed for this consumer: \
+             set publish_delayed = true in its [[consumers]] entry"
+        );
+        assert!(now.is_ok(), "publishing now is still allowed");
+        assert_eq!(ran.published.len(), 1);
+        assert_eq!(ran.published[0].deliver_at_ms, None);
+    }
+
+    #[test]
+    fn a_delay_beyond_max_delay_is_refused_naming_the_limit() {
+        let host = TestHost::new()
+            .now_ms(0)
+            .max_delay(Duration::from_secs(3600));
+        let ran = host.run(|| {
+            (
+                publish("ex", "rk").deliver_at(3_600_000).send(),
+                publish("ex", "rk").deliver_at(3_600_001).send(),
+            )
+        });
+        let (at_the_limit, beyond) = ran.value;
+        assert!(at_the_limit.is_ok(), "the limit itself is allowed");
+        assert_eq!(
+            beyond.unwrap_err().reason(),
+            "deliver-at-ms 3600001 is 1h from now, beyond the longest delay \
+             this host schedules ([scheduler] max_delay = 1h)"
+        );
+        assert_eq!(ran.published.len(), 1);
+
+        // The default limit is the host's: 30 days.
+        let ran = TestHost::new().run(|| {
+            publish("ex", "rk")
+                .delay(testing::DEFAULT_MAX_DELAY + Duration::from_secs(1))
+                .send()
+        });
+        assert!(
+            ran.value
+                .unwrap_err()
+                .reason()
+                .ends_with("max_delay = 30days)")
         );
     }
 
@@ -289,6 +473,30 @@ mod tests {
         assert!(version_zero.unwrap_err().reason().contains("version 0"));
         assert_eq!(first.unwrap().id, id);
         assert!(duplicate.unwrap_err().reason().contains("already the id"));
+        assert_eq!(ran.published.len(), 1);
+    }
+
+    #[test]
+    fn a_delayed_message_may_not_set_the_schedulers_headers() {
+        let ran = TestHost::new().run(|| {
+            (
+                publish("ex", "rk")
+                    .header("x-schedule-exchange", "elsewhere")
+                    .delay(Duration::from_secs(1))
+                    .send(),
+                // Published now, the name is an application header like any.
+                publish("ex", "rk")
+                    .header("x-schedule-exchange", "elsewhere")
+                    .send(),
+            )
+        });
+        let (delayed, now) = ran.value;
+        assert_eq!(
+            delayed.unwrap_err().reason(),
+            "the header 'x-schedule-exchange' is the scheduler's (x-schedule-* headers \
+             say where and when a delayed message goes, and the host writes them)"
+        );
+        assert!(now.is_ok());
         assert_eq!(ran.published.len(), 1);
     }
 

@@ -12,9 +12,11 @@
 //! its file (`host/src/plugin/host/`): `message` (the messages a test
 //! hands in: [`message()`], [`json_message`], a [`request`], a message
 //! [`on_json_slip`] or [`on_declared_route`]), `log`, `publish`
-//! ([`TestHost::publish_to`]), `reply`, `envelope` (the envelope fields
-//! both check and default), `config` ([`TestHost::config`]) and `clock`
-//! ([`TestHost::now_ms`]).
+//! ([`TestHost::publish_to`], and for delayed publishing
+//! [`TestHost::publish_delayed`] and [`TestHost::max_delay`]), `reply`,
+//! `envelope` (the envelope fields both check and default), `config`
+//! ([`TestHost::config`]) and `clock` ([`TestHost::now_ms`], which
+//! [`delay`](crate::Publish::delay) counts from).
 //!
 //! ```
 //! use acemq_guest::prelude::*;
@@ -49,6 +51,7 @@ mod reply;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use crate::Sent;
 pub use crate::bindings::wit_types::{EnvelopeFields, Outgoing, OutgoingReply};
@@ -57,6 +60,7 @@ use crate::{Handler, Message, Outcome};
 pub use clock::DEFAULT_NOW_MS;
 use envelope::Input;
 pub use message::{json_message, message, on_declared_route, on_json_slip, request};
+pub use publish::DEFAULT_MAX_DELAY;
 
 /// A stand-in for `acemq-host` in native tests.
 #[derive(Clone, Debug)]
@@ -64,6 +68,8 @@ pub struct TestHost {
     config: BTreeMap<String, String>,
     now_ms: u64,
     publish_to: Option<BTreeSet<String>>,
+    publish_delayed: bool,
+    max_delay: Duration,
 }
 
 impl Default for TestHost {
@@ -72,6 +78,8 @@ impl Default for TestHost {
             config: BTreeMap::new(),
             now_ms: DEFAULT_NOW_MS,
             publish_to: None,
+            publish_delayed: true,
+            max_delay: DEFAULT_MAX_DELAY,
         }
     }
 }
@@ -79,7 +87,8 @@ impl Default for TestHost {
 /// A message a handler buffered with [`publish`](crate::publish), and the
 /// [`Sent`] the host answered with (see the module `envelope` above for the
 /// id). Derefs to the [`Outgoing`] record, so `done.published[0].body`
-/// reads it.
+/// reads it, and `done.published[0].deliver_at_ms` the due time of a
+/// delayed message.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Published {
     /// What the handler asked for, as the host receives it (`envelope`
@@ -87,6 +96,11 @@ pub struct Published {
     pub message: Outgoing,
     /// The id and correlation it will carry.
     pub sent: Sent,
+    /// For a delayed message, how long after the test's clock
+    /// ([`TestHost::now_ms`]) it is due: its `deliver_at_ms` minus now, zero
+    /// for a time already past (the host delivers it as soon as it can).
+    /// `None` for a message published now.
+    pub due_in: Option<Duration>,
 }
 
 impl core::ops::Deref for Published {
@@ -149,7 +163,7 @@ pub struct Ran<T> {
 
 impl TestHost {
     /// No configuration, the clock at [`DEFAULT_NOW_MS`], every exchange
-    /// allowed.
+    /// allowed, delayed publishing allowed up to [`DEFAULT_MAX_DELAY`].
     pub fn new() -> Self {
         Self::default()
     }
