@@ -67,7 +67,7 @@ function route(msg) {
       envelope: {},
       persistent: true,
       mandatory: undefined, // the consumer's `mandatory_outputs` decides
-      deliverAtMs: undefined, // now (delayed publishing is not in this host yet)
+      deliverAtMs: undefined, // now, not through the scheduler
     });
   } catch (e) {
     // A WIT `result` error arrives as a thrown error whose `payload` is the

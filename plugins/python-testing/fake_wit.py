@@ -10,7 +10,8 @@ names; `FakeHost` answers the `host` functions and records what the handler
 published, replied and logged, as the Rust SDK's TestHost does. Its ids are
 stand-ins (`output-N`, `reply`), not the host's derived UUIDs.
 
-Used by the tests of plugins/responder-py and plugins/slip-step-py:
+Used by the tests of plugins/order-router-py, plugins/responder-py and
+plugins/slip-step-py (and its own, test_fake_wit.py here):
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python-testing"))
     import fake_wit
@@ -25,6 +26,8 @@ from enum import Enum
 from typing import List, Optional
 
 REPLY_TO_HEADER = "acemq-reply-to"
+# The host's `[scheduler] max_delay` when its configuration sets none: 30 days.
+DEFAULT_MAX_DELAY_MS = 30 * 24 * 3600 * 1000
 
 
 class Err(Exception):
@@ -219,12 +222,21 @@ class FakeHost:
     """Answers the `host` functions for one test and records what the
     handler did: `logs` [(level, text)], `published` [Outgoing], `replies`
     [(OutgoingReply, reply queue or None)]. A `publish_to` list refuses
-    publishes to any other exchange, as the consumer's setting does."""
+    publishes to any other exchange, as the consumer's setting does.
 
-    def __init__(self, config=None, now_ms=1_700_000_000_000, publish_to=None):
+    A delayed output keeps its due time in `published[i].deliver_at_ms`
+    (epoch ms; `now_ms` is the clock the handler reads). As the host does,
+    `publish_delayed=False` (the consumer's `publish_delayed` unset) refuses
+    any delayed output, and one due more than `max_delay_ms` after `now_ms`
+    is refused; by default delayed outputs are allowed, up to the host's
+    default limit."""
+
+    def __init__(self, config=None, now_ms=1_700_000_000_000, publish_to=None,
+                 publish_delayed=True, max_delay_ms=DEFAULT_MAX_DELAY_MS):
         self.config, self.now = dict(config or {}), now_ms
         # The consumer's `publish_to`; None allows every exchange.
         self.publish_to = publish_to
+        self.publish_delayed, self.max_delay_ms = publish_delayed, max_delay_ms
         self.logs, self.published, self.replies = [], [], []
         self._input = Envelope()
         self._reply_to = None
@@ -252,8 +264,19 @@ class FakeHost:
     def _publish(self, out):
         if self.publish_to is not None and out.exchange not in self.publish_to:
             raise Err(f"exchange `{out.exchange}` is not in this consumer's publish_to")
+        if out.deliver_at_ms is not None:
+            self._check_delay(out.deliver_at_ms)
         self.published.append(out)
         return self._sent(out.envelope, f"output-{len(self.published) - 1}")
+
+    def _check_delay(self, deliver_at_ms):
+        if not self.publish_delayed:
+            raise Err("delayed publishing (deliver-at-ms) is not allowed for this consumer: "
+                      "set publish_delayed = true in its [[consumers]] entry")
+        if deliver_at_ms - self.now > self.max_delay_ms:
+            raise Err(f"deliver-at-ms {deliver_at_ms} is {deliver_at_ms - self.now} ms from now, "
+                      f"beyond the longest delay this host schedules "
+                      f"([scheduler] max_delay = {self.max_delay_ms} ms)")
 
     def _reply(self, out):
         if self.replies:

@@ -7,10 +7,27 @@ import assert from 'node:assert/strict';
 
 register('./hooks.mjs', import.meta.url);
 const { handler, f64Display, f64Json, serdeWording } = await import('../app.js');
+// The WIT import as app.js sees it (test/fake-host.mjs).
+const wit = await import('acemq:plugin/host@0.4.0');
 
+// The host's `[scheduler] max_delay` when its configuration sets none: 30 days.
+const DEFAULT_MAX_DELAY_MS = 30n * 24n * 3600n * 1000n;
+
+// `published` keeps each message as the handler handed it, so a delayed
+// one's due time is its `deliverAtMs` (epoch ms, a BigInt as every WIT u64).
+// As the host does, `publishDelayed: false` (the consumer's
+// `publish_delayed` unset) refuses a delayed message, and so does a due time
+// more than `maxDelayMs` after `nowMs`.
 class TestHost {
-  constructor({ config = {}, nowMs = 0n, publishTo } = {}) {
-    Object.assign(this, { configs: config, now: nowMs, publishTo, logs: [], published: [] });
+  constructor({
+    config = {},
+    nowMs = 0n,
+    publishTo,
+    publishDelayed = true,
+    maxDelayMs = DEFAULT_MAX_DELAY_MS,
+  } = {}) {
+    Object.assign(this, { configs: config, now: nowMs, publishTo, publishDelayed, maxDelayMs });
+    Object.assign(this, { logs: [], published: [] });
   }
   log(level, text) {
     this.logs.push([level, text]);
@@ -22,9 +39,30 @@ class TestHost {
       e.payload = `exchange \`${msg.exchange}\` is not in this consumer's publish_to`;
       throw e;
     }
+    if (msg.deliverAtMs !== undefined) this.checkDelay(msg.deliverAtMs);
     this.published.push(msg);
     // The WIT `sent` record: the id and correlation that go on the wire.
     return { id: `output-${this.published.length - 1}`, correlationId: 'test-correlation-1' };
+  }
+  checkDelay(deliverAtMs) {
+    const refuse = (payload) => {
+      const e = new Error('publish refused');
+      e.payload = payload;
+      throw e;
+    };
+    if (!this.publishDelayed) {
+      refuse(
+        'delayed publishing (deliver-at-ms) is not allowed for this consumer: ' +
+          'set publish_delayed = true in its [[consumers]] entry',
+      );
+    }
+    const ahead = deliverAtMs - this.now;
+    if (ahead > this.maxDelayMs) {
+      refuse(
+        `deliver-at-ms ${deliverAtMs} is ${ahead} ms from now, beyond the longest delay ` +
+          `this host schedules ([scheduler] max_delay = ${this.maxDelayMs} ms)`,
+      );
+    }
   }
   config(key) {
     return this.configs[key];
@@ -126,6 +164,39 @@ test('a refused publish is retried', () => {
     outcome.val,
   );
   assert.deepEqual(host.logs, [['warn', `retry: ${outcome.val}`]]);
+});
+
+test('a delayed publish keeps its due time, and is refused as by the host', () => {
+  // What a handler that publishes ten minutes from now hands the host.
+  const remind = () =>
+    wit.publish({
+      exchange: 'reminders',
+      routingKey: 'reminder',
+      body: new TextEncoder().encode('call'),
+      contentType: 'text/plain',
+      headers: [],
+      envelope: {},
+      persistent: true,
+      mandatory: undefined,
+      deliverAtMs: wit.nowMs() + 600_000n,
+    });
+  const host = new TestHost({ nowMs: 1_000n });
+  globalThis.acemqTestHost = host;
+  assert.equal(remind().id, 'output-0');
+  assert.equal(host.published[0].deliverAtMs, 601_000n);
+
+  globalThis.acemqTestHost = new TestHost({ publishDelayed: false });
+  assert.throws(remind, {
+    payload:
+      'delayed publishing (deliver-at-ms) is not allowed for this consumer: ' +
+      'set publish_delayed = true in its [[consumers]] entry',
+  });
+  assert.deepEqual(globalThis.acemqTestHost.published, []);
+
+  globalThis.acemqTestHost = new TestHost({ maxDelayMs: 599_999n });
+  assert.throws(remind, (e) => e.payload.includes('beyond the longest delay this host schedules'));
+  globalThis.acemqTestHost = new TestHost({ maxDelayMs: 600_000n });
+  assert.equal(remind().id, 'output-0', 'the limit itself is allowed');
 });
 
 test("SpiderMonkey's JSON errors are worded as serde_json's", () => {

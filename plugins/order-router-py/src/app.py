@@ -77,7 +77,7 @@ def route(msg):
                                           correlation_id=None, causation_id=None),
             persistent=True,
             mandatory=None,  # the consumer's `mandatory_outputs` decides
-            deliver_at_ms=None,  # now (delayed publishing is not in this host yet)
+            deliver_at_ms=None,  # now, not through the scheduler
         ))
     except Err as e:
         # A refusal usually comes from the consumer's configuration, which an
