@@ -365,3 +365,265 @@ fn a_config_key_the_plugin_does_not_read_is_warned_about() {
         "{log}"
     );
 }
+
+/// A vhost of its own for a test of the scheduler's queues, whose names
+/// are vhost-wide: nothing else on the shared broker puts messages in them
+/// or takes messages out. Deleted, with what it holds, when dropped.
+struct SchedulerVhost {
+    name: String,
+    broker: acemq_tests::Broker,
+}
+
+impl SchedulerVhost {
+    fn create(prefix: &str) -> SchedulerVhost {
+        let base = acemq_tests::shared_broker();
+        let name = acemq_tests::unique_name(prefix);
+        base.rabbitmqctl(&["add_vhost", &name]).unwrap();
+        base.rabbitmqctl(&["set_permissions", "-p", &name, "guest", ".*", ".*", ".*"])
+            .unwrap();
+        let url = format!(
+            "amqp://guest:guest@{}:{}/{name}",
+            base.amqp_host(),
+            base.amqp_port()
+        );
+        let mgmt = base
+            .mgmt_url()
+            .replacen("http://", "http://guest:guest@", 1);
+        let broker = acemq_tests::Broker::external(&url, Some(&mgmt)).unwrap();
+        SchedulerVhost { name, broker }
+    }
+
+    /// The scheduler's exchange, six queues and bindings, declared by the
+    /// host's own topology code for a config that runs the scheduler.
+    async fn declare_scheduler_topology(&self) {
+        let text = format!(
+            "[broker]\nurl = \"{}\"\n\n[scheduler]\nenabled = true\n",
+            self.broker.amqp_url()
+        );
+        let config =
+            acemq_host::config::LoadedConfig::parse(Path::new("scheduler.toml"), text).unwrap();
+        let topology = acemq_host::topology::Topology::from_config(&config.config).unwrap();
+        let connection = self.broker.connect().await.unwrap();
+        acemq_host::topology::apply(&connection, &topology)
+            .await
+            .unwrap();
+        connection.close(200, "declared".into()).await.unwrap();
+    }
+}
+
+impl Drop for SchedulerVhost {
+    fn drop(&mut self) {
+        let deleted = acemq_tests::shared_broker().rabbitmqctl(&["delete_vhost", &self.name]);
+        if let Err(e) = deleted {
+            eprintln!("deleting the vhost {}: {e:#}", self.name);
+        }
+    }
+}
+
+/// The cells of a row of `schedule list`'s tables: columns are two spaces
+/// apart at least, and no cell holds two spaces in a row.
+fn cells(line: &str) -> Vec<&str> {
+    line.split("  ")
+        .map(str::trim)
+        .filter(|cell| !cell.is_empty())
+        .collect()
+}
+
+/// `schedule list` peeks at the scheduler's queues: each message with its
+/// queue, due time, time left, age, id, type and target, read off the
+/// contract's headers (one written as this host writes them, one as
+/// another library does, with only a publish timestamp to age it by), and
+/// every message still where it was afterwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn schedule_list_shows_each_scheduled_message_and_consumes_none() {
+    use acemq_host::envelope::rfc3339_millis;
+    use lapin::BasicProperties;
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+
+    let vhost = SchedulerVhost::create("cli.schedule");
+    vhost.declare_scheduler_topology().await;
+    let now = acemq_host::envelope::now_ms();
+    let text = |value: &str| AMQPValue::LongString(LongString::from(value));
+    let headers = |entries: Vec<(&str, AMQPValue)>| {
+        let mut table = FieldTable::default();
+        for (name, value) in entries {
+            table.insert(name.into(), value);
+        }
+        table
+    };
+
+    let reminder_due = now + 12 * 60_000 + 30_000;
+    let reminder = BasicProperties::default()
+        .with_message_id("reminder-1".into())
+        .with_delivery_mode(2)
+        .with_headers(headers(vec![
+            ("x-acemq-id", text("reminder-1")),
+            ("x-acemq-type", text("ScheduledMessage")),
+            (
+                "x-acemq-first-seen",
+                AMQPValue::LongLongInt(now as i64 - 120_000),
+            ),
+            ("x-schedule-exchange", text("reminders")),
+            ("x-schedule-routing-key", text("reminder.due")),
+            (
+                "x-schedule-due-at",
+                AMQPValue::LongLongInt(reminder_due as i64),
+            ),
+            ("x-schedule-content-type", text("application/json")),
+            ("x-schedule-message-type", text("ReminderDue")),
+        ]));
+    let closing_due = now + 90 * 60_000 + 30_000;
+    let closing = BasicProperties::default()
+        .with_message_id("order-close-7".into())
+        .with_timestamp(now / 1000 - 300)
+        .with_headers(headers(vec![
+            ("x-acemq-type", text("ScheduledMessage")),
+            ("x-schedule-exchange", text("orders")),
+            ("x-schedule-routing-key", text("order.close")),
+            (
+                "x-schedule-due-at",
+                AMQPValue::LongLongInt(closing_due as i64),
+            ),
+        ]));
+    // Through the scheduler's exchange, as every library publishes: the
+    // bindings route each to its rung (mandatory: unrouted would fail).
+    vhost
+        .broker
+        .publish(
+            "acemq.schedule",
+            "acemq.schedule.10m",
+            b"{\"remind\":1}",
+            reminder,
+        )
+        .await
+        .unwrap();
+    vhost
+        .broker
+        .publish(
+            "acemq.schedule",
+            "acemq.schedule.1h",
+            b"{\"order\":7}",
+            closing,
+        )
+        .await
+        .unwrap();
+
+    let config = format!("[broker]\nurl = \"{}\"\n", vhost.broker.amqp_url());
+    let (output, _dir) =
+        tokio::task::block_in_place(|| acemq_host(&["schedule", "list"], Some(&config)));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stdout}{}", stderr(&output));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        "Messages waiting in the AceMQ scheduler's queues (peeked: nothing consumed)"
+    );
+    // This config runs no scheduler; the heading says so.
+    assert!(
+        lines[1].starts_with("note: ") && lines[1].contains("host.toml does not run the scheduler"),
+        "{stdout}"
+    );
+    assert_eq!(
+        cells(lines[3]),
+        ["QUEUE", "#", "DUE AT", "DUE", "AGE", "ID", "TYPE", "TARGET"],
+        "{stdout}"
+    );
+    // The longest rung first.
+    let row = cells(lines[4]);
+    assert_eq!(
+        row[..3],
+        ["acemq.schedule.1h", "1", &rfc3339_millis(closing_due)]
+    );
+    assert!(row[3].starts_with("due in 1h 30m"), "{stdout}");
+    assert!(row[4].starts_with("5m"), "aged by its timestamp: {stdout}");
+    assert_eq!(
+        row[5..],
+        ["order-close-7", "ScheduledMessage", "orders / order.close"],
+        "{stdout}"
+    );
+    let row = cells(lines[5]);
+    assert_eq!(
+        row[..3],
+        ["acemq.schedule.10m", "1", &rfc3339_millis(reminder_due)]
+    );
+    assert!(row[3].starts_with("due in 12m "), "{stdout}");
+    assert!(row[4].starts_with("2m"), "aged by its first-seen: {stdout}");
+    assert_eq!(
+        row[5..],
+        ["reminder-1", "ReminderDue", "reminders / reminder.due"],
+        "{stdout}"
+    );
+    let counts: Vec<Vec<&str>> = lines[7..14].iter().map(|line| cells(line)).collect();
+    assert_eq!(
+        counts,
+        [
+            vec!["QUEUE", "READY"],
+            vec!["acemq.schedule.1h", "1"],
+            vec!["acemq.schedule.10m", "1"],
+            vec!["acemq.schedule.1m", "0"],
+            vec!["acemq.schedule.10s", "0"],
+            vec!["acemq.schedule.1s", "0"],
+            vec!["acemq.schedule.due", "0"],
+        ],
+        "{stdout}"
+    );
+    assert!(
+        stdout.ends_with("\n2 of the 2 messages ready shown\n"),
+        "{stdout}"
+    );
+
+    // A config that runs the scheduler: no note; --limit counts rows in all.
+    let config = format!("{config}\n[scheduler]\nenabled = true\n");
+    let (output, _dir) = tokio::task::block_in_place(|| {
+        acemq_host(&["schedule", "list", "--limit", "1"], Some(&config))
+    });
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stdout}{}", stderr(&output));
+    assert!(!stdout.contains("note:"), "{stdout}");
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.contains(" due in ")).collect();
+    assert_eq!(rows.len(), 1, "{stdout}");
+    assert!(rows[0].contains("order-close-7"), "{stdout}");
+    assert!(
+        stdout.ends_with("\n1 of the 2 messages ready shown\n"),
+        "{stdout}"
+    );
+
+    // Peeked twice, consumed never: each is still on its rung.
+    for (queue, id) in [
+        ("acemq.schedule.1h", "order-close-7"),
+        ("acemq.schedule.10m", "reminder-1"),
+    ] {
+        assert_eq!(
+            vhost.broker.message_count(queue).await.unwrap(),
+            1,
+            "{queue}"
+        );
+        let left = vhost
+            .broker
+            .drain(queue, 1, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(left[0].message_id.as_deref(), Some(id), "{queue}");
+    }
+}
+
+/// Where the broker has none of the scheduler's queues, `schedule list`
+/// says so and succeeds; a broker it cannot reach fails it (exit 1).
+#[test]
+fn schedule_list_names_missing_queues_and_fails_without_a_broker() {
+    let vhost = SchedulerVhost::create("cli.schedule.none");
+    let config = format!("[broker]\nurl = \"{}\"\n", vhost.broker.amqp_url());
+    let (output, _dir) = acemq_host(&["schedule", "list"], Some(&config));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{stdout}{}", stderr(&output));
+    assert!(
+        stdout.contains("None of the scheduler's queues exists on this broker"),
+        "{stdout}"
+    );
+
+    let unreachable =
+        "[broker]\nurl = \"amqp://guest:guest@127.0.0.1:1/%2f\"\nconnect_timeout = \"2s\"\n";
+    let (output, _dir) = acemq_host(&["schedule", "list"], Some(unreachable));
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(output.stdout.is_empty());
+}

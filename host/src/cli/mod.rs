@@ -5,6 +5,7 @@
 //! * `run.rs`: `run`, `plan` and `validate`, on a host's config.
 //! * `plugin.rs`: `plugin componentize|inspect|new|build|run`.
 //! * `dlq.rs`: `dlq list|show|replay|purge`.
+//! * `schedule.rs`: `schedule list`.
 //! * `stream.rs`: `stream reset`.
 //! * `replay.rs`: `replay`.
 //!
@@ -14,6 +15,7 @@ mod dlq;
 mod plugin;
 mod replay;
 mod run;
+mod schedule;
 mod stream;
 
 use std::path::Path;
@@ -72,6 +74,13 @@ pub enum Command {
         #[command(subcommand)]
         command: dlq::DlqCommand,
     },
+    /// Look at the messages waiting in the AceMQ scheduler's queues
+    /// (published for later).
+    #[command(after_help = schedule::SCHEDULE_HELP)]
+    Schedule {
+        #[command(subcommand)]
+        command: schedule::ScheduleCommand,
+    },
 }
 
 /// How a command ends, as its exit code; `--help` lists them
@@ -114,6 +123,7 @@ pub fn main() -> ExitCode {
         Command::Replay(args) => replay::run(args),
         Command::Stream { command } => stream::run(command),
         Command::Dlq { command } => dlq::run(command),
+        Command::Schedule { command } => schedule::run(command),
     }
 }
 

@@ -46,11 +46,21 @@ pub struct Row {
 /// [`LIST_REASON_BYTES`].
 #[must_use]
 pub fn list_table(rows: &[Row], now_ms: u64) -> String {
-    let header = ["#", "ID", "TYPE", "ATTEMPT", "REPLAYS", "FIRST SEEN", "AGE"];
-    let cells: Vec<[String; 7]> = rows
+    let header = [
+        "#",
+        "ID",
+        "TYPE",
+        "ATTEMPT",
+        "REPLAYS",
+        "FIRST SEEN",
+        "AGE",
+        "REASON",
+    ];
+    let cells: Vec<[String; 8]> = rows
         .iter()
         .map(|row| {
             let m = &row.message;
+            let reason = m.reason.as_deref().unwrap_or("-");
             [
                 row.position.to_string(),
                 m.id.clone(),
@@ -60,37 +70,46 @@ pub fn list_table(rows: &[Row], now_ms: u64) -> String {
                 m.first_seen_ms.map_or_else(|| "-".into(), rfc3339_millis),
                 m.first_seen_ms
                     .map_or_else(|| "-".into(), |seen| age(now_ms.saturating_sub(seen))),
+                one_line(&truncate_middle(reason, LIST_REASON_BYTES)),
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
-    for row in &cells {
+    aligned(header, &cells)
+}
+
+/// A table of `rows` under `header`: every column but the last padded to
+/// its widest cell and followed by two spaces, the last (free text, such
+/// as a reason) written as it is, so a long one does not widen the others.
+#[must_use]
+pub fn aligned<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(|name| name.chars().count());
+    for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    let mut line = |cells: &[String], reason: &str| {
-        for (cell, width) in cells.iter().zip(widths) {
-            write!(out, "{cell:<width$}  ").expect("writing to a String");
+    let mut line = |cells: [&str; N]| {
+        for (column, (cell, width)) in cells.iter().zip(widths).enumerate() {
+            if column + 1 == N {
+                out.push_str(cell);
+            } else {
+                write!(out, "{cell:<width$}  ").expect("writing to a String");
+            }
         }
-        out.push_str(reason);
         out.push('\n');
     };
-    line(&header.map(String::from), "REASON");
-    for (row, cells) in rows.iter().zip(&cells) {
-        let reason = row.message.reason.as_deref().unwrap_or("-");
-        line(
-            cells,
-            &one_line(&truncate_middle(reason, LIST_REASON_BYTES)),
-        );
+    line(header);
+    for row in rows {
+        line(row.each_ref().map(String::as_str));
     }
     out
 }
 
 /// A reason on one line of a table: line breaks (a stack trace's) shown as
 /// spaces.
-fn one_line(text: &str) -> String {
+#[must_use]
+pub fn one_line(text: &str) -> String {
     text.replace(['\r', '\n'], " ")
 }
 

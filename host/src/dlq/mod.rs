@@ -27,6 +27,8 @@ mod summary;
 pub use commands::{Shown, list, purge, replay, show};
 pub use filter::Filters;
 pub use format::list_table;
+// The table and age helpers `schedule list` shares.
+pub(crate) use format::{age, aligned, one_line};
 pub use summary::Summary;
 
 use crate::config::LoadedConfig;

@@ -171,7 +171,7 @@ impl Envelope {
 
     /// [`Envelope::from_headers`], with `no_id` making the id of a message
     /// that names none.
-    fn from_headers_or(
+    pub(crate) fn from_headers_or(
         headers: Option<&FieldTable>,
         message_id: Option<&str>,
         routing_key: &str,

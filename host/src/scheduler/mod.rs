@@ -29,6 +29,7 @@
 //!   delivered as that library delivers it.
 
 pub mod control;
+pub mod list;
 pub mod rungs;
 pub mod wire;
 
