@@ -114,6 +114,10 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
     for consumer in &consumers {
         board.expect(&consumer.subscription.queue);
     }
+    // The scheduler's control consumer counts for `/health` like any other.
+    if config.config.scheduler_enabled() {
+        board.expect(crate::scheduler::DUE_QUEUE);
+    }
     Ok(Prepared {
         config,
         topology,

@@ -299,6 +299,12 @@ fn render_output(n: usize, output: &Outgoing) -> String {
             .map(|c| format!(", {c}"))
             .unwrap_or_default()
     );
+    if let Some(due_at_ms) = output.deliver_at_ms {
+        out.push_str(&format!(
+            "     {}\n",
+            due_line(due_at_ms, crate::envelope::now_ms())
+        ));
+    }
     let fields = &output.envelope;
     out.push_str(&format!("     id: {}\n", fields.id));
     if let Some(message_type) = &fields.message_type {
@@ -318,6 +324,18 @@ fn render_output(n: usize, output: &Outgoing) -> String {
     }
     out.push_str(&format!("     body: {}\n", body_preview(&output.body)));
     out
+}
+
+/// When a delayed output would be delivered, seen from `now_ms`.
+fn due_line(due_at_ms: u64, now_ms: u64) -> String {
+    let when = crate::envelope::rfc3339_millis(due_at_ms);
+    let relative = if due_at_ms > now_ms {
+        let left = std::time::Duration::from_secs((due_at_ms - now_ms).div_ceil(1000));
+        format!("in {}", humantime::format_duration(left))
+    } else {
+        "already due".to_string()
+    };
+    format!("delivered at: {when} ({relative}, through the scheduler)")
 }
 
 fn header_text(value: &HeaderValue) -> String {
@@ -494,6 +512,19 @@ mod tests {
         ] {
             assert!(text.contains(expected), "{expected}: {text}");
         }
+    }
+
+    #[test]
+    fn a_delayed_output_shows_when_it_would_be_delivered() {
+        let due = 1_800_000_060_000;
+        assert_eq!(
+            due_line(due, due - 60_000),
+            "delivered at: 2027-01-15T08:01:00.000Z (in 1m, through the scheduler)"
+        );
+        assert_eq!(
+            due_line(due, due + 5),
+            "delivered at: 2027-01-15T08:01:00.000Z (already due, through the scheduler)"
+        );
     }
 
     #[test]

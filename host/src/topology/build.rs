@@ -886,6 +886,78 @@ pub(crate) mod tests {
         }
     }
 
+    /// The fixture has no scheduler rows; what it has that applies: the
+    /// rung arguments' names and value types (a TTL as an integer, the
+    /// dead-letter exchange and key as strings), the rung queue type, and
+    /// "every declared queue is durable".
+    #[test]
+    fn the_scheduler_half_is_exactly_the_contract_and_shaped_as_the_fixture_rungs() {
+        let fixture = load();
+        let retry_rung = fixture_arguments(&fixture["rungArguments"][0]["arguments"]);
+        let topology = build("[scheduler]\nenabled = true\n").unwrap();
+        let exchange = topology.exchange("acemq.schedule").unwrap();
+        assert_eq!(exchange.kind, ExchangeKind::Direct);
+        assert!(exchange.durable && !exchange.auto_delete && exchange.arguments.is_empty());
+        let names: Vec<&str> = topology.queues.iter().map(|q| q.name.as_str()).collect();
+        assert_eq!(names, scheduler::queue_names());
+        let rung_type = fixture["queueTypeDefaults"]["retryRung"].as_str().unwrap();
+        for queue in &topology.queues {
+            assert_eq!(queue.queue_type.as_str(), rung_type, "{}", queue.name);
+            assert_eq!(
+                queue.durable,
+                fixture["queueTypeDefaults"]["durability"]["everyDeclaredQueueIsDurable"]
+                    .as_bool()
+                    .unwrap()
+            );
+            if queue.name == scheduler::DUE_QUEUE {
+                assert!(queue.arguments.is_empty());
+                continue;
+            }
+            let keys: Vec<&String> = queue.arguments.keys().collect();
+            assert_eq!(
+                keys,
+                retry_rung.keys().collect::<Vec<_>>(),
+                "{}",
+                queue.name
+            );
+            for (key, value) in &queue.arguments {
+                assert_eq!(
+                    std::mem::discriminant(value),
+                    std::mem::discriminant(&retry_rung[key]),
+                    "{} {key}",
+                    queue.name
+                );
+            }
+            assert_eq!(
+                queue.arguments["x-dead-letter-exchange"],
+                "acemq.schedule".into()
+            );
+            assert_eq!(
+                queue.arguments["x-dead-letter-routing-key"],
+                "acemq.schedule.due".into()
+            );
+        }
+        let ttls: Vec<&ArgValue> = topology
+            .queues
+            .iter()
+            .filter_map(|q| q.arguments.get("x-message-ttl"))
+            .collect();
+        assert_eq!(
+            ttls,
+            [3_600_000, 600_000, 60_000, 10_000, 1_000]
+                .map(ArgValue::Int)
+                .iter()
+                .collect::<Vec<_>>()
+        );
+        for binding in &topology.bindings {
+            assert_eq!(binding.exchange, "acemq.schedule");
+            assert_eq!(binding.routing_key, binding.queue, "bound on its own name");
+        }
+        assert_eq!(topology.bindings.len(), 6);
+        // Off unless asked for, or implied by a consumer.
+        assert!(build("").unwrap().queues.is_empty());
+    }
+
     #[test]
     fn fixture_queue_type_defaults() {
         let fixture = load();
