@@ -23,6 +23,7 @@ pub mod host;
 pub mod machine;
 pub mod node_faults;
 pub mod raw_amqp;
+pub mod scheduler_peer;
 pub mod stamp;
 pub mod tally;
 pub mod watchdog;
