@@ -957,6 +957,18 @@ mod tests {
         m.stream_lag.get_or_create(&q).set(1);
         m.stream_checkpoint_age_seconds.get_or_create(&q).set(1.0);
         m.stream_checkpoint_failures.get_or_create(&q).inc();
+        let s = &m.scheduler;
+        s.scheduled.get_or_create(&q).inc();
+        s.hops
+            .get_or_create(&RungLabel {
+                rung: "acemq.schedule.1s".into(),
+            })
+            .inc();
+        let reason = ReasonLabel {
+            reason: "missing_header".into(),
+        };
+        s.refused.get_or_create(&reason).inc();
+        s.undeliverable.get_or_create(&reason).inc();
         m.render()
     }
 

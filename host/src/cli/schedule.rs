@@ -95,10 +95,7 @@ mod tests {
     }
 
     fn config(text: &str) -> LoadedConfig {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("host.toml");
-        std::fs::write(&path, text).unwrap();
-        LoadedConfig::load(&path).unwrap()
+        LoadedConfig::parse(std::path::Path::new("host.toml"), text.to_string()).unwrap()
     }
 
     #[test]

@@ -19,9 +19,9 @@
 //!   `application/json`) and written the one way Java writes them (texts as
 //!   long strings, the due time as a 64-bit long).
 //! - With under a second left the control consumer holds the message until
-//!   its due time rather than deliver it up to a second early, as long as
-//!   a few of its 50 places are free ([`control::HOLD_PLACES`]); beyond
-//!   that it delivers at once, as the contract allows.
+//!   its due time rather than deliver it up to a second early, on up to 40
+//!   of its 50 places ([`control::HOLD_PLACES`]); beyond that it delivers
+//!   at once, as the contract allows.
 //! - The envelope type while scheduled is `ScheduledMessage`, as the
 //!   contract says; the host carries the message's own type in the
 //!   extension header `x-schedule-message-type` and restores it on the final
