@@ -50,17 +50,19 @@ pub fn next_queue(left_ms: i64) -> &'static str {
         .map_or(DUE_QUEUE, |(name, _)| name)
 }
 
-/// A vhost of its own on `base`, with the guest user allowed everything.
-pub struct Vhost {
+/// A vhost of its own on `base`, with the guest user allowed everything;
+/// deleted, with everything in it, when dropped.
+pub struct Vhost<'a> {
     pub name: String,
     /// Its AMQP URL.
     pub url: String,
     /// The test helpers (publish, drain, counts) on this vhost.
     pub broker: Broker,
+    base: &'a Broker,
 }
 
-impl Vhost {
-    pub fn create(base: &Broker, prefix: &str) -> Result<Self> {
+impl<'a> Vhost<'a> {
+    pub fn create(base: &'a Broker, prefix: &str) -> Result<Self> {
         let name = unique_name(prefix);
         base.rabbitmqctl(&["add_vhost", &name])?;
         base.rabbitmqctl(&["set_permissions", "-p", &name, "guest", ".*", ".*", ".*"])?;
@@ -73,8 +75,69 @@ impl Vhost {
             .mgmt_url()
             .replacen("http://", "http://guest:guest@", 1);
         let broker = Broker::external(&url, Some(&mgmt))?;
-        Ok(Self { name, url, broker })
+        Ok(Self {
+            name,
+            url,
+            broker,
+            base,
+        })
     }
+
+    /// The scheduler's exchange, six queues and bindings, declared by the
+    /// host's own topology code for a config that runs the scheduler (and
+    /// nothing else): as a deployment's topology step would.
+    pub async fn declare_scheduler(&self) -> Result<()> {
+        let text = format!(
+            "[broker]\nurl = \"{}\"\n\n[scheduler]\nenabled = true\n",
+            self.url
+        );
+        let config =
+            acemq_host::config::LoadedConfig::parse(std::path::Path::new("scheduler.toml"), text)
+                .map_err(|e| anyhow!("{e}"))?;
+        let topology = acemq_host::topology::Topology::from_config(&config.config)
+            .map_err(|e| anyhow!("{e}"))?;
+        let connection = connect(&self.url).await?;
+        acemq_host::topology::apply(&connection, &topology)
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        let _ = connection.close(200, "declared".into()).await;
+        Ok(())
+    }
+}
+
+impl Drop for Vhost<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.base.rabbitmqctl(&["delete_vhost", &self.name]) {
+            eprintln!("deleting the vhost {}: {e:#}", self.name);
+        }
+    }
+}
+
+/// A host config that runs the scheduler and no consumer, with the direct
+/// exchange `exchange` whose queue `queue` takes `routing_key`: where the
+/// final deliveries of a test's scheduled messages go.
+pub fn scheduler_only_config(url: &str, exchange: &str, queue: &str, routing_key: &str) -> String {
+    format!(
+        r#"
+[broker]
+url = "{url}"
+
+[scheduler]
+enabled = true
+
+[[exchanges]]
+name = "{exchange}"
+kind = "direct"
+
+[[queues]]
+name = "{queue}"
+
+[[bindings]]
+exchange = "{exchange}"
+queue = "{queue}"
+routing_key = "{routing_key}"
+"#
+    )
 }
 
 async fn connect(url: &str) -> Result<Connection> {

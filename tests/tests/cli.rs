@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use acemq_tests::host::{host_binary, plugin_path, workspace_root};
+use acemq_tests::scheduler_peer::Vhost;
 
 fn acemq_host(args: &[&str], config: Option<&str>) -> (Output, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
@@ -366,60 +367,6 @@ fn a_config_key_the_plugin_does_not_read_is_warned_about() {
     );
 }
 
-/// A vhost of its own for a test of the scheduler's queues, whose names
-/// are vhost-wide: nothing else on the shared broker puts messages in them
-/// or takes messages out. Deleted, with what it holds, when dropped.
-struct SchedulerVhost {
-    name: String,
-    broker: acemq_tests::Broker,
-}
-
-impl SchedulerVhost {
-    fn create(prefix: &str) -> SchedulerVhost {
-        let base = acemq_tests::shared_broker();
-        let name = acemq_tests::unique_name(prefix);
-        base.rabbitmqctl(&["add_vhost", &name]).unwrap();
-        base.rabbitmqctl(&["set_permissions", "-p", &name, "guest", ".*", ".*", ".*"])
-            .unwrap();
-        let url = format!(
-            "amqp://guest:guest@{}:{}/{name}",
-            base.amqp_host(),
-            base.amqp_port()
-        );
-        let mgmt = base
-            .mgmt_url()
-            .replacen("http://", "http://guest:guest@", 1);
-        let broker = acemq_tests::Broker::external(&url, Some(&mgmt)).unwrap();
-        SchedulerVhost { name, broker }
-    }
-
-    /// The scheduler's exchange, six queues and bindings, declared by the
-    /// host's own topology code for a config that runs the scheduler.
-    async fn declare_scheduler_topology(&self) {
-        let text = format!(
-            "[broker]\nurl = \"{}\"\n\n[scheduler]\nenabled = true\n",
-            self.broker.amqp_url()
-        );
-        let config =
-            acemq_host::config::LoadedConfig::parse(Path::new("scheduler.toml"), text).unwrap();
-        let topology = acemq_host::topology::Topology::from_config(&config.config).unwrap();
-        let connection = self.broker.connect().await.unwrap();
-        acemq_host::topology::apply(&connection, &topology)
-            .await
-            .unwrap();
-        connection.close(200, "declared".into()).await.unwrap();
-    }
-}
-
-impl Drop for SchedulerVhost {
-    fn drop(&mut self) {
-        let deleted = acemq_tests::shared_broker().rabbitmqctl(&["delete_vhost", &self.name]);
-        if let Err(e) = deleted {
-            eprintln!("deleting the vhost {}: {e:#}", self.name);
-        }
-    }
-}
-
 /// The cells of a row of `schedule list`'s tables: columns are two spaces
 /// apart at least, and no cell holds two spaces in a row.
 fn cells(line: &str) -> Vec<&str> {
@@ -440,8 +387,8 @@ async fn schedule_list_shows_each_scheduled_message_and_consumes_none() {
     use lapin::BasicProperties;
     use lapin::types::{AMQPValue, FieldTable, LongString};
 
-    let vhost = SchedulerVhost::create("cli.schedule");
-    vhost.declare_scheduler_topology().await;
+    let vhost = Vhost::create(acemq_tests::shared_broker(), "cli.schedule").unwrap();
+    vhost.declare_scheduler().await.unwrap();
     let now = acemq_host::envelope::now_ms();
     let text = |value: &str| AMQPValue::LongString(LongString::from(value));
     let headers = |entries: Vec<(&str, AMQPValue)>| {
@@ -611,7 +558,7 @@ async fn schedule_list_shows_each_scheduled_message_and_consumes_none() {
 /// says so and succeeds; a broker it cannot reach fails it (exit 1).
 #[test]
 fn schedule_list_names_missing_queues_and_fails_without_a_broker() {
-    let vhost = SchedulerVhost::create("cli.schedule.none");
+    let vhost = Vhost::create(acemq_tests::shared_broker(), "cli.schedule.none").unwrap();
     let config = format!("[broker]\nurl = \"{}\"\n", vhost.broker.amqp_url());
     let (output, _dir) = acemq_host(&["schedule", "list"], Some(&config));
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();

@@ -19,7 +19,7 @@ use std::time::Duration;
 use acemq_tests::host::{HostProcess, InProcessHost, metric_sum, plugin_path};
 use acemq_tests::scheduler_peer::{
     self, Arrivals, DUE_QUEUE, Scheduled, Style, Vhost, now_ms, run_contract_control_consumer,
-    schedule_as,
+    schedule_as, scheduler_only_config,
 };
 use acemq_tests::{ReceivedMessage, shared_broker};
 use lapin::BasicProperties;
@@ -32,7 +32,7 @@ const LATE_AT_MOST_MS: i64 = 2_500;
 
 /// A host with the `reminder` plugin on `inputs`, publishing to the direct
 /// exchange `reminders`, whose queue `reminders.due` takes every key.
-fn reminder_config(vhost: &Vhost) -> String {
+fn reminder_config(vhost: &Vhost<'_>) -> String {
     format!(
         r#"
 [broker]
@@ -187,30 +187,10 @@ async fn plugin_delays_are_delivered_once_on_their_due_time() {
     host.stop().await.unwrap();
 }
 
-/// A host that runs the scheduler and no consumer of its own.
-fn scheduler_only(vhost: &Vhost) -> String {
-    format!(
-        r#"
-[broker]
-url = "{url}"
-
-[scheduler]
-enabled = true
-
-[[exchanges]]
-name = "orders"
-kind = "direct"
-
-[[queues]]
-name = "orders.closing"
-
-[[bindings]]
-exchange = "orders"
-queue = "orders.closing"
-routing_key = "order.close"
-"#,
-        url = vhost.url
-    )
+/// A host that runs the scheduler and no consumer of its own; final
+/// deliveries to `orders` with `order.close` land in `orders.closing`.
+fn scheduler_only(vhost: &Vhost<'_>) -> String {
+    scheduler_only_config(&vhost.url, "orders", "orders.closing", "order.close")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
