@@ -11,7 +11,9 @@
 //!   control consumer that does only what the contract says;
 //! - a host killed mid-hop loses nothing;
 //! - a message on the control queue without its headers is rejected, and
-//!   dead-lettered where an operator policy on the queue says.
+//!   dead-lettered where an operator policy on the queue says;
+//! - a due message nothing is bound for, or one whose next rung was
+//!   deleted, waits on the 10 s rung and is delivered later, not lost.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -537,4 +539,42 @@ async fn bind(url: &str, queue: &str, exchange: &str, routing_key: &str) {
         .await
         .unwrap();
     connection.close(200, "done".into()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_whose_next_rung_was_deleted_waits_on_the_ten_second_rung() {
+    let vhost = Vhost::create(shared_broker(), "sched.norung").unwrap();
+    let host = InProcessHost::start(&scheduler_only(&vhost)).await.unwrap();
+    let mut arrivals = Arrivals::watch(&vhost.url, "orders.closing").await.unwrap();
+    vhost
+        .broker
+        .delete_queue("acemq.schedule.1s")
+        .await
+        .unwrap();
+    // Three seconds left: its next stop would be the 1 s rung.
+    let mut headers = FieldTable::default();
+    headers.insert("x-schedule-exchange".into(), text("orders"));
+    headers.insert("x-schedule-routing-key".into(), text("order.close"));
+    let due = now_ms() + 3_000;
+    headers.insert(
+        "x-schedule-due-at".into(),
+        AMQPValue::LongLongInt(due as i64),
+    );
+    vhost
+        .broker
+        .publish(
+            scheduler_peer::EXCHANGE,
+            DUE_QUEUE,
+            b"{}",
+            BasicProperties::default()
+                .with_message_id("rung-gone".into())
+                .with_headers(headers),
+        )
+        .await
+        .unwrap();
+    let (at, message) = arrivals.next(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(message.message_id.as_deref(), Some("rung-gone"));
+    assert!(at >= due + 5_000, "it waited on the 10 s rung, not lost");
+    assert_delivered_as_final(&message);
+    host.stop().await.unwrap();
 }

@@ -11,6 +11,9 @@
 //! - a final publish the broker did not route or refused waits on the 10 s
 //!   rung and is tried again (counted `undeliverable`, and its age past due
 //!   shows in `acemq_scheduler_oldest_overdue_seconds`);
+//! - a hop a rung did not take (an operator deleted the rung; the host
+//!   declares it again on its next connection) waits on the 10 s rung
+//!   instead;
 //! - a publish that failed for the broker's or the connection's sake is
 //!   requeued after a pause;
 //! - a message without the headers that say where it goes is rejected, as
@@ -125,6 +128,13 @@ enum Moved {
     Delivered,
 }
 
+/// A publish that did not move the message on: the hop down `rung`, or
+/// (`None`) the final delivery.
+struct NotMoved {
+    rung: Option<&'static Rung>,
+    error: PublishError,
+}
+
 impl Control {
     pub fn new(
         publish_link: Arc<PublishLink>,
@@ -193,9 +203,16 @@ impl Control {
                 self.count(&moved, &schedule, &id);
                 Ok(())
             }
-            Err(e) if e.is_broker_trouble() => Err(e),
-            Err(e) => {
-                self.undeliverable(&properties, &body, &schedule, &id, e)
+            Err(NotMoved { error, .. }) if error.is_broker_trouble() => Err(error),
+            Err(NotMoved { rung: None, error }) => {
+                self.undeliverable(&properties, &body, &schedule, &id, error)
+                    .await
+            }
+            Err(NotMoved {
+                rung: Some(rung),
+                error,
+            }) => {
+                self.rung_refused(&properties, &body, &id, rung, error)
                     .await
             }
         };
@@ -228,15 +245,20 @@ impl Control {
         properties: &lapin::BasicProperties,
         body: &Bytes,
         schedule: &Schedule,
-    ) -> Result<Moved, PublishError> {
+    ) -> Result<Moved, NotMoved> {
         let hold = self.holds.clone().try_acquire_owned().ok();
         let left = schedule.left_ms(crate::envelope::now_ms());
         match step(left, hold.is_some()) {
             Step::Hop(rung) => {
                 drop(hold);
                 let hop = wire::hop(properties, body, rung.name);
-                self.publisher.publish(&hop).await?;
-                Ok(Moved::Hopped(rung))
+                match self.publisher.publish(&hop).await {
+                    Ok(()) => Ok(Moved::Hopped(rung)),
+                    Err(error) => Err(NotMoved {
+                        rung: Some(rung),
+                        error,
+                    }),
+                }
             }
             Step::Hold(wait) => {
                 // Under a second: a shutdown meanwhile delivers it early
@@ -260,10 +282,40 @@ impl Control {
         properties: &lapin::BasicProperties,
         body: &Bytes,
         schedule: &Schedule,
-    ) -> Result<Moved, PublishError> {
+    ) -> Result<Moved, NotMoved> {
         let delivery = wire::final_delivery(properties, body, schedule);
-        self.publisher.publish(&delivery).await?;
-        Ok(Moved::Delivered)
+        match self.publisher.publish(&delivery).await {
+            Ok(()) => Ok(Moved::Delivered),
+            Err(error) => Err(NotMoved { rung: None, error }),
+        }
+    }
+
+    /// A rung did not take the message (an operator deleted it, say; the
+    /// host declares it again on its next connection): it waits on the 10 s
+    /// rung instead, and its next hop tries again. `Err` when that was the
+    /// 10 s rung, or that publish failed too: it goes back to the control
+    /// queue after a pause.
+    async fn rung_refused(
+        &self,
+        properties: &lapin::BasicProperties,
+        body: &Bytes,
+        id: &str,
+        rung: &'static Rung,
+        failure: PublishError,
+    ) -> Result<(), PublishError> {
+        if rung == UNDELIVERABLE_WAIT {
+            return Err(failure);
+        }
+        tracing::warn!(
+            queue = DUE_QUEUE,
+            message_id = %id,
+            rung = rung.name,
+            error = %failure,
+            "a rung did not take a scheduled message; it waits on {} instead",
+            UNDELIVERABLE_WAIT.name
+        );
+        let wait = wire::hop(properties, body, UNDELIVERABLE_WAIT.name);
+        self.publisher.publish(&wait).await
     }
 
     /// The final publish failed for the message's sake (nothing bound to
