@@ -202,36 +202,7 @@ fn scheduled_properties(style: Style, message: &Scheduled<'_>) -> (&'static str,
 /// Publishes `message` to `acemq.schedule` on the rung for its time left,
 /// mandatory and confirmed, with the headers `style` writes.
 pub async fn schedule_as(url: &str, style: Style, message: &Scheduled<'_>) -> Result<()> {
-    let (routing_key, properties) = scheduled_properties(style, message);
-    let connection = connect(url).await?;
-    let channel = connection.create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    let confirm = channel
-        .basic_publish(
-            EXCHANGE.into(),
-            routing_key.into(),
-            BasicPublishOptions {
-                mandatory: true,
-                ..BasicPublishOptions::default()
-            },
-            message.body,
-            properties,
-        )
-        .await?
-        .await?;
-    if !confirm.is_ack() {
-        bail!("the scheduled message was not confirmed: {confirm:?}");
-    }
-    if let Some(returned) = confirm.take_message() {
-        bail!(
-            "the scheduled message reached no rung: {}",
-            returned.reply_text
-        );
-    }
-    let _ = connection.close(200, "done".into()).await;
-    Ok(())
+    schedule_all(url, style, std::slice::from_ref(message), 1).await
 }
 
 /// A control consumer that does what the contract says (§11), and only
@@ -410,9 +381,9 @@ impl Drop for Arrivals {
     }
 }
 
-/// Publishes every message of `messages` like [`schedule_as`] over one
-/// channel, with up to `window` confirms in flight: a producer scheduling
-/// many at once.
+/// Publishes every message of `messages` to `acemq.schedule` on the rung
+/// for its time left, mandatory, over one channel with up to `window`
+/// confirms in flight: each must be confirmed into a rung.
 pub async fn schedule_all(
     url: &str,
     style: Style,
@@ -441,17 +412,26 @@ pub async fn schedule_all(
             .await?;
         pending.push_back(confirm);
         if pending.len() >= window {
-            let confirm = pending.pop_front().expect("one pending").await?;
-            if !confirm.is_ack() {
-                bail!("a scheduled message was not confirmed");
-            }
+            confirmed_into_a_rung(pending.pop_front().expect("one pending").await?)?;
         }
     }
     for confirm in pending {
-        if !confirm.await?.is_ack() {
-            bail!("a scheduled message was not confirmed");
-        }
+        confirmed_into_a_rung(confirm.await?)?;
     }
     let _ = connection.close(200, "done".into()).await;
+    Ok(())
+}
+
+/// A scheduled message's confirm: acked, and not returned unroutable.
+fn confirmed_into_a_rung(confirm: lapin::Confirmation) -> Result<()> {
+    if !confirm.is_ack() {
+        bail!("a scheduled message was not confirmed: {confirm:?}");
+    }
+    if let Some(returned) = confirm.take_message() {
+        bail!(
+            "a scheduled message reached no rung: {}",
+            returned.reply_text
+        );
+    }
     Ok(())
 }

@@ -389,18 +389,7 @@ async fn a_message_without_its_headers_is_rejected_to_where_the_queue_says() {
         "x-schedule-due-at".into(),
         AMQPValue::LongLongInt(now_ms() as i64),
     );
-    vhost
-        .broker
-        .publish(
-            scheduler_peer::EXCHANGE,
-            DUE_QUEUE,
-            b"where to?",
-            BasicProperties::default()
-                .with_message_id("no-routing-key".into())
-                .with_headers(headers),
-        )
-        .await
-        .unwrap();
+    put_on_the_control_queue(&vhost, "no-routing-key", b"where to?", headers).await;
     let rejected = vhost
         .broker
         .drain("ops.rejected", 1, Duration::from_secs(30))
@@ -560,21 +549,27 @@ async fn a_message_whose_next_rung_was_deleted_waits_on_the_ten_second_rung() {
         "x-schedule-due-at".into(),
         AMQPValue::LongLongInt(due as i64),
     );
-    vhost
-        .broker
-        .publish(
-            scheduler_peer::EXCHANGE,
-            DUE_QUEUE,
-            b"{}",
-            BasicProperties::default()
-                .with_message_id("rung-gone".into())
-                .with_headers(headers),
-        )
-        .await
-        .unwrap();
+    put_on_the_control_queue(&vhost, "rung-gone", b"{}", headers).await;
     let (at, message) = arrivals.next(Duration::from_secs(30)).await.unwrap();
     assert_eq!(message.message_id.as_deref(), Some("rung-gone"));
     assert!(at >= due + 5_000, "it waited on the 10 s rung, not lost");
     assert_delivered_as_final(&message);
     host.stop().await.unwrap();
+}
+
+/// Puts a message with `headers`, written by hand, straight on the control
+/// queue, as a rung's dead-lettering would.
+async fn put_on_the_control_queue(vhost: &Vhost<'_>, id: &str, body: &[u8], headers: FieldTable) {
+    vhost
+        .broker
+        .publish(
+            scheduler_peer::EXCHANGE,
+            DUE_QUEUE,
+            body,
+            BasicProperties::default()
+                .with_message_id(id.into())
+                .with_headers(headers),
+        )
+        .await
+        .unwrap();
 }
