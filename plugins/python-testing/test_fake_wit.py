@@ -1,4 +1,5 @@
-"""The shared fake bindings' own tests: what a plugin's tests rely on them for.
+"""The shared fake bindings' own tests: what a plugin's tests rely on them for
+(delayed publishing, and the state interface as docs/state.md describes it).
 
 `python3 -m unittest test_fake_wit` here (plugins/python-testing).
 """
@@ -8,6 +9,8 @@ import unittest
 import fake_wit
 
 host, wtypes, Err = fake_wit.install()
+# As a plugin imports it: `from wit_world.imports import state`.
+from wit_world.imports import state  # noqa: E402
 
 
 class Reminder:
@@ -65,6 +68,378 @@ class DelayedPublishingTest(unittest.TestCase):
         h = fake_wit.FakeHost(max_delay_ms=600_000)
         self.assertEqual(h.handle(Reminder(delay=True), fake_wit.message("call")),
                          wtypes.Outcome_Accept())
+
+
+class Script:
+    """A handler that runs `steps()` (the state calls under test) and keeps
+    what it returned in `result`; it returns that when it is an outcome,
+    else Accept."""
+
+    def __init__(self, steps):
+        self.steps, self.result = steps, None
+
+    def handle(self, msg):
+        with msg:
+            pass
+        self.result = self.steps()
+        outcomes = (wtypes.Outcome_Accept, wtypes.Outcome_Retry, wtypes.Outcome_Reject,
+                    wtypes.Outcome_Park)
+        return self.result if isinstance(self.result, outcomes) else wtypes.Outcome_Accept()
+
+
+def run(h, steps, **kw):
+    """Runs `steps` as one call on `h`: (outcome, what steps returned)."""
+    script = Script(steps)
+    outcome = h.handle(script, fake_wit.message("x"), **kw)
+    return outcome, script.result
+
+
+def raised(f, *args):
+    """The reason of the Err `f(*args)` raised (fails if it returned)."""
+    try:
+        f(*args)
+    except Err as e:
+        return e.value
+    raise AssertionError(f"{f.__name__}{args} raised no Err")
+
+
+class StateCallsTest(unittest.TestCase):
+    def test_reads_see_the_calls_own_writes_and_commit_on_accept(self):
+        h = fake_wit.FakeHost()
+
+        def steps():
+            before = state.get(b"k")
+            state.set(b"k", b"v1", None)
+            during = state.get(b"k")
+            state.delete(b"gone")
+            return before, during
+
+        self.assertEqual(run(h, steps), (wtypes.Outcome_Accept(), (None, b"v1")))
+        self.assertTrue(h.committed)
+        self.assertEqual(h.state.items(), {b"k": b"v1"})
+        # The next call reads what the last one committed.
+        self.assertEqual(run(h, lambda: state.get(b"k"))[1], b"v1")
+        self.assertEqual(h.last_call.writes, {})
+
+    def test_an_input_not_accepted_leaves_no_write(self):
+        for outcome in (wtypes.Outcome_Retry("later"), wtypes.Outcome_Reject("bad"),
+                        wtypes.Outcome_Park("aside")):
+            h = fake_wit.FakeHost()
+            h.state.seed("kept", "old")
+
+            def steps():
+                state.set(b"kept", b"new", None)
+                state.set(b"fresh", b"1", None)
+                state.increment(b"n", 1, None)
+                return outcome
+
+            self.assertEqual(run(h, steps)[0], outcome)
+            self.assertFalse(h.committed)
+            self.assertEqual(h.state.items(), {b"kept": b"old"})
+            # What it would have written stays readable for the test.
+            self.assertEqual(sorted(h.last_call.writes), [b"fresh", b"kept", b"n"])
+
+    def test_a_handler_that_raises_commits_nothing(self):
+        h = fake_wit.FakeHost()
+
+        def steps():
+            state.set(b"k", b"v", None)
+            raise ValueError("trap")
+
+        with self.assertRaises(ValueError):
+            run(h, steps)
+        self.assertEqual(h.state.items(), {})
+
+    def test_a_consumer_without_state_gets_the_error_from_every_call(self):
+        h = fake_wit.FakeHost(state=None)
+        self.assertIsNone(h.state)
+        calls = ((state.get, b"k"), (state.set, b"k", b"v", None), (state.delete, b"k"),
+                 (state.increment, b"k", 1, None), (state.get_versioned, b"k"),
+                 (state.set_if_version, b"k", b"v", 0, None))
+        reasons = run(h, lambda: [raised(*c) for c in calls])[1]
+        self.assertEqual(reasons, [fake_wit.NO_STATE_STORE] * 6)
+        self.assertEqual(fake_wit.NO_STATE_STORE,
+                         'this consumer has no state store: set state = "NAME" in its '
+                         '[[consumers]] entry')
+
+    def test_state_calls_outside_handle_are_a_test_mistake(self):
+        fake_wit.FakeHost()
+        with self.assertRaisesRegex(RuntimeError, "outside FakeHost.handle"):
+            state.get(b"k")
+
+    def test_keys_and_values_are_bytes(self):
+        h = fake_wit.FakeHost()
+        with self.assertRaises(TypeError):
+            run(h, lambda: state.get("k"))
+        with self.assertRaises(TypeError):
+            run(h, lambda: state.set(b"k", "v", None))
+        with self.assertRaises(OverflowError):
+            run(h, lambda: state.increment(b"k", 1 << 63, None))
+        self.assertEqual(run(h, lambda: state.set(b"k", bytearray(b"v"), None))[0],
+                         wtypes.Outcome_Accept())
+        self.assertEqual(h.state.get(b"k"), b"v")
+
+
+class StateExpiryTest(unittest.TestCase):
+    def test_ttl_is_on_the_fake_clock_and_none_never_expires(self):
+        h = fake_wit.FakeHost(now_ms=1_000)
+
+        def steps():
+            state.set(b"brief", b"1", 500)
+            state.set(b"forever", b"2", None)
+
+        run(h, steps)
+        self.assertEqual(h.state.entry(b"brief").expires_at_ms, 1_500)
+        self.assertIsNone(h.state.entry(b"forever").expires_at_ms)
+        h.now = 1_499
+        self.assertEqual(run(h, lambda: state.get(b"brief"))[1], b"1")
+        h.now = 1_500
+        self.assertEqual(run(h, lambda: (state.get(b"brief"), state.get_versioned(b"brief")))[1],
+                         (None, None))
+        self.assertEqual(h.state.keys(), [b"forever"])
+        h.now = 10 ** 15
+        self.assertEqual(run(h, lambda: state.get(b"forever"))[1], b"2")
+
+    def test_a_zero_ttl_is_gone_at_once_even_in_its_own_call(self):
+        h = fake_wit.FakeHost()
+        self.assertIsNone(run(h, lambda: state.set(b"k", b"v", 0) or state.get(b"k"))[1])
+        self.assertEqual(h.state.items(), {})
+
+    def test_seeded_entries_expire_too(self):
+        h = fake_wit.FakeHost(now_ms=0)
+        h.state.seed(b"k", b"v", ttl_ms=10)
+        self.assertEqual(h.state.get(b"k"), b"v")
+        h.now = 10
+        self.assertIsNone(h.state.get(b"k"))
+        self.assertEqual(h.state.version(b"k"), 0)
+
+
+class IncrementTest(unittest.TestCase):
+    def test_counts_from_zero_and_stores_ascii_decimal(self):
+        h = fake_wit.FakeHost()
+        self.assertEqual(run(h, lambda: (state.increment(b"n", 5, None),
+                                         state.increment(b"n", 1, None),
+                                         state.get(b"n")))[1], (5, 6, b"6"))
+        self.assertEqual(h.state.get(b"n"), b"6")
+        self.assertEqual(run(h, lambda: state.increment(b"n", -10, None))[1], -4)
+        self.assertEqual(h.state.get(b"n"), b"-4")
+
+    def test_reads_a_value_set_as_text(self):
+        h = fake_wit.FakeHost()
+        h.state.seed(b"n", b"41")
+        self.assertEqual(run(h, lambda: state.increment(b"n", 1, None))[1], 42)
+
+    def test_a_non_integer_value_is_an_error(self):
+        for value in (b"six", b"6.0", b" 6", b"", b"99999999999999999999", "\u0666".encode()):
+            h = fake_wit.FakeHost()
+            h.state.seed(b"n", value)
+            reason = run(h, lambda: raised(state.increment, b"n", 1, None))[1]
+            self.assertEqual(reason, "cannot increment `n`: its value is not a 64-bit integer "
+                                     "in ASCII decimal", value)
+            self.assertEqual(h.state.get(b"n"), value)
+            self.assertEqual(h.last_call.writes, {})
+
+    def test_overflow_is_an_error(self):
+        h = fake_wit.FakeHost()
+        h.state.seed(b"n", str(fake_wit.I64_MAX).encode())
+        self.assertIn("overflows a 64-bit integer",
+                      run(h, lambda: raised(state.increment, b"n", 1, None))[1])
+        h.state.seed(b"n", str(fake_wit.I64_MIN).encode())
+        self.assertIn("overflows", run(h, lambda: raised(state.increment, b"n", -1, None))[1])
+        self.assertEqual(run(h, lambda: state.increment(b"n", 0, None))[1], fake_wit.I64_MIN)
+
+    def test_no_ttl_keeps_the_keys_own_expiry_and_a_ttl_sets_a_new_one(self):
+        h = fake_wit.FakeHost(now_ms=0)
+        h.state.seed(b"n", b"1", ttl_ms=1_000)
+        h.state.seed(b"m", b"1")
+        h.now = 400
+        run(h, lambda: (state.increment(b"n", 1, None), state.increment(b"m", 1, None),
+                        state.increment(b"new", 1, None)))
+        self.assertEqual(h.state.entry(b"n").expires_at_ms, 1_000)
+        self.assertIsNone(h.state.entry(b"m").expires_at_ms)
+        self.assertIsNone(h.state.entry(b"new").expires_at_ms)
+        run(h, lambda: state.increment(b"n", 1, 5_000))
+        self.assertEqual(h.state.entry(b"n"), fake_wit.StateEntry(b"3", h.state.version(b"n"), 5_400))
+        # Within one call, a key's own expiry is the one the call set.
+        run(h, lambda: (state.set(b"t", b"0", 100), state.increment(b"t", 1, None)))
+        self.assertEqual(h.state.entry(b"t").expires_at_ms, 500)
+
+    def test_an_increment_conflicts_when_its_key_changed_before_the_commit(self):
+        h = fake_wit.FakeHost()
+        h.state.seed(b"n", b"1")
+        h.concurrently(lambda ns: ns.seed(b"n", b"10"))
+        self.assertEqual(run(h, lambda: state.increment(b"n", 1, None))[1], 2)
+        self.assertEqual(h.conflict, b"n")
+        self.assertFalse(h.committed)
+        self.assertEqual(h.state.get(b"n"), b"10")
+        # The host runs it again on fresh state.
+        h.concurrently(lambda ns: ns.seed(b"n", b"20"))
+        self.assertEqual(run(h, lambda: state.increment(b"n", 1, None), reruns=5)[1], 21)
+        self.assertEqual((h.runs, h.conflict, h.state.get(b"n")), (2, None, b"21"))
+
+    def test_an_increment_of_the_calls_own_write_checks_nothing(self):
+        h = fake_wit.FakeHost()
+        h.state.seed(b"n", b"1")
+        h.concurrently(lambda ns: ns.seed(b"n", b"10"))
+        run(h, lambda: (state.set(b"n", b"5", None), state.increment(b"n", 1, None)))
+        self.assertEqual((h.conflict, h.state.get(b"n")), (None, b"6"))
+
+
+class VersionsTest(unittest.TestCase):
+    def test_versions_are_unique_and_never_reused(self):
+        h = fake_wit.FakeHost()
+        v1 = h.state.seed(b"a", b"1")
+        run(h, lambda: (state.set(b"b", b"1", None), state.set(b"a", b"2", None)))
+        va, vb = h.state.version(b"a"), h.state.version(b"b")
+        self.assertEqual(len({v1, va, vb}), 3)
+        self.assertTrue(all(v > 0 for v in (v1, va, vb)))
+        run(h, lambda: state.delete(b"a"))
+        self.assertEqual(h.state.version(b"a"), 0)
+        run(h, lambda: state.set(b"a", b"1", None))
+        self.assertGreater(h.state.version(b"a"), max(v1, va, vb))
+        self.assertEqual(run(h, lambda: state.get_versioned(b"a"))[1],
+                         (b"1", h.state.version(b"a")))
+
+    def test_set_if_version_commits_when_the_version_held(self):
+        h = fake_wit.FakeHost()
+        v = h.state.seed(b"k", b"old")
+
+        def steps():
+            value, version = state.get_versioned(b"k")
+            state.set_if_version(b"k", value + b"+new", version, None)
+            # Its own write, based on the same committed version.
+            return state.get_versioned(b"k")
+
+        self.assertEqual(run(h, steps)[1], (b"old+new", v))
+        self.assertTrue(h.committed)
+        self.assertEqual(h.state.get(b"k"), b"old+new")
+        self.assertGreater(h.state.version(b"k"), v)
+
+    def test_version_zero_means_only_if_absent(self):
+        h = fake_wit.FakeHost()
+        run(h, lambda: state.set_if_version(b"k", b"first", 0, None))
+        self.assertEqual((h.committed, h.state.get(b"k")), (True, b"first"))
+        run(h, lambda: state.set_if_version(b"k", b"second", 0, None))
+        self.assertEqual((h.committed, h.conflict, h.state.get(b"k")), (False, b"k", b"first"))
+
+    def test_a_stale_version_conflicts_at_the_commit(self):
+        h = fake_wit.FakeHost()
+        v = h.state.seed(b"k", b"1")
+        h.state.seed(b"k", b"2")
+        # The call is not refused; its commit is.
+        outcome, result = run(h, lambda: (state.set_if_version(b"k", b"3", v, None),
+                                          state.get(b"k")))
+        self.assertEqual((outcome, result), (wtypes.Outcome_Accept(), (None, b"3")))
+        self.assertEqual((h.conflict, h.state.get(b"k")), (b"k", b"2"))
+
+    def test_a_concurrent_change_makes_the_commit_conflict_and_leaves_nothing(self):
+        h = fake_wit.FakeHost()
+        h.state.seed(b"k", b"1")
+
+        def steps():
+            value, version = state.get_versioned(b"k")
+            state.set_if_version(b"k", value + b"1", version, 60_000)
+            state.set(b"other", b"x", None)
+            host.publish(wtypes.Outgoing(
+                exchange="x", routing_key="r", body=b"", content_type=None, headers=[],
+                envelope=wtypes.EnvelopeFields(None, None, None, None, None),
+                persistent=True, mandatory=None, deliver_at_ms=None))
+
+        h.concurrently(lambda ns: ns.seed(b"k", b"changed"))
+        self.assertEqual(run(h, steps)[0], wtypes.Outcome_Accept())
+        self.assertEqual((h.committed, h.conflict), (False, b"k"))
+        # Nothing of the call, not even its last-writer-wins set.
+        self.assertEqual(h.state.items(), {b"k": b"changed"})
+        self.assertEqual(len(h.published), 1, "kept for the test; the host publishes none")
+
+    def test_reruns_run_the_call_again_on_fresh_state(self):
+        h = fake_wit.FakeHost()
+        h.state.seed(b"k", b"a")
+        h.concurrently(lambda ns: ns.seed(b"k", b"b"))
+        published = []
+
+        def steps():
+            value, version = state.get_versioned(b"k")
+            state.set_if_version(b"k", value + b"!", version, None)
+            published.append(value)
+            host.publish(wtypes.Outgoing(
+                exchange="x", routing_key="r", body=value, content_type=None, headers=[],
+                envelope=wtypes.EnvelopeFields(None, None, None, None, None),
+                persistent=True, mandatory=None, deliver_at_ms=None))
+
+        run(h, steps, reruns=5)
+        self.assertEqual((h.runs, h.committed, h.state.get(b"k")), (2, True, b"b!"))
+        self.assertEqual(published, [b"a", b"b"])
+        # The conflicted run's output is dropped.
+        self.assertEqual([o.body for o in h.published], [b"b"])
+
+    def test_a_plain_set_or_delete_never_conflicts(self):
+        h = fake_wit.FakeHost()
+        h.state.seed(b"k", b"1")
+        h.concurrently(lambda ns: ns.seed(b"k", b"2"))
+        run(h, lambda: (state.get_versioned(b"k"), state.set(b"k", b"mine", None)))
+        self.assertEqual((h.conflict, h.state.get(b"k")), (None, b"mine"))
+        h.concurrently(lambda ns: ns.seed(b"k", b"3"))
+        run(h, lambda: state.delete(b"k"))
+        self.assertEqual(h.state.items(), {})
+
+
+class StateLimitsTest(unittest.TestCase):
+    def test_keys_are_1_to_1024_bytes(self):
+        h = fake_wit.FakeHost()
+        reasons = run(h, lambda: [raised(state.get, b""), raised(state.set, b"k" * 1025, b"", None),
+                                  state.set(b"k" * 1024, b"v", None)])[1]
+        self.assertEqual(reasons, ["a state key is 1 to 1024 bytes; this one is 0",
+                                   "a state key is 1 to 1024 bytes; this one is 1025", None])
+        self.assertEqual(h.state.keys(), [b"k" * 1024])
+
+    def test_values_are_at_most_1_mib(self):
+        h = fake_wit.FakeHost()
+        mib = fake_wit.STATE_MAX_VALUE_BYTES
+        self.assertEqual(mib, 1 << 20)
+        reasons = run(h, lambda: [raised(state.set, b"k", b"x" * (mib + 1), None),
+                                  raised(state.set_if_version, b"k", b"x" * (mib + 1), 0, None),
+                                  state.set(b"k", b"x" * mib, None)])[1]
+        self.assertEqual(reasons[:2], ["a state value is at most 1048576 bytes (1 MiB); "
+                                       "this one is 1048577"] * 2)
+        self.assertEqual(len(h.state.get(b"k")), mib)
+
+    def test_a_call_makes_at_most_1000_writes(self):
+        h = fake_wit.FakeHost()
+
+        def steps():
+            for i in range(999):
+                state.set(b"k%d" % i, b"", None)
+            state.delete(b"k0")
+            return [raised(f, *args) for f, *args in (
+                (state.set, b"one-more", b"", None), (state.delete, b"k1"),
+                (state.increment, b"n", 1, None), (state.set_if_version, b"k", b"", 0, None))]
+
+        reasons = run(h, steps)[1]
+        self.assertEqual(set(reasons), {"a call makes at most 1000 state writes; "
+                                        "this one would be write 1001"})
+        self.assertEqual(len(h.state.keys()), 998)
+        # Reads are not writes; the next call has its own 1000.
+        run(h, lambda: [state.get(b"k1") for _ in range(2000)] and state.set(b"k", b"", None))
+        self.assertTrue(h.committed)
+
+
+class SharedNamespaceTest(unittest.TestCase):
+    def test_two_consumers_naming_one_namespace_share_it(self):
+        a = fake_wit.FakeHost(now_ms=5)
+        b = fake_wit.FakeHost(now_ms=5, state=a.state)
+        run(a, lambda: state.increment(b"n", 1, None))
+        self.assertEqual(run(b, lambda: state.increment(b"n", 1, None))[1], 2)
+        self.assertEqual(a.state.items(), {b"n": b"2"})
+
+    def test_helpers_take_text_and_show_keys_as_the_host_does(self):
+        ns = fake_wit.FakeNamespace()
+        ns.seed("customer/acme", "[1]")
+        self.assertEqual(ns.get(b"customer/acme"), b"[1]")
+        ns.remove("customer/acme")
+        self.assertEqual(ns.items(), {})
+        self.assertEqual(fake_wit.show_key(b"customer/acme"), "customer/acme")
+        self.assertEqual(fake_wit.show_key(b"\xff\x00"), "ff00")
 
 
 if __name__ == "__main__":
