@@ -29,7 +29,8 @@ pub mod topology;
 // The running host: the broker conversations (`broker`, which knows AMQP
 // and imports nothing of `delivery` or `plugin`), the plugins (`plugin`,
 // which knows wasm and nothing of AMQP), the message path between them
-// (`delivery`), the AceMQ scheduler's control consumer (`scheduler`), what an operator watches (`admin`, `telemetry`, `trace`,
+// (`delivery`), the AceMQ scheduler's control consumer (`scheduler`), plugin state and
+// idempotency (`state`), what an operator watches (`admin`, `telemetry`, `trace`,
 // `logging`), and `app`, which starts and stops it all.
 pub mod admin;
 pub mod app;
@@ -39,6 +40,7 @@ pub mod delivery;
 pub(crate) mod logging;
 pub mod plugin;
 pub mod scheduler;
+pub mod state;
 pub mod telemetry;
 pub mod trace;
 
