@@ -12,8 +12,8 @@
 //! crate carry both worlds: a codec plugin is never asked to export a
 //! handler, and a handler plugin never a codec.
 
-/// The `handler-plugin` world: imports `host` (and `state`, which this SDK
-/// does not wrap yet), exports `handler`.
+/// The `handler-plugin` world: imports `host` and `state`, exports
+/// `handler`.
 pub mod handler {
     wit_bindgen::generate!({
         world: "handler-plugin",
@@ -39,4 +39,7 @@ pub mod codec {
 }
 
 pub(crate) use handler::acemq::plugin::host as wit_host;
+// Natively the state calls go to the test host, which has its own types.
+#[cfg(target_arch = "wasm32")]
+pub(crate) use handler::acemq::plugin::state as wit_state;
 pub(crate) use handler::acemq::plugin::types as wit_types;

@@ -1,5 +1,6 @@
 //! The host's services: configuration, clock, logging. Publishing is in
-//! [`publish`](crate::publish()), replying in [`reply`](crate::reply()).
+//! [`publish`](crate::publish()), replying in [`reply`](crate::reply()),
+//! key-value state in [`state`](crate::state).
 //!
 //! Handler plugins only: the `codec-plugin` world imports nothing, so a codec
 //! that calls any of these is refused by the host when it loads.
@@ -116,4 +117,17 @@ pub(crate) mod sys {
 
     #[cfg(not(target_arch = "wasm32"))]
     pub(crate) use crate::testing::sys::{config, log, now_ms, publish, reply};
+
+    /// The `state` interface's imports (see [`state`](crate::state)).
+    pub(crate) mod state {
+        #[cfg(target_arch = "wasm32")]
+        pub(crate) use crate::bindings::wit_state::{
+            delete, get, get_versioned, increment, set, set_if_version,
+        };
+
+        #[cfg(not(target_arch = "wasm32"))]
+        pub(crate) use crate::testing::sys::state::{
+            delete, get, get_versioned, increment, set, set_if_version,
+        };
+    }
 }

@@ -5,8 +5,9 @@
 //! everything else: connection, acknowledgements, retries, dead-lettering,
 //! publisher confirms. A plugin is a WebAssembly component with no access to
 //! the machine; it reaches the outside only through the host: [`publish`](publish()),
-//! [`reply`](reply()) (to answer a request), [`config`], [`now_ms`], and
-//! [logging](log). A message on a routing slip shows it
+//! [`reply`](reply()) (to answer a request), [`config`], [`now_ms`],
+//! [logging](log), and the consumer's key-value [`state`], kept between
+//! calls and committed with the input. A message on a routing slip shows it
 //! ([`Message::routing_slip`]); the host forwards it to the next step.
 //!
 //! # A handler
@@ -60,6 +61,7 @@
 //! |------------------------------|----------------------------------------------|
 //! | [`BodyError`] ([`Message::json`], [`Message::text`]) | [`Outcome::Reject`]: the body will never be readable |
 //! | [`PublishError`] ([`Publish::send`]), [`ReplyError`] ([`Reply::send`]) | [`Outcome::Retry`]: the refusal is usually configuration |
+//! | [`StateError`] (any [`state`] call)                   | [`Outcome::Retry`]: usually configuration (no `state`) or a store out of reach |
 //! | [`SlipError`] ([`Message::routing_slip`])             | [`Outcome::Reject`]: the slip will never be readable |
 //! | any `Option` / `Result`, via [`OrOutcome`]            | the outcome you name: `.or_reject("no tenant")?` |
 //!
@@ -104,6 +106,7 @@ mod outgoing;
 mod publish;
 mod reply;
 mod slip;
+pub mod state;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
 
@@ -119,6 +122,7 @@ pub use reply::{Reply, ReplyError, reply};
 /// `serde_json` themselves.
 pub use serde_json::{self, json};
 pub use slip::{DoneStep, ROUTING_SLIP_HEADER, RoutingSlip, SlipError, SlipForm, SlipStep};
+pub use state::StateError;
 
 /// A handler plugin. Export it with [`export_handler!`].
 ///
@@ -225,7 +229,7 @@ macro_rules! config_keys {
 pub mod prelude {
     pub use crate::{
         Handler, Message, OrOutcome, Outcome, Result, accept, config, json, now_ms, park, publish,
-        reject, reply, retry,
+        reject, reply, retry, state,
     };
     // Macros, by name, so `info!(..)` works after the glob import.
     pub use crate::{debug, error, info, trace, warn};

@@ -263,7 +263,7 @@ impl From<BodyError> for Outcome {
 /// `my_plugin::Order` -> `Order`, `alloc::vec::Vec<my_plugin::Line>` ->
 /// `Vec<Line>`: what a person reading a dead-letter reason wants, without the
 /// crate paths `type_name` includes.
-fn short_type_name<T: ?Sized>() -> String {
+pub(crate) fn short_type_name<T: ?Sized>() -> String {
     let full = core::any::type_name::<T>();
     let mut out = String::with_capacity(full.len());
     let mut segment_start = 0;

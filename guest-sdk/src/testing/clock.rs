@@ -1,4 +1,4 @@
-//! `now-ms`: the test's clock, fixed unless the test sets it.
+//! `now-ms`: the test's clock, fixed unless the test sets or advances it.
 
 use super::{TestHost, with_state};
 
@@ -10,6 +10,16 @@ impl TestHost {
     /// Sets what `now_ms()` returns.
     pub fn now_ms(mut self, now_ms: u64) -> Self {
         self.now_ms = now_ms;
+        self
+    }
+
+    /// Moves the clock `by` forward (whole milliseconds): between two calls,
+    /// to let state TTLs run out. The host it returns shares this one's
+    /// state, so rebind it: `let host = host.advance(Duration::from_secs(60));`.
+    #[must_use = "the clock of `self` is unchanged: use the host returned"]
+    pub fn advance(mut self, by: std::time::Duration) -> Self {
+        let by_ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        self.now_ms = self.now_ms.saturating_add(by_ms);
         self
     }
 }

@@ -2,11 +2,13 @@
 //!
 //! Natively (not on wasm32) the SDK's host functions ([`publish`](crate::publish()),
 //! [`reply`](crate::reply()), [`config`](crate::config), [`now_ms`](crate::now_ms),
-//! logging) talk to a [`TestHost`] instead of `acemq-host`. It records what
-//! the handler published, replied and logged, with the [`Sent`] id and
-//! correlation the host would answer (`envelope` below says how its ids
-//! stand in for the host's), and answers `config` and `now_ms` from what
-//! the test set. Outside [`TestHost::handle`] / [`TestHost::run`] they panic.
+//! logging, [`state`](crate::state)) talk to a [`TestHost`] instead of
+//! `acemq-host`. It records what the handler published, replied, logged and
+//! wrote, with the [`Sent`] id and correlation the host would answer
+//! (`envelope` below says how its ids stand in for the host's), answers
+//! `config` and `now_ms` from what the test set, and keeps the consumer's
+//! state in memory from one call to the next. Outside [`TestHost::handle`] /
+//! [`TestHost::run`] they panic.
 //!
 //! Each interface of the host has its part here, named as the host names
 //! its file (`host/src/plugin/host/`): `message` (the messages a test
@@ -15,8 +17,16 @@
 //! ([`TestHost::publish_to`], and for delayed publishing
 //! [`TestHost::publish_delayed`] and [`TestHost::max_delay`]), `reply`,
 //! `envelope` (the envelope fields both check and default), `config`
-//! ([`TestHost::config`]) and `clock` ([`TestHost::now_ms`], which
-//! [`delay`](crate::Publish::delay) counts from).
+//! ([`TestHost::config`]), `clock` ([`TestHost::now_ms`] and
+//! [`TestHost::advance`], which [`delay`](crate::Publish::delay) and state
+//! TTLs count from) and `state` (the consumer's key-value namespace, shared
+//! by a host and its clones: seeded and read with [`TestHost::state_set`],
+//! [`TestHost::state_get`], [`TestHost::state_keys`] and the like, committed
+//! only when a call accepts, with [`Handled::state_writes`] and
+//! [`Handled::conflict`] to say what a call wrote and whether its commit
+//! conflicted, [`TestHost::state_changes_during_next_call`] to make it
+//! conflict, and [`TestHost::without_state`] for a consumer without a
+//! store).
 //!
 //! ```
 //! use acemq_guest::prelude::*;
@@ -48,6 +58,7 @@ mod log;
 mod message;
 mod publish;
 mod reply;
+mod state;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -61,6 +72,7 @@ pub use clock::DEFAULT_NOW_MS;
 use envelope::Input;
 pub use message::{json_message, message, on_declared_route, on_json_slip, request};
 pub use publish::DEFAULT_MAX_DELAY;
+pub use state::StateWrite;
 
 /// A stand-in for `acemq-host` in native tests.
 #[derive(Clone, Debug)]
@@ -70,6 +82,8 @@ pub struct TestHost {
     publish_to: Option<BTreeSet<String>>,
     publish_delayed: bool,
     max_delay: Duration,
+    /// The consumer's namespace, shared by clones; `None`: no `state`.
+    state: Option<state::Shared>,
 }
 
 impl Default for TestHost {
@@ -80,6 +94,7 @@ impl Default for TestHost {
             publish_to: None,
             publish_delayed: true,
             max_delay: DEFAULT_MAX_DELAY,
+            state: Some(state::new_namespace()),
         }
     }
 }
@@ -138,7 +153,7 @@ pub struct Handled {
     /// The handler's decision (`Ok` or `Err`, it is the same to the host).
     pub outcome: Outcome,
     /// Every message `send` buffered, in order. The real host publishes them
-    /// only when `outcome` is [`Outcome::Accept`].
+    /// only when `outcome` is [`Outcome::Accept`] (and `conflict` is `None`).
     pub published: Vec<Published>,
     /// The reply `reply().send()` buffered, if any; the real host sends it
     /// only when `outcome` is [`Outcome::Accept`] (and then rejects a
@@ -146,6 +161,19 @@ pub struct Handled {
     pub reply: Option<Replied>,
     /// Every line logged, in order.
     pub logs: Vec<(Level, String)>,
+    /// Every state write the call made, in order, committed or not: they
+    /// are committed (and [`TestHost::state_get`] shows them) only when
+    /// `outcome` is [`Outcome::Accept`] and `conflict` is `None`.
+    pub state_writes: Vec<StateWrite>,
+    /// The key whose change made the commit conflict, when it did: a key
+    /// that an `increment` or a `set_if_version` of the call depended on
+    /// changed before the commit (see
+    /// [`TestHost::state_changes_during_next_call`]), or a `set_if_version`
+    /// named a version the key did not have. Nothing of the call was
+    /// committed, and the real host publishes none of its outputs: it runs
+    /// the call again on fresh state (up to 5 times), which the test host
+    /// leaves to the test (handle the message again).
+    pub conflict: Option<Vec<u8>>,
 }
 
 /// What a closure did under [`TestHost::run`].
@@ -159,6 +187,11 @@ pub struct Ran<T> {
     pub reply: Option<Replied>,
     /// Every line logged, in order.
     pub logs: Vec<(Level, String)>,
+    /// Every state write made, in order. A run has no outcome: they are
+    /// committed as if it accepted, unless `conflict` says otherwise.
+    pub state_writes: Vec<StateWrite>,
+    /// As [`Handled::conflict`].
+    pub conflict: Option<Vec<u8>>,
 }
 
 impl TestHost {
@@ -170,29 +203,44 @@ impl TestHost {
 
     /// Runs handler `H` on `msg`, as the host would call it.
     pub fn handle<H: Handler>(&self, msg: Message) -> Handled {
-        let ran = self.run_with(Input::of(&msg), || crate::__private::decide::<H>(msg));
+        let ran = self.run_with(
+            Input::of(&msg),
+            || crate::__private::decide::<H>(msg),
+            |outcome| *outcome == Outcome::Accept,
+        );
         Handled {
             outcome: ran.value,
             published: ran.published,
             reply: ran.reply,
             logs: ran.logs,
+            state_writes: ran.state_writes,
+            conflict: ran.conflict,
         }
     }
 
     /// Runs any code that uses the host functions (a helper of a handler,
     /// say) against this host, as if it handled [`message()`]'s default
-    /// message (its id and correlation are what outputs inherit).
+    /// message (its id and correlation are what outputs inherit). Its
+    /// state writes are committed at the end, as if it accepted.
     pub fn run<T>(&self, f: impl FnOnce() -> T) -> Ran<T> {
-        self.run_with(Input::of(&message(Vec::new())), f)
+        self.run_with(Input::of(&message(Vec::new())), f, |_| true)
     }
 
-    fn run_with<T>(&self, input: Input, f: impl FnOnce() -> T) -> Ran<T> {
+    /// Runs `f` as a call, then settles its state writes (committed when
+    /// `accepted` says so of what `f` returned).
+    fn run_with<T>(
+        &self,
+        input: Input,
+        f: impl FnOnce() -> T,
+        accepted: impl FnOnce(&T) -> bool,
+    ) -> Ran<T> {
         let state = State {
             host: self.clone(),
             input,
             published: Vec::new(),
             reply: None,
             logs: Vec::new(),
+            kv: state::Call::default(),
         };
         let previous = ACTIVE.with(|a| a.borrow_mut().replace(state));
         // Restores the previous state even if `f` panics (a failing assert in
@@ -211,11 +259,16 @@ impl TestHost {
         let state = ACTIVE
             .with(|a| std::mem::replace(&mut *a.borrow_mut(), previous))
             .expect("state installed above");
+        let mut kv = state.kv;
+        let state_writes = std::mem::take(&mut kv.writes);
+        let conflict = state::settle(self, kv, accepted(&value));
         Ran {
             value,
             published: state.published,
             reply: state.reply,
             logs: state.logs,
+            state_writes,
+            conflict,
         }
     }
 }
@@ -226,6 +279,8 @@ struct State {
     published: Vec<Published>,
     reply: Option<Replied>,
     logs: Vec<(Level, String)>,
+    /// The call's state writes, not yet committed.
+    kv: state::Call,
 }
 
 impl State {
@@ -261,6 +316,12 @@ pub(crate) mod sys {
     pub(crate) use super::log::log;
     pub(crate) use super::publish::publish;
     pub(crate) use super::reply::reply;
+
+    pub(crate) mod state {
+        pub(crate) use super::super::state::{
+            delete, get, get_versioned, increment, set, set_if_version,
+        };
+    }
 }
 
 #[cfg(test)]
