@@ -1,6 +1,325 @@
-// Stands in for the WIT import `acemq:plugin/host@0.4.0` when app.js runs
-// under Node for the tests: each call goes to the test's current TestHost.
+// Stands in for the WIT imports `acemq:plugin/host@0.4.0` and
+// `acemq:plugin/state@0.4.0` when a plugin runs under Node for its tests:
+// each `host` call goes to the test's current TestHost
+// (`globalThis.acemqTestHost`), each `state` call to the state call that
+// `handle` below opened on it.
 export const log = (level, text) => globalThis.acemqTestHost.log(level, text);
 export const publish = (msg) => globalThis.acemqTestHost.publish(msg);
 export const config = (key) => globalThis.acemqTestHost.config(key);
 export const nowMs = () => globalThis.acemqTestHost.nowMs();
+
+// ---------------------------------------------------------------------------
+// State (docs/state.md), as jco and componentize-js hand it to JavaScript:
+// keys and values are `Uint8Array`s, every `s64`/`u64` a `BigInt` (`ttlMs`,
+// `by`, `version`, what `increment` returns), an absent `option` is
+// `undefined`, `getVersioned` returns `[value, version]`, and a WIT `result`
+// error is a thrown error whose `payload` is the host's reason. `delete` is a
+// reserved word: import it renamed (`import { delete as del } from ...`).
+//
+// A TestHost with state has `state`, a FakeNamespace kept across calls
+// (undefined or null: a consumer without `state`, whose every state call
+// throws NO_STATE_STORE), and runs the handler through `handle(host, handler,
+// msg)`, which commits the call's writes when it accepts.
+// ---------------------------------------------------------------------------
+
+export const STATE_MAX_KEY_BYTES = 1024;
+export const STATE_MAX_VALUE_BYTES = 1_048_576;
+export const STATE_MAX_WRITES_PER_CALL = 1000;
+export const NO_STATE_STORE =
+  'this consumer has no state store: set state = "NAME" in its [[consumers]] entry';
+export const I64_MIN = -(1n << 63n);
+export const I64_MAX = (1n << 63n) - 1n;
+export const U64_MAX = (1n << 64n) - 1n;
+
+const current = (name) => {
+  const call = globalThis.acemqTestHost?.stateCall;
+  if (!call) throw new Error(`state ${name} was called outside handle(host, handler, msg)`);
+  return call;
+};
+export const get = (key) => current('get').get(key);
+export const set = (key, value, ttlMs) => current('set').set(key, value, ttlMs);
+const _delete = (key) => current('delete').delete(key);
+export { _delete as delete };
+export const increment = (key, by, ttlMs) => current('increment').increment(key, by, ttlMs);
+export const getVersioned = (key) => current('getVersioned').getVersioned(key);
+export const setIfVersion = (key, value, version, ttlMs) =>
+  current('setIfVersion').setIfVersion(key, value, version, ttlMs);
+
+// How a WIT `result` error reaches JS: a thrown error with a payload.
+function refuse(payload) {
+  const e = new Error(payload);
+  e.payload = payload;
+  throw e;
+}
+
+const utf8 = new TextEncoder();
+
+// A key or value as the helpers take it: a Uint8Array, or a string (UTF-8).
+const asBytes = (v) => (typeof v === 'string' ? utf8.encode(v) : Uint8Array.from(v));
+// Map keys: the bytes as hex.
+const hex = (bytes) => Buffer.from(bytes).toString('hex');
+const unhex = (text) => new Uint8Array(Buffer.from(text, 'hex'));
+
+/** A key as the host names it: as text when it is UTF-8, else as hex. */
+export function showKey(key) {
+  try {
+    return new TextDecoder('utf-8', { fatal: true }).decode(key);
+  } catch {
+    return hex(key);
+  }
+}
+
+function bytesArg(name, v) {
+  if (!(v instanceof Uint8Array)) {
+    throw new TypeError(`${name} must be a Uint8Array (a WIT list<u8>), not ${typeof v}`);
+  }
+  return v.slice();
+}
+
+function bigintArg(name, v, lo, hi, wit) {
+  if (typeof v !== 'bigint') throw new TypeError(`${name} must be a BigInt (a WIT ${wit}), not ${typeof v}`);
+  if (v < lo || v > hi) throw new RangeError(`${name} ${v} is out of the range of a WIT ${wit}`);
+  return v;
+}
+
+const ttlArg = (ttlMs) => (ttlMs === undefined ? undefined : bigintArg('ttlMs', ttlMs, 0n, U64_MAX, 'u64'));
+const live = (entry, now) => entry.expiresAtMs === undefined || entry.expiresAtMs > now;
+
+/**
+ * A state namespace's committed entries, as the store keeps them between
+ * calls: `{ value, version, expiresAtMs }` (epoch ms, undefined: never).
+ * Versions come from one counter of the namespace, so they are unique and
+ * never reused; an entry whose expiry has passed on `clock` reads as absent.
+ * Its methods are the test's: `seed` and `remove` change it directly (as an
+ * input committed before, or meanwhile), the rest read it. Keys and values
+ * may be given as strings (UTF-8).
+ */
+export class FakeNamespace {
+  constructor({ clock = () => 0n, name = 'test' } = {}) {
+    Object.assign(this, { clock, name, lastVersion: 0n });
+    this.entries = new Map();
+  }
+  nextVersion() {
+    this.lastVersion += 1n;
+    return this.lastVersion;
+  }
+  /** The live entry of `key`, or undefined. */
+  entry(key) {
+    const e = this.entries.get(hex(asBytes(key)));
+    return e && live(e, this.clock()) ? e : undefined;
+  }
+  get(key) {
+    return this.entry(key)?.value;
+  }
+  /** The value of `key` decoded as UTF-8, or undefined. */
+  getText(key) {
+    const value = this.get(key);
+    return value === undefined ? undefined : new TextDecoder().decode(value);
+  }
+  /** The version of `key`, 0n when it does not exist. */
+  version(key) {
+    return this.entry(key)?.version ?? 0n;
+  }
+  /** Every live key, as the host shows it, in byte order. */
+  keys() {
+    const now = this.clock();
+    return [...this.entries]
+      .filter(([, e]) => live(e, now))
+      .map(([k]) => k)
+      .sort()
+      .map((k) => showKey(unhex(k)));
+  }
+  /** Sets `key` as a committed input would have (expiring `ttlMs` after the
+   * clock's now); returns its new version. */
+  seed(key, value, ttlMs) {
+    const version = this.nextVersion();
+    const expiresAtMs = ttlMs === undefined ? undefined : this.clock() + BigInt(ttlMs);
+    this.entries.set(hex(asBytes(key)), { value: asBytes(value), version, expiresAtMs });
+    return version;
+  }
+  /** Deletes `key` as a committed input would have. */
+  remove(key) {
+    this.entries.delete(hex(asBytes(key)));
+  }
+  /** Applies one call's writes if every check holds: the key (hex) of the
+   * first check that failed, nothing applied, or undefined. */
+  commit(writes, checks) {
+    for (const [key, expected] of checks) {
+      if (this.version(unhex(key)) !== expected) return key;
+    }
+    for (const [key, write] of writes) {
+      if (write === null) this.entries.delete(key);
+      else this.entries.set(key, { ...write, version: this.nextVersion() });
+    }
+    return undefined;
+  }
+}
+
+/**
+ * One call's view of a namespace: the committed entries plus its own writes
+ * (`writes`: hex key -> `{ value, expiresAtMs }`, or null for a delete), the
+ * versions its commit depends on (`checks`: [hex key, version] from
+ * `increment` and `setIfVersion`; 0n: the key must not exist), and how many
+ * writes it made. The version of a key this call wrote is that of the
+ * committed entry its write replaces (0n if none): what the commit checks.
+ */
+export class StateCall {
+  constructor(namespace, nowMs) {
+    Object.assign(this, { namespace: namespace ?? null, now: nowMs, writeCount: 0 });
+    this.writes = new Map();
+    this.checks = [];
+  }
+  store() {
+    if (this.namespace === null) refuse(NO_STATE_STORE);
+  }
+  key(key) {
+    key = bytesArg('key', key);
+    if (key.length < 1 || key.length > STATE_MAX_KEY_BYTES) {
+      refuse(`a state key is 1 to ${STATE_MAX_KEY_BYTES} bytes; this one is ${key.length}`);
+    }
+    return key;
+  }
+  value(value) {
+    value = bytesArg('value', value);
+    if (value.length > STATE_MAX_VALUE_BYTES) {
+      refuse(`a state value is at most ${STATE_MAX_VALUE_BYTES} bytes (1 MiB); this one is ${value.length}`);
+    }
+    return value;
+  }
+  write(key, write) {
+    if (this.writeCount >= STATE_MAX_WRITES_PER_CALL) {
+      refuse(
+        `a call makes at most ${STATE_MAX_WRITES_PER_CALL} state writes; ` +
+          `this one would be write ${this.writeCount + 1}`,
+      );
+    }
+    this.writeCount += 1;
+    this.writes.set(hex(key), write);
+  }
+  expiry(ttlMs) {
+    return ttlMs === undefined ? undefined : this.now + ttlMs;
+  }
+  // { value, expiresAtMs, version } as this call sees `key`, or undefined.
+  seen(key) {
+    const committed = this.namespace.entry(key);
+    const version = committed?.version ?? 0n;
+    const k = hex(key);
+    if (this.writes.has(k)) {
+      const w = this.writes.get(k);
+      return w === null || !live(w, this.now) ? undefined : { ...w, version };
+    }
+    return committed && { ...committed };
+  }
+  get(key) {
+    this.store();
+    return this.seen(this.key(key))?.value.slice();
+  }
+  getVersioned(key) {
+    this.store();
+    const seen = this.seen(this.key(key));
+    return seen && [seen.value.slice(), seen.version];
+  }
+  set(key, value, ttlMs) {
+    this.store();
+    [key, value, ttlMs] = [this.key(key), this.value(value), ttlArg(ttlMs)];
+    this.write(key, { value, expiresAtMs: this.expiry(ttlMs) });
+  }
+  delete(key) {
+    this.store();
+    this.write(this.key(key), null);
+  }
+  increment(key, by, ttlMs) {
+    this.store();
+    [key, by, ttlMs] = [this.key(key), bigintArg('by', by, I64_MIN, I64_MAX, 's64'), ttlArg(ttlMs)];
+    const seen = this.seen(key);
+    let current = 0n;
+    let expiresAtMs;
+    if (seen) {
+      const text = Buffer.from(seen.value).toString('latin1');
+      const n = /^[+-]?[0-9]+$/.test(text) ? BigInt(text) : undefined;
+      if (n === undefined || n < I64_MIN || n > I64_MAX) {
+        refuse(`cannot increment \`${showKey(key)}\`: its value is not a 64-bit integer in ASCII decimal`);
+      }
+      [current, expiresAtMs] = [n, seen.expiresAtMs];
+    }
+    const total = current + by;
+    if (total < I64_MIN || total > I64_MAX) {
+      refuse(`cannot increment \`${showKey(key)}\` (${current}) by ${by}: the result overflows a 64-bit integer`);
+    }
+    if (ttlMs !== undefined) expiresAtMs = this.expiry(ttlMs);
+    // The result depends on the committed value unless this call wrote it.
+    const depends = !this.writes.has(hex(key));
+    this.write(key, { value: utf8.encode(String(total)), expiresAtMs });
+    if (depends) this.checks.push([hex(key), seen?.version ?? 0n]);
+    return total;
+  }
+  setIfVersion(key, value, version, ttlMs) {
+    this.store();
+    [key, value] = [this.key(key), this.value(value)];
+    [version, ttlMs] = [bigintArg('version', version, 0n, U64_MAX, 'u64'), ttlArg(ttlMs)];
+    this.write(key, { value, expiresAtMs: this.expiry(ttlMs) });
+    this.checks.push([hex(key), version]);
+  }
+}
+
+/**
+ * Runs `handler.handle(msg)` on `host` as the host would, with state: makes
+ * `host` the current TestHost, answers the state calls from a StateCall on
+ * `host.state` (kept in `host.lastCall`), then applies the changes queued
+ * with `concurrently(host, change)` (another input committing meanwhile)
+ * and, when the handler accepted, commits the call's writes unless a version
+ * its `increment` or `setIfVersion` depended on changed: then nothing is
+ * committed and `host.conflict` is the key (a Uint8Array), and up to
+ * `reruns` more runs follow on fresh state (`msg` again, the outputs in
+ * `host.published` of a conflicted run dropped), as the host runs the call
+ * again. `host.committed`, `host.runs` say how it went. Returns the outcome
+ * of the last run.
+ */
+export function handle(host, handler, msg, { reruns = 0 } = {}) {
+  host.runs = 0;
+  for (;;) {
+    const published = host.published?.length;
+    const outcome = run(host, handler, msg);
+    if (host.conflict === undefined || host.runs > reruns) return outcome;
+    if (published !== undefined) host.published.length = published;
+  }
+}
+
+function run(host, handler, msg) {
+  globalThis.acemqTestHost = host;
+  host.runs += 1;
+  host.committed = false;
+  host.conflict = undefined;
+  host.lastCall = host.stateCall = new StateCall(host.state, host.nowMs());
+  let outcome;
+  try {
+    outcome = handler.handle(msg);
+  } finally {
+    host.stateCall = undefined;
+  }
+  const concurrent = host.concurrent ?? [];
+  host.concurrent = [];
+  for (const change of concurrent) change(host.state);
+  if (outcome?.tag === 'accept' && host.state) {
+    const conflict = host.state.commit(host.lastCall.writes, host.lastCall.checks);
+    host.conflict = conflict === undefined ? undefined : unhex(conflict);
+    host.committed = conflict === undefined;
+  }
+  return outcome;
+}
+
+/** Queues `change(host.state)` for after the next call on `host` returns
+ * and before its commit, e.g. `(ns) => ns.seed('k', 'v')`. */
+export function concurrently(host, change) {
+  (host.concurrent ??= []).push(change);
+}
+
+// Node module hooks: the WIT imports resolve to this file. test/hooks.mjs
+// maps `acemq:plugin/host@`; a test of a plugin that imports `state` too
+// registers this file instead (`register('./fake-host.mjs', import.meta.url)`).
+export async function resolve(specifier, context, next) {
+  if (specifier.startsWith('acemq:plugin/host@') || specifier.startsWith('acemq:plugin/state@')) {
+    return { url: import.meta.url, shortCircuit: true };
+  }
+  return next(specifier, context);
+}
