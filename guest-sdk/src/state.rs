@@ -23,7 +23,8 @@
 //!   input fails, naming the conflict). Nothing a conflicted run published is
 //!   sent. Plain [`set`] and [`delete`] are last-writer-wins.
 //! - **A TTL** (the `_for` functions) expires a key that long after the
-//!   write; without one a key never expires.
+//!   write; without one a key never expires ([`increment`] without one keeps
+//!   the key's own expiry).
 //!
 //! Every function returns a [`StateError`] when the host refuses the call
 //! (a limit, a value [`increment`] cannot add to, a consumer without a state
@@ -143,7 +144,7 @@ pub fn set(key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<(), StateEr
 }
 
 /// Sets `key` to `value`, expiring `ttl` after now (whole milliseconds,
-/// rounded up).
+/// rounded up; a zero `ttl` is refused).
 ///
 /// ```
 /// # acemq_guest::testing::TestHost::new().run(|| -> acemq_guest::Result<()> {
@@ -196,7 +197,8 @@ pub fn delete(key: impl AsRef<[u8]>) -> Result<(), StateError> {
 ///
 /// The result depends on what the call read: if another input changes the
 /// key before this call's commit, the host runs the call again (see the
-/// [module](self)).
+/// [module](self)). An increment of a value this call wrote itself depends
+/// on nothing.
 ///
 /// ```
 /// # acemq_guest::testing::TestHost::new().run(|| -> acemq_guest::Result<()> {
@@ -212,7 +214,8 @@ pub fn increment(key: impl AsRef<[u8]>, by: i64) -> Result<i64, StateError> {
 }
 
 /// [`increment`], and the key then expires `ttl` after now (whole
-/// milliseconds, rounded up): a counter per time window.
+/// milliseconds, rounded up; a zero `ttl` is refused): a counter per time
+/// window.
 pub fn increment_for(key: impl AsRef<[u8]>, by: i64, ttl: Duration) -> Result<i64, StateError> {
     increment_with(key.as_ref(), by, Some(ttl))
 }
@@ -265,6 +268,10 @@ pub fn get_versioned_json<T: DeserializeOwned>(
 /// Sets `key` to `value` only if its version is still `version` when the
 /// input settles ([`ABSENT`]: only if the key does not exist), expiring
 /// `ttl` after now when given, never otherwise.
+///
+/// `version` is compared with the committed key's, whatever this call
+/// wrote to it before, and the first check of a key in a call is the one
+/// kept: read with [`get_versioned`] before writing the key.
 ///
 /// The check is the host's, at the commit: if another input changed the key
 /// since this call read it, nothing the call wrote is committed and the
@@ -487,7 +494,7 @@ mod tests {
         });
         let err = ran.value.unwrap_err();
         assert_eq!((err.operation(), err.key()), ("increment", &b"n"[..]));
-        assert!(err.reason().contains("not an integer"), "{err}");
+        assert!(err.reason().contains("does not hold an integer"), "{err}");
         let Outcome::Retry(reason) = Outcome::from(err) else {
             panic!("a retry expected")
         };

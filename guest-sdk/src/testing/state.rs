@@ -13,13 +13,17 @@
 //! - Versions are unique within the namespace and never reused; each
 //!   committed write gives its key a new one.
 //! - The limits (key 1 to 1,024 bytes, value at most 1 MiB, 1,000 writes a
-//!   call), `increment`'s integer text, and a consumer without a store
-//!   ([`TestHost::without_state`]) are refused as the host refuses them.
+//!   call, a TTL of at least 1 ms), `increment`'s integer text and its
+//!   overflow, and a consumer without a store ([`TestHost::without_state`])
+//!   are refused in the host's words (`host/src/state/call.rs`).
 //! - A conflict: a key that [`increment`](crate::state::increment) or
 //!   [`set_if_version`](crate::state::set_if_version) depended on changed
 //!   between the call and its commit
 //!   ([`TestHost::state_changes_during_next_call`] makes it happen), or a
-//!   `set_if_version` named a version the key did not have. Nothing of the
+//!   `set_if_version` named a version the committed key did not have (the
+//!   version is always compared with the committed key's, the first check
+//!   of a key in a call is kept, and an `increment` of a value the call
+//!   wrote itself depends on nothing). Nothing of the
 //!   call is committed and [`Handled::conflict`](super::Handled::conflict)
 //!   names the key. The real host would then run the call again on fresh
 //!   state (up to 5 times); the test host does not: handle the message again
@@ -159,15 +163,15 @@ enum Pending {
     Deleted,
 }
 
-/// One call's part: its buffered writes and what its commit checks.
+/// One call's part: its buffered writes and what its commit checks, as the
+/// host's `CallState` (`host/src/state/call.rs`) keeps them.
 #[derive(Debug, Default)]
 pub(crate) struct Call {
+    /// The last write of each key.
     overlay: BTreeMap<Vec<u8>, Pending>,
-    /// Keys the call's writes depend on, with the committed version they
-    /// were based on.
+    /// The version each checked key must still have at commit; the first
+    /// check of a key is kept (what the call read first).
     checks: Vec<(Vec<u8>, u64)>,
-    /// A `set-if-version` whose version the key did not have.
-    stale: Option<Vec<u8>>,
     pub(crate) writes: Vec<StateWrite>,
 }
 
@@ -184,7 +188,7 @@ impl Call {
             Some(Pending::Put {
                 value,
                 expires_at_ms,
-            }) => live(*expires_at_ms, now_ms).then(|| Seen {
+            }) => Some(Seen {
                 value: value.clone(),
                 expires_at_ms: *expires_at_ms,
             }),
@@ -196,61 +200,72 @@ impl Call {
         }
     }
 
-    fn check_write(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), String> {
-        if let Some(value) = value
-            && value.len() > MAX_VALUE_BYTES
-        {
-            return Err(format!(
-                "the value is {} bytes long; a value is at most {MAX_VALUE_BYTES} bytes (1 MiB)",
-                value.len()
-            ));
-        }
+    /// Refuses a write past the call's limit, in the host's words.
+    fn count_write(&self) -> Result<(), String> {
         if self.writes.len() >= MAX_WRITES {
             return Err(format!(
-                "this call has already made {MAX_WRITES} state writes, the most one call may \
-                 make (the write to `{}` is one too many)",
-                shown_key(key)
+                "a call makes at most {MAX_WRITES} state writes; this would be write {}",
+                self.writes.len() + 1
             ));
         }
         Ok(())
     }
 
-    fn put(&mut self, key: &[u8], value: Vec<u8>, expires_at_ms: Option<u64>, write: StateWrite) {
-        self.overlay.insert(
-            key.to_vec(),
-            Pending::Put {
-                value,
-                expires_at_ms,
-            },
-        );
+    fn write(&mut self, key: &[u8], pending: Pending, write: StateWrite) {
+        self.overlay.insert(key.to_vec(), pending);
         self.writes.push(write);
     }
 
-    /// Records that the call's writes depend on `key` as committed now.
-    fn depend_on(&mut self, ns: &Namespace, key: &[u8], now_ms: u64) {
+    /// Makes the commit depend on `key` still having `version`, unless an
+    /// earlier call of this one already checks it.
+    fn expect(&mut self, key: &[u8], version: u64) {
         if !self.checks.iter().any(|(k, _)| k == key) {
-            self.checks.push((key.to_vec(), ns.version(key, now_ms)));
+            self.checks.push((key.to_vec(), version));
         }
     }
 }
 
 fn check_key(key: &[u8]) -> Result<(), String> {
     if key.is_empty() {
-        return Err(format!(
-            "the state key is empty; a key is 1 to {MAX_KEY_BYTES} bytes"
-        ));
+        return Err("a state key must not be empty".to_string());
     }
     if key.len() > MAX_KEY_BYTES {
         return Err(format!(
-            "the state key is {} bytes long; a key is 1 to {MAX_KEY_BYTES} bytes",
+            "a state key is at most {MAX_KEY_BYTES} bytes; this one is {}",
             key.len()
         ));
     }
     Ok(())
 }
 
-fn expiry(now_ms: u64, ttl_ms: Option<u64>) -> Option<u64> {
-    ttl_ms.map(|ttl| now_ms.saturating_add(ttl))
+fn check_value(value: &[u8]) -> Result<(), String> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(format!(
+            "a state value is at most {MAX_VALUE_BYTES} bytes; this one is {}",
+            value.len()
+        ));
+    }
+    Ok(())
+}
+
+/// When a write with `ttl_ms` expires; a TTL of 0 is refused.
+fn expiry(now_ms: u64, ttl_ms: Option<u64>) -> Result<Option<u64>, String> {
+    match ttl_ms {
+        None => Ok(None),
+        Some(0) => Err("ttl-ms must be at least 1 (none: the key never expires)".to_string()),
+        Some(ttl) => Ok(Some(now_ms.saturating_add(ttl))),
+    }
+}
+
+/// A key as the host's errors name it.
+fn host_key(key: &[u8]) -> String {
+    match core::str::from_utf8(key) {
+        Ok(text) => format!("the key {text:?}"),
+        Err(_) => {
+            let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+            format!("the key 0x{hex}")
+        }
+    }
 }
 
 fn lock(ns: &Shared) -> MutexGuard<'_, Namespace> {
@@ -278,6 +293,8 @@ pub(crate) fn get(key: &[u8]) -> Result<Option<Vec<u8>>, String> {
     })
 }
 
+/// The value and the committed version it is based on: a key only this
+/// call wrote shows [`ABSENT`].
 pub(crate) fn get_versioned(key: &[u8]) -> Result<Option<(Vec<u8>, u64)>, String> {
     call(key, |call, ns, now| {
         Ok(call
@@ -288,92 +305,104 @@ pub(crate) fn get_versioned(key: &[u8]) -> Result<Option<(Vec<u8>, u64)>, String
 
 pub(crate) fn set(key: &[u8], value: &[u8], ttl_ms: Option<u64>) -> Result<(), String> {
     call(key, |call, _, now| {
-        call.check_write(key, Some(value))?;
+        check_value(value)?;
+        let expires_at_ms = expiry(now, ttl_ms)?;
+        call.count_write()?;
         let write = StateWrite::Set {
             key: key.to_vec(),
             value: value.to_vec(),
             ttl: ttl_ms.map(Duration::from_millis),
         };
-        call.put(key, value.to_vec(), expiry(now, ttl_ms), write);
+        let pending = Pending::Put {
+            value: value.to_vec(),
+            expires_at_ms,
+        };
+        call.write(key, pending, write);
         Ok(())
     })
 }
 
 pub(crate) fn delete(key: &[u8]) -> Result<(), String> {
     call(key, |call, _, _| {
-        call.check_write(key, None)?;
-        call.overlay.insert(key.to_vec(), Pending::Deleted);
-        call.writes.push(StateWrite::Delete { key: key.to_vec() });
+        call.count_write()?;
+        let write = StateWrite::Delete { key: key.to_vec() };
+        call.write(key, Pending::Deleted, write);
         Ok(())
     })
 }
 
+/// Based on a committed value (or none), checked at commit; based on the
+/// call's own write, not.
 pub(crate) fn increment(key: &[u8], by: i64, ttl_ms: Option<u64>) -> Result<i64, String> {
     call(key, |call, ns, now| {
-        call.check_write(key, None)?;
+        let ttl_expiry = expiry(now, ttl_ms)?;
+        let based_on_committed = !call.overlay.contains_key(key);
         let seen = call.seen(ns, key, now);
         let current = match &seen {
             None => 0,
             Some(seen) => decimal(&seen.value).ok_or_else(|| {
-                "the value is not an integer in ASCII decimal text (such as \"6\"), \
-                 so it cannot be incremented"
-                    .to_string()
+                format!(
+                    "{} does not hold an integer (increment keeps decimal text such as \"6\"), \
+                     so it cannot be incremented",
+                    host_key(key)
+                )
             })?,
         };
-        let value = current
-            .checked_add(by)
-            .ok_or_else(|| format!("adding {by} to {current} overflows a signed 64-bit integer"))?;
-        let expires_at_ms = match ttl_ms {
-            Some(_) => expiry(now, ttl_ms),
-            None => seen.and_then(|seen| seen.expires_at_ms),
-        };
-        call.depend_on(ns, key, now);
+        let value = current.checked_add(by).ok_or_else(|| {
+            format!(
+                "incrementing {} by {by} overflows a 64-bit integer (it holds {current})",
+                host_key(key)
+            )
+        })?;
+        call.count_write()?;
+        if based_on_committed {
+            call.expect(key, ns.version(key, now));
+        }
         let write = StateWrite::Increment {
             key: key.to_vec(),
             by,
             value,
             ttl: ttl_ms.map(Duration::from_millis),
         };
-        call.put(key, value.to_string().into_bytes(), expires_at_ms, write);
+        let pending = Pending::Put {
+            value: value.to_string().into_bytes(),
+            expires_at_ms: ttl_expiry.or(seen.and_then(|seen| seen.expires_at_ms)),
+        };
+        call.write(key, pending, write);
         Ok(value)
     })
 }
 
+/// Checked at commit: the committed key must still have `version`.
 pub(crate) fn set_if_version(
     key: &[u8],
     value: &[u8],
     version: u64,
     ttl_ms: Option<u64>,
 ) -> Result<(), String> {
-    call(key, |call, ns, now| {
-        call.check_write(key, Some(value))?;
-        // What `get-versioned` shows this call: the committed version while
-        // the key is there, ABSENT once it is not.
-        let seen_version = match call.seen(ns, key, now) {
-            Some(_) => ns.version(key, now),
-            None => ABSENT,
-        };
-        if seen_version != version && call.stale.is_none() {
-            call.stale = Some(key.to_vec());
-        }
-        call.depend_on(ns, key, now);
+    call(key, |call, _, now| {
+        check_value(value)?;
+        let expires_at_ms = expiry(now, ttl_ms)?;
+        call.count_write()?;
+        call.expect(key, version);
         let write = StateWrite::SetIfVersion {
             key: key.to_vec(),
             value: value.to_vec(),
             version,
             ttl: ttl_ms.map(Duration::from_millis),
         };
-        call.put(key, value.to_vec(), expiry(now, ttl_ms), write);
+        let pending = Pending::Put {
+            value: value.to_vec(),
+            expires_at_ms,
+        };
+        call.write(key, pending, write);
         Ok(())
     })
 }
 
-/// An integer as `increment` stores it: ASCII decimal, an optional `-`.
+/// An integer as `increment` reads it: decimal text, as the host parses it
+/// (`i64`'s `FromStr`: an optional sign, then digits).
 fn decimal(value: &[u8]) -> Option<i64> {
-    let digits = value.strip_prefix(b"-").unwrap_or(value);
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
     core::str::from_utf8(value).ok()?.parse().ok()
 }
 
@@ -395,9 +424,6 @@ pub(crate) fn settle(host: &TestHost, call: Call, accepted: bool) -> Option<Vec<
     }
     if !accepted {
         return None;
-    }
-    if let Some(key) = call.stale {
-        return Some(key);
     }
     let now = host.now_ms;
     if let Some((key, _)) = call
@@ -445,7 +471,7 @@ impl TestHost {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         let put = Pending::Put {
             value: value.as_ref().to_vec(),
-            expires_at_ms: expiry(self.now_ms, Some(ttl_ms)),
+            expires_at_ms: Some(self.now_ms.saturating_add(ttl_ms)),
         };
         self.namespace().apply(key.as_ref().to_vec(), put);
     }
@@ -685,23 +711,35 @@ mod tests {
     #[test]
     fn increment_refuses_what_is_not_an_integer_and_overflow() {
         let host = TestHost::new();
-        for value in ["six", "", "+6", "1.5", " 6", "-", "99999999999999999999"] {
+        for value in ["six", "", "1.5", " 6", "-", "99999999999999999999"] {
             host.state_set("n", value);
             let err = host.run(|| state::increment("n", 1)).value.unwrap_err();
-            assert!(
-                err.reason().contains("is not an integer"),
-                "{value:?}: {err}"
+            assert_eq!(
+                err.reason(),
+                "the key \"n\" does not hold an integer (increment keeps decimal text such \
+                 as \"6\"), so it cannot be incremented",
+                "{value:?}"
             );
         }
+        host.state_set([0xff], "x");
+        let err = host.run(|| state::increment([0xff], 1)).value.unwrap_err();
+        assert!(
+            err.reason().starts_with("the key 0xff does not hold"),
+            "{err}"
+        );
         host.state_set("n", i64::MAX.to_string());
         let ran = host.run(|| state::increment("n", 1));
         assert_eq!(
             ran.value.unwrap_err().reason(),
-            "adding 1 to 9223372036854775807 overflows a signed 64-bit integer"
+            "incrementing the key \"n\" by 1 overflows a 64-bit integer \
+             (it holds 9223372036854775807)"
         );
         assert!(ran.state_writes.is_empty(), "a refused write is no write");
+        // The host parses as i64 does: a sign, leading zeros.
         host.state_set("n", "-007");
         assert_eq!(host.run(|| state::increment("n", 8)).value, Ok(1));
+        host.state_set("n", "+6");
+        assert_eq!(host.run(|| state::increment("n", 1)).value, Ok(7));
     }
 
     #[test]
@@ -716,20 +754,35 @@ mod tests {
             )
         });
         let (empty, long, longest, big, biggest) = ran.value;
-        assert_eq!(
-            empty.reason(),
-            "the state key is empty; a key is 1 to 1024 bytes"
-        );
+        assert_eq!(empty.reason(), "a state key must not be empty");
         assert_eq!(
             long.reason(),
-            "the state key is 1025 bytes long; a key is 1 to 1024 bytes"
+            "a state key is at most 1024 bytes; this one is 1025"
         );
         assert_eq!(longest, Ok(()));
         assert_eq!(
             big.reason(),
-            "the value is 1048577 bytes long; a value is at most 1048576 bytes (1 MiB)"
+            "a state value is at most 1048576 bytes; this one is 1048577"
         );
         assert_eq!(biggest, Ok(()));
+
+        let ran = TestHost::new().run(|| {
+            (
+                state::set_for("k", "v", Duration::ZERO).unwrap_err(),
+                state::increment_for("k", 1, Duration::ZERO).unwrap_err(),
+                state::set_if_version("k", "v", ABSENT, Some(Duration::ZERO)).unwrap_err(),
+                // Under a millisecond rounds up to one.
+                state::set_for("k", "v", Duration::from_micros(1)),
+            )
+        });
+        let (set, increment, if_version, short) = ran.value;
+        for err in [set, increment, if_version] {
+            assert_eq!(
+                err.reason(),
+                "ttl-ms must be at least 1 (none: the key never expires)"
+            );
+        }
+        assert_eq!(short, Ok(()));
 
         let ran = TestHost::new().run(|| {
             for i in 0..MAX_WRITES {
@@ -740,8 +793,7 @@ mod tests {
         let (one_more, read) = ran.value;
         assert_eq!(
             one_more.unwrap_err().reason(),
-            "this call has already made 1000 state writes, the most one call may make \
-             (the write to `one-more` is one too many)"
+            "a call makes at most 1000 state writes; this would be write 1001"
         );
         assert!(read.is_ok(), "reads are not writes");
         assert_eq!(ran.state_writes.len(), MAX_WRITES);
@@ -831,15 +883,48 @@ mod tests {
         let host = host.advance(HOUR);
         assert_eq!(host.state_get("k"), None, "with its TTL");
 
-        // After the call deleted a key, ABSENT is its version.
+        // The version is compared with the committed key's, whatever the
+        // call wrote to it before: ABSENT after the call's own delete of a
+        // committed key conflicts.
         host.state_set("gone", "g");
         let ran = host.run(|| {
             state::delete("gone").unwrap();
             assert_eq!(state::get_versioned("gone").unwrap(), None);
             state::set_if_version("gone", "back", ABSENT, None)
         });
+        assert_eq!(ran.conflict, Some(b"gone".to_vec()));
+        assert_eq!(host.state_get("gone"), Some(b"g".to_vec()));
+
+        // Two checks of one key: the first is kept (what the call read first).
+        let version = host.state_version("gone").unwrap();
+        let ran = host.run(|| {
+            state::set_if_version("gone", "a", version, None).unwrap();
+            state::set_if_version("gone", "b", version + 100, None)
+        });
         assert_eq!(ran.conflict, None);
-        assert_eq!(host.state_get("gone"), Some(b"back".to_vec()));
+        assert_eq!(host.state_get("gone"), Some(b"b".to_vec()));
+    }
+
+    #[test]
+    fn an_increment_of_the_calls_own_write_depends_on_nothing() {
+        let host = TestHost::new();
+        host.state_changes_during_next_call("n", "100");
+        let ran = host.run(|| {
+            state::set("n", "10").unwrap();
+            state::increment("n", 1).unwrap()
+        });
+        assert_eq!((ran.value, ran.conflict), (11, None));
+        assert_eq!(
+            host.state_get("n"),
+            Some(b"11".to_vec()),
+            "last writer wins"
+        );
+
+        // An increment of a key absent when read depends on its absence.
+        host.state_changes_during_next_call("fresh", "7");
+        let ran = host.run(|| state::increment("fresh", 1).unwrap());
+        assert_eq!(ran.conflict, Some(b"fresh".to_vec()));
+        assert_eq!(host.state_get("fresh"), Some(b"7".to_vec()));
     }
 
     #[test]
