@@ -29,6 +29,7 @@ here):
 import dataclasses
 import re
 import sys
+import unicodedata
 import types as pytypes
 from dataclasses import dataclass, field
 from enum import Enum
@@ -227,12 +228,30 @@ def _ttl(ttl_ms):
     return None if ttl_ms is None else _int("ttl_ms", ttl_ms, 0, U64_MAX, "u64")
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
+
+
+def rust_debug(text: str) -> str:
+    """`text` quoted as Rust's `{:?}` shows a str (near enough: quotes,
+    backslashes and control characters escaped, the rest as it is)."""
+    out = []
+    for c in text:
+        if c in _ESCAPES:
+            out.append(_ESCAPES[c])
+        elif unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp"):
+            out.append(f"\\u{{{ord(c):x}}}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
 def show_key(key: bytes) -> str:
-    """A key as the host names it: as text when it is UTF-8, else as hex."""
+    """A key as the host's errors name it: `the key "text"` when it is
+    UTF-8, else `the key 0x` and hex (host/src/state/call.rs)."""
     try:
-        return key.decode("utf-8")
+        return "the key " + rust_debug(key.decode("utf-8"))
     except UnicodeDecodeError:
-        return key.hex()
+        return "the key 0x" + key.hex()
 
 
 def _as_bytes(v):
@@ -309,7 +328,7 @@ class FakeNamespace:
     def _commit(self, writes, checks):
         """Applies one call's writes if every check holds: the key of the
         first check that failed (nothing applied), or None."""
-        for key, expected in checks:
+        for key, expected in checks.items():
             if self.version(key) != expected:
                 return key
         for key, write in writes.items():
@@ -322,16 +341,18 @@ class FakeNamespace:
 
 
 class StateCall:
-    """One call's view of a namespace: the committed entries plus its own
-    writes (`writes`: key -> (value, expires_at_ms), or None for a delete),
-    the versions its commit depends on (`checks`: (key, version) from
-    `increment` and `set-if-version`; 0: the key must not exist), and how
-    many writes it made."""
+    """One call's view of a namespace, as host/src/state/call.rs keeps it:
+    the committed entries plus its own writes (`writes`: key -> (value,
+    expires_at_ms), or None for a delete; the last write of a key wins), the
+    versions its commit depends on (`checks`: key -> version, from an
+    `increment` of a committed value and from `set-if-version`, the first
+    check of a key kept; 0: the key must not exist), and how many writes it
+    made. The limits and error texts are the host's."""
 
     def __init__(self, namespace: Optional[FakeNamespace], now_ms: int):
         self.namespace, self.now = namespace, now_ms
         self.writes: Dict[bytes, Optional[Tuple[bytes, Optional[int]]]] = {}
-        self.checks: List[Tuple[bytes, int]] = []
+        self.checks: Dict[bytes, int] = {}
         self.write_count = 0
 
     def _store(self):
@@ -341,21 +362,29 @@ class StateCall:
 
     def _key(self, key):
         key = _bytes("key", key)
-        if not 1 <= len(key) <= STATE_MAX_KEY_BYTES:
-            raise Err(f"a state key is 1 to {STATE_MAX_KEY_BYTES} bytes; this one is {len(key)}")
+        if not key:
+            raise Err("a state key must not be empty")
+        if len(key) > STATE_MAX_KEY_BYTES:
+            raise Err(f"a state key is at most {STATE_MAX_KEY_BYTES} bytes; this one is {len(key)}")
         return key
 
     def _value(self, value):
         value = _bytes("value", value)
         if len(value) > STATE_MAX_VALUE_BYTES:
-            raise Err(f"a state value is at most {STATE_MAX_VALUE_BYTES} bytes (1 MiB); "
+            raise Err(f"a state value is at most {STATE_MAX_VALUE_BYTES} bytes; "
                       f"this one is {len(value)}")
         return value
+
+    def _expiry(self, ttl_ms):
+        ttl_ms = _ttl(ttl_ms)
+        if ttl_ms == 0:
+            raise Err("ttl-ms must be at least 1 (none: the key never expires)")
+        return None if ttl_ms is None else self.now + ttl_ms
 
     def _write(self, key, write):
         if self.write_count >= STATE_MAX_WRITES_PER_CALL:
             raise Err(f"a call makes at most {STATE_MAX_WRITES_PER_CALL} state writes; "
-                      f"this one would be write {self.write_count + 1}")
+                      f"this would be write {self.write_count + 1}")
         self.write_count += 1
         self.writes[key] = write
 
@@ -367,9 +396,7 @@ class StateCall:
         base = 0 if committed is None else committed.version
         if key in self.writes:
             write = self.writes[key]
-            if write is None or (write[1] is not None and write[1] <= self.now):
-                return None
-            return write[0], write[1], base
+            return None if write is None else (write[0], write[1], base)
         if committed is None:
             return None
         return committed.value, committed.expires_at_ms, base
@@ -386,8 +413,8 @@ class StateCall:
 
     def set(self, key, value, ttl_ms):
         self._store()
-        key, value, ttl_ms = self._key(key), self._value(value), _ttl(ttl_ms)
-        self._write(key, (value, None if ttl_ms is None else self.now + ttl_ms))
+        key, value = self._key(key), self._value(value)
+        self._write(key, (value, self._expiry(ttl_ms)))
 
     def delete(self, key):
         self._store()
@@ -395,34 +422,37 @@ class StateCall:
 
     def increment(self, key, by, ttl_ms):
         self._store()
-        key, by, ttl_ms = self._key(key), _int("by", by, I64_MIN, I64_MAX, "s64"), _ttl(ttl_ms)
+        key, by = self._key(key), _int("by", by, I64_MIN, I64_MAX, "s64")
+        ttl = self._expiry(ttl_ms)
         seen = self._seen(key)
         if seen is None:
             current, expires = 0, None
         else:
+            # As Rust's i64 parses it: a sign, then ASCII digits.
             if not re.fullmatch(rb"[+-]?[0-9]+", seen[0]) or not I64_MIN <= int(seen[0]) <= I64_MAX:
-                raise Err(f"cannot increment `{show_key(key)}`: its value is not a 64-bit "
-                          f"integer in ASCII decimal")
+                raise Err(f'{show_key(key)} does not hold an integer (increment keeps decimal '
+                          f'text such as "6"), so it cannot be incremented')
             current, expires = int(seen[0]), seen[1]
         total = current + by
         if not I64_MIN <= total <= I64_MAX:
-            raise Err(f"cannot increment `{show_key(key)}` ({current}) by {by}: "
-                      f"the result overflows a 64-bit integer")
-        if ttl_ms is not None:
-            expires = self.now + ttl_ms
-        # The result depends on the committed value unless this call wrote it.
+            raise Err(f"incrementing {show_key(key)} by {by} overflows a 64-bit integer "
+                      f"(it holds {current})")
+        # Based on a committed value it is checked at commit; on this call's
+        # own write it is not.
         depends = key not in self.writes
-        self._write(key, (str(total).encode("ascii"), expires))
+        self._write(key, (str(total).encode("ascii"), expires if ttl is None else ttl))
         if depends:
-            self.checks.append((key, 0 if seen is None else seen[2]))
+            self.checks.setdefault(key, 0 if seen is None else seen[2])
         return total
 
     def set_if_version(self, key, value, version, ttl_ms):
         self._store()
         key, value = self._key(key), self._value(value)
-        version, ttl_ms = _int("version", version, 0, U64_MAX, "u64"), _ttl(ttl_ms)
-        self._write(key, (value, None if ttl_ms is None else self.now + ttl_ms))
-        self.checks.append((key, version))
+        version = _int("version", version, 0, U64_MAX, "u64")
+        self._write(key, (value, self._expiry(ttl_ms)))
+        # A second check of the same key keeps the first: the commit depends
+        # on what the call read first.
+        self.checks.setdefault(key, version)
 
 
 _state = pytypes.ModuleType("wit_world.imports.state")

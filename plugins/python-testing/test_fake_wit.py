@@ -200,10 +200,14 @@ class StateExpiryTest(unittest.TestCase):
         h.now = 10 ** 15
         self.assertEqual(run(h, lambda: state.get(b"forever"))[1], b"2")
 
-    def test_a_zero_ttl_is_gone_at_once_even_in_its_own_call(self):
+    def test_a_zero_ttl_is_refused_as_by_the_host(self):
         h = fake_wit.FakeHost()
-        self.assertIsNone(run(h, lambda: state.set(b"k", b"v", 0) or state.get(b"k"))[1])
-        self.assertEqual(h.state.items(), {})
+        reason = "ttl-ms must be at least 1 (none: the key never expires)"
+        self.assertEqual(run(h, lambda: [raised(state.set, b"k", b"v", 0),
+                                         raised(state.increment, b"n", 1, 0),
+                                         raised(state.set_if_version, b"k", b"v", 0, 0)])[1],
+                         [reason] * 3)
+        self.assertEqual((h.last_call.writes, h.state.items()), ({}, {}))
 
     def test_seeded_entries_expire_too(self):
         h = fake_wit.FakeHost(now_ms=0)
@@ -228,22 +232,26 @@ class IncrementTest(unittest.TestCase):
         h = fake_wit.FakeHost()
         h.state.seed(b"n", b"41")
         self.assertEqual(run(h, lambda: state.increment(b"n", 1, None))[1], 42)
+        # As Rust's i64 parses it, a sign may lead.
+        h.state.seed(b"n", b"+7")
+        self.assertEqual(run(h, lambda: state.increment(b"n", 1, None))[1], 8)
 
     def test_a_non_integer_value_is_an_error(self):
         for value in (b"six", b"6.0", b" 6", b"", b"99999999999999999999", "\u0666".encode()):
             h = fake_wit.FakeHost()
             h.state.seed(b"n", value)
             reason = run(h, lambda: raised(state.increment, b"n", 1, None))[1]
-            self.assertEqual(reason, "cannot increment `n`: its value is not a 64-bit integer "
-                                     "in ASCII decimal", value)
+            self.assertEqual(reason, 'the key "n" does not hold an integer (increment keeps '
+                                     'decimal text such as "6"), so it cannot be incremented', value)
             self.assertEqual(h.state.get(b"n"), value)
             self.assertEqual(h.last_call.writes, {})
 
     def test_overflow_is_an_error(self):
         h = fake_wit.FakeHost()
         h.state.seed(b"n", str(fake_wit.I64_MAX).encode())
-        self.assertIn("overflows a 64-bit integer",
-                      run(h, lambda: raised(state.increment, b"n", 1, None))[1])
+        self.assertEqual(run(h, lambda: raised(state.increment, b"n", 1, None))[1],
+                         f'incrementing the key "n" by 1 overflows a 64-bit integer '
+                         f'(it holds {fake_wit.I64_MAX})')
         h.state.seed(b"n", str(fake_wit.I64_MIN).encode())
         self.assertIn("overflows", run(h, lambda: raised(state.increment, b"n", -1, None))[1])
         self.assertEqual(run(h, lambda: state.increment(b"n", 0, None))[1], fake_wit.I64_MIN)
@@ -373,6 +381,19 @@ class VersionsTest(unittest.TestCase):
         # The conflicted run's output is dropped.
         self.assertEqual([o.body for o in h.published], [b"b"])
 
+    def test_the_first_check_of_a_key_is_kept(self):
+        h = fake_wit.FakeHost()
+        v = h.state.seed(b"k", b"1")
+
+        def steps():
+            state.set_if_version(b"k", b"2", v, None)
+            # Checked against what the call read first, not this.
+            state.set_if_version(b"k", b"3", 12345, None)
+
+        run(h, steps)
+        self.assertEqual((h.conflict, h.state.get(b"k")), (None, b"3"))
+        self.assertEqual(h.last_call.checks, {b"k": v})
+
     def test_a_plain_set_or_delete_never_conflicts(self):
         h = fake_wit.FakeHost()
         h.state.seed(b"k", b"1")
@@ -389,8 +410,8 @@ class StateLimitsTest(unittest.TestCase):
         h = fake_wit.FakeHost()
         reasons = run(h, lambda: [raised(state.get, b""), raised(state.set, b"k" * 1025, b"", None),
                                   state.set(b"k" * 1024, b"v", None)])[1]
-        self.assertEqual(reasons, ["a state key is 1 to 1024 bytes; this one is 0",
-                                   "a state key is 1 to 1024 bytes; this one is 1025", None])
+        self.assertEqual(reasons, ["a state key must not be empty",
+                                   "a state key is at most 1024 bytes; this one is 1025", None])
         self.assertEqual(h.state.keys(), [b"k" * 1024])
 
     def test_values_are_at_most_1_mib(self):
@@ -400,7 +421,7 @@ class StateLimitsTest(unittest.TestCase):
         reasons = run(h, lambda: [raised(state.set, b"k", b"x" * (mib + 1), None),
                                   raised(state.set_if_version, b"k", b"x" * (mib + 1), 0, None),
                                   state.set(b"k", b"x" * mib, None)])[1]
-        self.assertEqual(reasons[:2], ["a state value is at most 1048576 bytes (1 MiB); "
+        self.assertEqual(reasons[:2], ["a state value is at most 1048576 bytes; "
                                        "this one is 1048577"] * 2)
         self.assertEqual(len(h.state.get(b"k")), mib)
 
@@ -417,7 +438,7 @@ class StateLimitsTest(unittest.TestCase):
 
         reasons = run(h, steps)[1]
         self.assertEqual(set(reasons), {"a call makes at most 1000 state writes; "
-                                        "this one would be write 1001"})
+                                        "this would be write 1001"})
         self.assertEqual(len(h.state.keys()), 998)
         # Reads are not writes; the next call has its own 1000.
         run(h, lambda: [state.get(b"k1") for _ in range(2000)] and state.set(b"k", b"", None))
@@ -438,8 +459,9 @@ class SharedNamespaceTest(unittest.TestCase):
         self.assertEqual(ns.get(b"customer/acme"), b"[1]")
         ns.remove("customer/acme")
         self.assertEqual(ns.items(), {})
-        self.assertEqual(fake_wit.show_key(b"customer/acme"), "customer/acme")
-        self.assertEqual(fake_wit.show_key(b"\xff\x00"), "ff00")
+        self.assertEqual(fake_wit.show_key(b"customer/acme"), 'the key "customer/acme"')
+        self.assertEqual(fake_wit.show_key('a"\n\u00e9'.encode()), 'the key "a\\"\\né"')
+        self.assertEqual(fake_wit.show_key(b"\xff\x00"), "the key 0xff00")
 
 
 if __name__ == "__main__":
