@@ -53,10 +53,12 @@ class VelocityTest(unittest.TestCase):
             self.assertEqual(h.order(order_id=f"o-{i}"), ACCEPT)
             h.now += 1_000
         self.assertEqual(h.times(), [T0, T0 + 1_000, T0 + 2_000, T0 + 3_000, T0 + 4_000])
-        self.assertEqual(h.logs[0], (L.INFO, "order o-0 from acme accepted: 1 of 5 within 10m"))
-        self.assertEqual(h.logs[4], (L.INFO, "order o-4 from acme accepted: 5 of 5 within 10m"))
+        self.assertEqual(h.logs[0], (L.INFO, "order o-0 of customer acme: 1 of 5 within 10m"))
+        self.assertEqual(h.logs[4], (L.INFO, "order o-4 of customer acme: 5 of 5 within 10m"))
         self.assertEqual(h.order(order_id="o-5"), park("acme", 5))
-        self.assertEqual(h.logs[5], (L.WARN, "park: customer acme placed 5 orders within 10m (limit 5)"))
+        self.assertFalse(h.committed)
+        # Only accepted orders are logged; the host reports the rest.
+        self.assertEqual(len(h.logs), 5)
         self.assertEqual(h.published, [])
 
     def test_the_key_value_and_ttl_are_as_documented(self):
@@ -108,7 +110,8 @@ class VelocityTest(unittest.TestCase):
                          [b"customer/acme", b"customer/zed", "customer/émile".encode()])
 
     def test_config_is_honoured(self):
-        for window, ms in (("500ms", 500), ("30s", 30_000), ("10m", 600_000), ("1h", 3_600_000)):
+        for window, ms in (("500ms", 500), ("30s", 30_000), ("10m", 600_000), ("1h", 3_600_000),
+                           ("1d", 86_400_000), ("1h 30m", 5_400_000)):
             h = TestHost(config={"limit": "3", "window": window})
             for _ in range(3):
                 self.assertEqual(h.order(), ACCEPT)
@@ -119,39 +122,58 @@ class VelocityTest(unittest.TestCase):
             h.now = T0 + ms
             self.assertEqual(h.order(), ACCEPT, window)
 
+    def test_the_window_as_configured_is_trimmed_in_reasons_and_logs(self):
+        h = TestHost(config={"window": " 1h 30m ", "limit": " 1 "})
+        self.assertEqual(h.order(), ACCEPT)
+        self.assertEqual(h.logs, [(L.INFO, "order o-1 of customer acme: 1 of 1 within 1h 30m")])
+        self.assertEqual(h.state.entry(b"customer/acme").expires_at_ms, T0 + 5_400_000)
+        self.assertEqual(h.order(), park("acme", 1, "1h 30m", 1))
+
     def test_config_it_cannot_read_is_retried(self):
-        for config, reason in (
-            ({"limit": "five"}, 'config `limit` = "five" is not a positive integer'),
-            ({"limit": "0"}, 'config `limit` = "0" is not a positive integer'),
-            ({"limit": "-1"}, 'config `limit` = "-1" is not a positive integer'),
-            ({"window": "10"}, 'config `window` = "10" is not a duration such as 500ms, 30s, 10m or 1h'),
-            ({"window": "1d"}, 'config `window` = "1d" is not a duration such as 500ms, 30s, 10m or 1h'),
-            ({"window": "0s"}, 'config `window` = "0s" is not a duration such as 500ms, 30s, 10m or 1h'),
-        ):
-            h = TestHost(config=config)
-            self.assertEqual(h.order(), wtypes.Outcome_Retry(reason))
-            self.assertEqual(h.logs, [(L.WARN, f"retry: {reason}")])
+        for limit in ("0", "-1", "five", "", "1.5"):
+            h = TestHost(config={"limit": limit})
+            self.assertEqual(h.order(), wtypes.Outcome_Retry(
+                f"the consumer's config `limit` must be a whole number, 1 or more, "
+                f"got {json.dumps(limit)}"))
+            self.assertEqual((h.logs, h.state.items()), ([], {}))
+        for window in ("10", "ten minutes", "0s", "10x", "m", "1.5h", "", "10 m", "1w", "-1m"):
+            h = TestHost(config={"window": window})
+            self.assertEqual(h.order(), wtypes.Outcome_Retry(
+                f"the consumer's config `window` must be a duration such as 10m, 30s, 1h "
+                f"or 500ms, got {json.dumps(window)}"))
             self.assertEqual(h.state.items(), {})
 
     def test_bad_bodies_are_rejected_saying_what_was_wrong(self):
+        too_long = "c" * (app.MAX_CUSTOMER_BYTES + 1)
         for body, reason in (
-            ("<order/>", "body is not JSON: Expecting value: line 1 column 1 (char 0)"),
-            (b"\xff{}", "body is not JSON: invalid UTF-8 at byte 0"),
-            ('["acme"]', "body is not a JSON object but an array"),
-            ('{"id":"o-1"}', "order has no `customer`"),
-            ('{"id":"o-1","customer":""}', "order's `customer` must be a non-empty string, not an empty string"),
-            ('{"id":"o-1","customer":7}', "order's `customer` must be a non-empty string, not a number"),
-            ('{"id":"o-1","customer":null}', "order's `customer` must be a non-empty string, not null"),
+            ("<order/>", "the body is not JSON: Expecting value: line 1 column 1 (char 0)"),
+            (b"\xff{}", "the body is not JSON: invalid UTF-8 at byte 0"),
+            ('["o-1","acme"]', 'the body is not a JSON object (an order: {"id": ..., "customer": ...})'),
+            ('{"id":"o-1"}', "order o-1 has no `customer` (the text naming who placed it)"),
+            ('{"customer":null}', "the order has no `customer` (the text naming who placed it)"),
+            ('{"id":7,"customer":42}', "order 7 has a `customer` that is not text: 42"),
+            ('{"id":true,"customer":["a", "b"]}',
+             'the order has a `customer` that is not text: ["a","b"]'),
+            ('{"id":"o-1","customer":""}', "order o-1 has an empty `customer`"),
+            (json.dumps({"id": "o-1", "customer": too_long}),
+             "order o-1 has a `customer` of 1016 bytes; at most 1015 fit in a state key"),
         ):
             h = TestHost()
             self.assertEqual(h.send(body), wtypes.Outcome_Reject(reason), body)
-            self.assertEqual(h.logs, [(L.WARN, f"reject: {reason}")])
-            self.assertEqual(h.state.items(), {})
+            self.assertEqual((h.logs, h.state.items()), ([], {}))
+
+    def test_the_longest_customer_fits_in_a_state_key(self):
+        h = TestHost()
+        self.assertEqual(h.order("c" * app.MAX_CUSTOMER_BYTES), ACCEPT)
+        self.assertEqual(len(h.state.keys()[0]), 1024)
+        self.assertEqual(app.MAX_CUSTOMER_BYTES, 1015)
 
     def test_only_the_customer_is_needed(self):
         h = TestHost()
         self.assertEqual(h.send('{"customer":"acme"}'), ACCEPT)
-        self.assertEqual(h.logs, [(L.INFO, "order (no id) from acme accepted: 1 of 5 within 10m")])
+        self.assertEqual(h.send('{"id":12,"customer":"acme"}'), ACCEPT)
+        self.assertEqual(h.logs, [(L.INFO, "the order of customer acme: 1 of 5 within 10m"),
+                                  (L.INFO, "order 12 of customer acme: 2 of 5 within 10m")])
 
     def test_parked_orders_are_not_counted(self):
         h = TestHost(config={"limit": "2", "window": "1m"})
@@ -198,33 +220,48 @@ class VelocityTest(unittest.TestCase):
 
     def test_a_consumer_without_state_retries_with_the_hosts_reason(self):
         h = TestHost(state=None)
-        reason = f"state get-versioned of `customer/acme` failed: {fake_wit.NO_STATE_STORE}"
-        self.assertEqual(h.order(), wtypes.Outcome_Retry(reason))
-        self.assertEqual(h.logs, [(L.WARN, f"retry: {reason}")])
+        self.assertEqual(h.order(), wtypes.Outcome_Retry(
+            'state get_versioned of key `customer/acme` failed: this consumer has no state '
+            'store: set state = "NAME" in its [[consumers]] entry'))
+        self.assertEqual(h.logs, [])
 
-    def test_a_refused_write_is_retried(self):
+    def test_a_refused_write_is_retried_with_the_hosts_reason(self):
+        # The host refusing the write (a test's stand-in for any of its reasons).
         h = TestHost()
-        long = "c" * 1020
-        outcome = h.order(long)
-        self.assertIsInstance(outcome, wtypes.Outcome_Retry)
-        self.assertTrue(outcome.value.startswith(f"state get-versioned of `customer/{long}` failed: "
-                                                 "a state key is 1 to 1024 bytes"), outcome.value)
 
-    def test_a_list_it_cannot_read_is_retried(self):
-        for stored in (b"six", b'{"t":1}', b'[1,"2"]', b"\xff"):
+        def refuse(*_):
+            raise Err("a state value is at most 1048576 bytes; this one is 2000000")
+
+        fake_wit.state_module().set_if_version = refuse
+        self.assertEqual(h.order(), wtypes.Outcome_Retry(
+            "state set_if_version of key `customer/acme` failed: a state value is at most "
+            "1048576 bytes; this one is 2000000"))
+        self.assertEqual(app.state_failed("get", "k" * 70, "no"),
+                         f"state get of key `{'k' * 64}...` failed: no")
+
+    def test_state_that_is_not_a_list_of_times_is_parked_for_a_person(self):
+        for stored, problem in (
+            (b'{"edited": true}', "expected a list of whole numbers of milliseconds"),
+            (b'[1,"2"]', "expected a list of whole numbers of milliseconds"),
+            (b"[1.5]", "expected a list of whole numbers of milliseconds"),
+            (b"[-1]", "expected a list of whole numbers of milliseconds"),
+            (b"six", "Expecting value: line 1 column 1 (char 0)"),
+        ):
             h = TestHost()
             h.state.seed("customer/acme", stored)
-            outcome = h.order()
-            self.assertEqual(outcome, wtypes.Outcome_Retry(
-                "state key `customer/acme` does not hold a JSON list of epoch-ms times "
-                "(delete it with `acemq-host state delete`)"), stored)
+            self.assertEqual(h.order(), wtypes.Outcome_Park(
+                f"the state key `customer/acme` does not hold a JSON list of epoch-ms times: "
+                f"{problem}"), stored)
             self.assertEqual(h.state.get("customer/acme"), stored)
 
-    def test_window_ms(self):
+    def test_durations_are_read_as_config_writes_them(self):
         for text, ms in (("500ms", 500), ("30s", 30_000), ("10m", 600_000), ("1h", 3_600_000),
-                         ("90m", 5_400_000), ("1", None), ("1.5s", None), ("s", None),
-                         ("0ms", None), ("10 m", None), ("", None)):
-            self.assertEqual(app.window_ms(text), ms, text)
+                         ("2d", 172_800_000), ("1h 30m", 5_400_000), ("1h30m15s", 5_415_000),
+                         (" 10m ", 600_000)):
+            self.assertEqual(app.parse_duration(text), ms, text)
+        for bad in ("", "10", "m", "0m", "0s 0ms", "10 m", "1.5h", "-1m", "10M", "1w", "1m,2s",
+                    "99999999999999999999d"):
+            self.assertIsNone(app.parse_duration(bad), bad)
 
 
 if __name__ == "__main__":
