@@ -60,13 +60,28 @@ const asBytes = (v) => (typeof v === 'string' ? utf8.encode(v) : Uint8Array.from
 const hex = (bytes) => Buffer.from(bytes).toString('hex');
 const unhex = (text) => new Uint8Array(Buffer.from(text, 'hex'));
 
-/** A key as the host names it: as text when it is UTF-8, else as hex. */
-export function showKey(key) {
+// `text` quoted as Rust's `{:?}` shows a str (near enough: quotes,
+// backslashes and control characters escaped, the rest as it is).
+const ESCAPES = { '"': '\\"', '\\': '\\\\', '\n': '\\n', '\r': '\\r', '\t': '\\t', '\0': '\\0' };
+export const rustDebug = (text) =>
+  `"${[...text]
+    .map((c) => ESCAPES[c] ?? (/[\p{C}\p{Zl}\p{Zp}]/u.test(c) ? `\\u{${c.codePointAt(0).toString(16)}}` : c))
+    .join('')}"`;
+
+// Bytes as text when they are UTF-8, else undefined.
+function utf8Text(bytes) {
   try {
-    return new TextDecoder('utf-8', { fatal: true }).decode(key);
+    return new TextDecoder('utf-8', { fatal: true }).decode(bytes);
   } catch {
-    return hex(key);
+    return undefined;
   }
+}
+
+/** A key as the host's errors name it: `the key "text"` when it is UTF-8,
+ * else `the key 0x` and hex (host/src/state/call.rs). */
+export function showKey(key) {
+  const text = utf8Text(key);
+  return text === undefined ? `the key 0x${hex(key)}` : `the key ${rustDebug(text)}`;
 }
 
 function bytesArg(name, v) {
@@ -120,14 +135,15 @@ export class FakeNamespace {
   version(key) {
     return this.entry(key)?.version ?? 0n;
   }
-  /** Every live key, as the host shows it, in byte order. */
+  /** Every live key in byte order, as text when it is UTF-8, else `0x`
+   * and hex (as `acemq-host state list` shows keys). */
   keys() {
     const now = this.clock();
     return [...this.entries]
       .filter(([, e]) => live(e, now))
       .map(([k]) => k)
       .sort()
-      .map((k) => showKey(unhex(k)));
+      .map((k) => utf8Text(unhex(k)) ?? `0x${k}`);
   }
   /** Sets `key` as a committed input would have (expiring `ttlMs` after the
    * clock's now); returns its new version. */
@@ -156,33 +172,37 @@ export class FakeNamespace {
 }
 
 /**
- * One call's view of a namespace: the committed entries plus its own writes
- * (`writes`: hex key -> `{ value, expiresAtMs }`, or null for a delete), the
- * versions its commit depends on (`checks`: [hex key, version] from
- * `increment` and `setIfVersion`; 0n: the key must not exist), and how many
- * writes it made. The version of a key this call wrote is that of the
- * committed entry its write replaces (0n if none): what the commit checks.
+ * One call's view of a namespace, as host/src/state/call.rs keeps it: the
+ * committed entries plus its own writes (`writes`: hex key -> `{ value,
+ * expiresAtMs }`, or null for a delete; the last write of a key wins), the
+ * versions its commit depends on (`checks`: hex key -> version, from an
+ * `increment` of a committed value and from `setIfVersion`, the first check
+ * of a key kept; 0n: the key must not exist), and how many writes it made.
+ * The version of a key this call wrote is that of the committed entry its
+ * write replaces (0n if none): what the commit checks. The limits and error
+ * texts are the host's.
  */
 export class StateCall {
   constructor(namespace, nowMs) {
     Object.assign(this, { namespace: namespace ?? null, now: nowMs, writeCount: 0 });
     this.writes = new Map();
-    this.checks = [];
+    this.checks = new Map();
   }
   store() {
     if (this.namespace === null) refuse(NO_STATE_STORE);
   }
   key(key) {
     key = bytesArg('key', key);
-    if (key.length < 1 || key.length > STATE_MAX_KEY_BYTES) {
-      refuse(`a state key is 1 to ${STATE_MAX_KEY_BYTES} bytes; this one is ${key.length}`);
+    if (key.length === 0) refuse('a state key must not be empty');
+    if (key.length > STATE_MAX_KEY_BYTES) {
+      refuse(`a state key is at most ${STATE_MAX_KEY_BYTES} bytes; this one is ${key.length}`);
     }
     return key;
   }
   value(value) {
     value = bytesArg('value', value);
     if (value.length > STATE_MAX_VALUE_BYTES) {
-      refuse(`a state value is at most ${STATE_MAX_VALUE_BYTES} bytes (1 MiB); this one is ${value.length}`);
+      refuse(`a state value is at most ${STATE_MAX_VALUE_BYTES} bytes; this one is ${value.length}`);
     }
     return value;
   }
@@ -190,13 +210,15 @@ export class StateCall {
     if (this.writeCount >= STATE_MAX_WRITES_PER_CALL) {
       refuse(
         `a call makes at most ${STATE_MAX_WRITES_PER_CALL} state writes; ` +
-          `this one would be write ${this.writeCount + 1}`,
+          `this would be write ${this.writeCount + 1}`,
       );
     }
     this.writeCount += 1;
     this.writes.set(hex(key), write);
   }
   expiry(ttlMs) {
+    ttlMs = ttlArg(ttlMs);
+    if (ttlMs === 0n) refuse('ttl-ms must be at least 1 (none: the key never expires)');
     return ttlMs === undefined ? undefined : this.now + ttlMs;
   }
   // { value, expiresAtMs, version } as this call sees `key`, or undefined.
@@ -206,7 +228,7 @@ export class StateCall {
     const k = hex(key);
     if (this.writes.has(k)) {
       const w = this.writes.get(k);
-      return w === null || !live(w, this.now) ? undefined : { ...w, version };
+      return w === null ? undefined : { ...w, version };
     }
     return committed && { ...committed };
   }
@@ -221,7 +243,7 @@ export class StateCall {
   }
   set(key, value, ttlMs) {
     this.store();
-    [key, value, ttlMs] = [this.key(key), this.value(value), ttlArg(ttlMs)];
+    [key, value] = [this.key(key), this.value(value)];
     this.write(key, { value, expiresAtMs: this.expiry(ttlMs) });
   }
   delete(key) {
@@ -230,35 +252,45 @@ export class StateCall {
   }
   increment(key, by, ttlMs) {
     this.store();
-    [key, by, ttlMs] = [this.key(key), bigintArg('by', by, I64_MIN, I64_MAX, 's64'), ttlArg(ttlMs)];
+    [key, by] = [this.key(key), bigintArg('by', by, I64_MIN, I64_MAX, 's64')];
+    const ttl = this.expiry(ttlMs);
     const seen = this.seen(key);
     let current = 0n;
     let expiresAtMs;
     if (seen) {
+      // As Rust's i64 parses it: a sign, then ASCII digits.
       const text = Buffer.from(seen.value).toString('latin1');
       const n = /^[+-]?[0-9]+$/.test(text) ? BigInt(text) : undefined;
       if (n === undefined || n < I64_MIN || n > I64_MAX) {
-        refuse(`cannot increment \`${showKey(key)}\`: its value is not a 64-bit integer in ASCII decimal`);
+        refuse(
+          `${showKey(key)} does not hold an integer (increment keeps decimal text such as "6"), ` +
+            'so it cannot be incremented',
+        );
       }
       [current, expiresAtMs] = [n, seen.expiresAtMs];
     }
     const total = current + by;
     if (total < I64_MIN || total > I64_MAX) {
-      refuse(`cannot increment \`${showKey(key)}\` (${current}) by ${by}: the result overflows a 64-bit integer`);
+      refuse(`incrementing ${showKey(key)} by ${by} overflows a 64-bit integer (it holds ${current})`);
     }
-    if (ttlMs !== undefined) expiresAtMs = this.expiry(ttlMs);
-    // The result depends on the committed value unless this call wrote it.
+    // Based on a committed value it is checked at commit; on this call's own
+    // write it is not.
     const depends = !this.writes.has(hex(key));
-    this.write(key, { value: utf8.encode(String(total)), expiresAtMs });
-    if (depends) this.checks.push([hex(key), seen?.version ?? 0n]);
+    this.write(key, { value: utf8.encode(String(total)), expiresAtMs: ttl ?? expiresAtMs });
+    if (depends) this.check(key, seen?.version ?? 0n);
     return total;
   }
   setIfVersion(key, value, version, ttlMs) {
     this.store();
     [key, value] = [this.key(key), this.value(value)];
-    [version, ttlMs] = [bigintArg('version', version, 0n, U64_MAX, 'u64'), ttlArg(ttlMs)];
+    version = bigintArg('version', version, 0n, U64_MAX, 'u64');
     this.write(key, { value, expiresAtMs: this.expiry(ttlMs) });
-    this.checks.push([hex(key), version]);
+    this.check(key, version);
+  }
+  // A second check of the same key keeps the first: the commit depends on
+  // what the call read first.
+  check(key, version) {
+    if (!this.checks.has(hex(key))) this.checks.set(hex(key), version);
   }
 }
 

@@ -171,13 +171,41 @@ test('increment refuses a value that is not an integer, and overflow', () => {
     h.state.seed('n', value);
     assert.equal(
       h.run(() => raised(() => state.increment(enc('n'), 1n, undefined)))[1],
-      'cannot increment `n`: its value is not a 64-bit integer in ASCII decimal',
+      'the key "n" does not hold an integer (increment keeps decimal text such as "6"), so it cannot be incremented',
     );
     assert.equal(h.state.getText('n'), value);
   }
   const h = new TestHost();
   h.state.seed('n', String(fake.I64_MAX));
-  assert.match(h.run(() => raised(() => state.increment(enc('n'), 1n, undefined)))[1], /overflows a 64-bit integer/);
+  assert.equal(
+    h.run(() => raised(() => state.increment(enc('n'), 1n, undefined)))[1],
+    `incrementing the key "n" by 1 overflows a 64-bit integer (it holds ${fake.I64_MAX})`,
+  );
+  h.state.seed('n', '+7');
+  assert.equal(h.run(() => state.increment(enc('n'), 1n, undefined))[1], 8n, 'a sign may lead');
+});
+
+test('a ttlMs of 0n is refused, as by the host', () => {
+  const h = new TestHost();
+  const [, reasons] = h.run(() => [
+    raised(() => state.set(enc('k'), enc('v'), 0n)),
+    raised(() => state.increment(enc('n'), 1n, 0n)),
+    raised(() => state.setIfVersion(enc('k'), enc('v'), 0n, 0n)),
+  ]);
+  assert.deepEqual(reasons, Array(3).fill('ttl-ms must be at least 1 (none: the key never expires)'));
+  assert.equal(h.lastCall.writes.size, 0);
+});
+
+test('the first check of a key is kept', () => {
+  const h = new TestHost();
+  const v = h.state.seed('k', '1');
+  h.run(() => {
+    state.setIfVersion(enc('k'), enc('2'), v, undefined);
+    // Checked against what the call read first, not this.
+    state.setIfVersion(enc('k'), enc('3'), 12345n, undefined);
+  });
+  assert.deepEqual([h.conflict, h.state.getText('k')], [undefined, '3']);
+  assert.deepEqual([...h.lastCall.checks.values()], [v]);
 });
 
 test('increment without ttlMs keeps the key’s expiry; with one sets a new one', () => {
@@ -260,16 +288,16 @@ test('the limits: keys 1 to 1024 bytes, values 1 MiB, 1000 writes a call', () =>
     raised(() => state.set(enc('k'), new Uint8Array(fake.STATE_MAX_VALUE_BYTES + 1), undefined)),
   ]);
   assert.deepEqual(reasons, [
-    'a state key is 1 to 1024 bytes; this one is 0',
-    'a state key is 1 to 1024 bytes; this one is 1025',
-    'a state value is at most 1048576 bytes (1 MiB); this one is 1048577',
+    'a state key must not be empty',
+    'a state key is at most 1024 bytes; this one is 1025',
+    'a state value is at most 1048576 bytes; this one is 1048577',
   ]);
   const [, last] = h.run(() => {
     state.set(new Uint8Array(1024).fill(107), new Uint8Array(fake.STATE_MAX_VALUE_BYTES), undefined);
     for (let i = 1; i < 1000; i++) state.set(enc(`k${i}`), enc(''), undefined);
     return raised(() => del(enc('k1')));
   });
-  assert.equal(last, 'a call makes at most 1000 state writes; this one would be write 1001');
+  assert.equal(last, 'a call makes at most 1000 state writes; this would be write 1001');
   assert.equal(h.state.keys().length, 1000);
 });
 
@@ -279,5 +307,7 @@ test('two consumers naming one namespace share it', () => {
   a.run(() => state.increment(enc('n'), 1n, undefined));
   assert.equal(b.run(() => state.increment(enc('n'), 1n, undefined))[1], 2n);
   assert.equal(a.state.getText('n'), '2');
-  assert.equal(fake.showKey(new Uint8Array([0xff, 0])), 'ff00');
+  assert.equal(fake.showKey(enc('customer/acme')), 'the key "customer/acme"');
+  assert.equal(fake.showKey(enc('a"\n\u00e9\u0001')), 'the key "a\\"\\né\\u{1}"');
+  assert.equal(fake.showKey(new Uint8Array([0xff, 0])), 'the key 0xff00');
 });
