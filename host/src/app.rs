@@ -18,6 +18,7 @@ use crate::broker::{
     Addresses, Board, Link, OnConnected, OneOff, PublishLink, PublishSettings, Recovery,
     SubscriptionEnv, SubscriptionSpec, Tls, resubscribe,
 };
+use crate::config::state::StoreLocation;
 use crate::config::{ConsumerConfig, LoadedConfig, SchedulerConfig};
 use crate::delivery::{self, ConsumerRules, Pipeline};
 use crate::plugin::capacity::{self, ConsumerDemand};
@@ -28,7 +29,10 @@ use crate::plugin::{
 };
 use crate::retry::RetryPolicy;
 use crate::scheduler::control::Control;
-use crate::telemetry::{Metrics, PluginVersionLabels};
+use crate::state::consumer::{Claims, ConsumerState};
+use crate::state::embedded::{EmbeddedStore, Opener};
+use crate::state::{Backend, NamespaceAccess, Store};
+use crate::telemetry::{Metrics, NamespaceLabel, PluginVersionLabels, StateMetrics};
 use crate::topology::{self, Topology};
 
 /// Everything checked and loaded, ready to connect.
@@ -46,6 +50,11 @@ pub struct Prepared {
     pub board: Arc<Board>,
     /// Where spans are exported (nowhere unless configured).
     pub tracer: Arc<crate::trace::Tracer>,
+    /// The state store, when a consumer keeps state or done records.
+    pub store: Option<Arc<Store>>,
+    /// The state series the store's users count on: the registry the host
+    /// runs with must be made with them ([`Metrics::with_state`]).
+    pub state_metrics: StateMetrics,
 }
 
 /// One consumer: what it subscribes to, and what its pipeline runs.
@@ -54,6 +63,8 @@ pub struct PreparedConsumer {
     pub rules: ConsumerRules,
     pub handler: Arc<HandlerSlot>,
     pub plugin_path: std::path::PathBuf,
+    /// Its namespace, done records and claims, if it keeps any.
+    pub state: Option<Arc<ConsumerState>>,
 }
 
 /// Checks the config, builds the topology and loads every plugin, without
@@ -85,10 +96,17 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
     } else {
         None
     };
+    let state_metrics = StateMetrics::default();
+    let store = open_store(&config).map_err(&mut note).ok().flatten();
+    let state = StateSetup {
+        store: store.clone(),
+        metrics: state_metrics.clone(),
+        holder: claim_holder(),
+    };
     let mut consumers = Vec::new();
     if let (Some(topology), true) = (&topology, trusted) {
         for (index, consumer) in config.config.consumers.iter().enumerate() {
-            match prepare_consumer(&config, topology, &engine, index, consumer) {
+            match prepare_consumer(&config, topology, &engine, &state, index, consumer) {
                 Ok(prepared) => consumers.push(prepared),
                 Err(e) => note(e),
             }
@@ -127,7 +145,91 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
         admin,
         board,
         tracer,
+        store,
+        state_metrics,
     })
+}
+
+/// The state store's upkeep while the host runs: the embedded store's
+/// sweep of what expired, and every namespace's usage for `/metrics`.
+fn spawn_store_upkeep(
+    store: Arc<Store>,
+    metrics: &Arc<Metrics>,
+    config: &LoadedConfig,
+    shutdown: CancellationToken,
+) {
+    let namespaces: BTreeSet<String> = config
+        .config
+        .consumers
+        .iter()
+        .filter_map(|c| c.state.as_ref().map(|n| n.get_ref().clone()))
+        .collect();
+    let state = metrics.state.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(crate::state::embedded::SWEEP_EVERY);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            let now_ms = crate::envelope::now_ms();
+            if let Store::Embedded(embedded) = &*store {
+                embedded.sweep(now_ms);
+            }
+            for namespace in &namespaces {
+                match store.usage(namespace, now_ms).await {
+                    Ok(usage) => {
+                        let label = NamespaceLabel {
+                            namespace: namespace.clone(),
+                        };
+                        state.keys.get_or_create(&label).set(usage.keys as i64);
+                        state.bytes.get_or_create(&label).set(usage.bytes as i64);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the state store's usage could not be read")
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// What consumers with state are given.
+struct StateSetup {
+    store: Option<Arc<Store>>,
+    metrics: StateMetrics,
+    /// This host's name on its claims.
+    holder: Arc<str>,
+}
+
+/// Opens the state store when a consumer needs one: the embedded file
+/// (refused when another host holds it), or a Redis client (which connects
+/// on first use and again after any failure).
+fn open_store(config: &LoadedConfig) -> anyhow::Result<Option<Arc<Store>>> {
+    if !config.state_needed() {
+        return Ok(None);
+    }
+    let store = match config.store_location() {
+        StoreLocation::Embedded(path) => Store::Embedded(
+            EmbeddedStore::open(&path, Opener::Host)
+                .map_err(|e| anyhow::anyhow!("{}: [state]: {e}", config.path.display()))?,
+        ),
+        StoreLocation::Redis(url) => Store::Redis(Box::new(
+            crate::state::redis::RedisStore::lazy(&url)
+                .map_err(|e| anyhow::anyhow!("{}: state.url: {e}", config.path.display()))?,
+        )),
+    };
+    tracing::info!(store = %store.describe(), "state store opened");
+    Ok(Some(Arc::new(store)))
+}
+
+/// The name this host's claims carry: its host name, process and a random
+/// part, so that a restarted process never takes its predecessor's claims
+/// for its own.
+fn claim_holder() -> Arc<str> {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    Arc::from(format!("{host}:{}:{}", std::process::id(), &random[..8]))
 }
 
 /// Loads the config's `[[codecs]]`, in order: for the host, and for a
@@ -275,12 +377,14 @@ fn prepare_consumer(
     config: &LoadedConfig,
     topology: &Topology,
     engine: &PluginEngine,
+    state: &StateSetup,
     index: usize,
     consumer: &ConsumerConfig,
 ) -> anyhow::Result<PreparedConsumer> {
     let queue = consumer.queue.get_ref().clone();
     let policy = retry_policy(config, index, consumer)?;
-    let context = consumer_context(consumer, &config.config.scheduler);
+    let (namespace, consumer_state) = consumer_state(config, state, consumer);
+    let context = consumer_context(consumer, &config.config.scheduler, namespace);
     let stream = stream_position(config, topology, index, consumer)?;
     let is_stream = stream.is_some();
     let plugin_path = config.resolve(consumer.plugin.get_ref());
@@ -309,7 +413,49 @@ fn prepare_consumer(
         },
         handler: Arc::new(HandlerSlot::new(version)),
         plugin_path,
+        state: consumer_state,
     })
+}
+
+/// A consumer's namespace, as its plugin reaches it, and its use of the
+/// store on the delivery path; neither without `state` or `idempotent`.
+fn consumer_state(
+    config: &LoadedConfig,
+    setup: &StateSetup,
+    consumer: &ConsumerConfig,
+) -> (Option<Arc<NamespaceAccess>>, Option<Arc<ConsumerState>>) {
+    let Some(store) = &setup.store else {
+        return (None, None);
+    };
+    let namespace = consumer.state.as_ref().map(|n| n.get_ref().clone());
+    if namespace.is_none() && !consumer.idempotent {
+        return (None, None);
+    }
+    let access = namespace.as_ref().map(|namespace| {
+        Arc::new(NamespaceAccess {
+            store: store.clone(),
+            namespace: namespace.clone(),
+            metrics: setup.metrics.clone(),
+        })
+    });
+    let quota = config
+        .config
+        .state
+        .quota(namespace.as_deref().unwrap_or_default());
+    let claims = consumer.idempotent.then(|| Claims {
+        holder: setup.holder.clone(),
+        lease: consumer.claim_lease,
+    });
+    let state = ConsumerState::new(
+        store.clone(),
+        consumer.queue.get_ref(),
+        namespace,
+        quota,
+        consumer.done_retention,
+        claims,
+        setup.metrics.clone(),
+    );
+    (access, Some(Arc::new(state)))
 }
 
 /// The consumer's `retry` policy, or the contract's default, none(): a
@@ -381,12 +527,14 @@ fn stream_position(
 pub fn consumer_context(
     consumer: &ConsumerConfig,
     scheduler: &SchedulerConfig,
+    state: Option<Arc<NamespaceAccess>>,
 ) -> Arc<ConsumerContext> {
     Arc::new(ConsumerContext {
         queue: consumer.queue.get_ref().clone(),
         config: consumer.config.clone(),
         publish_to: consumer.publish_to.iter().cloned().collect::<BTreeSet<_>>(),
         delayed: consumer.publish_delayed.then_some(scheduler.max_delay),
+        state,
         limits: Limits {
             deadline: consumer.deadline,
             max_memory_bytes: consumer.max_memory_bytes,
@@ -487,7 +635,12 @@ pub async fn run(
         admin,
         board,
         tracer,
+        store,
+        state_metrics: _,
     } = prepared;
+    if let Some(store) = &store {
+        spawn_store_upkeep(store.clone(), &metrics, &config, shutdown.clone());
+    }
     // Publish series are labelled by exchange only for the exchanges the
     // config names (a routing slip names its next exchange: the producer's
     // choice).
@@ -728,7 +881,8 @@ fn start_consumers(
             .set(1);
         let pipeline = Arc::new(
             Pipeline::new(queue, consumer.rules, consumer.handler, shared)
-                .with_stream(consumer.subscription.stream.clone()),
+                .with_stream(consumer.subscription.stream.clone())
+                .with_state(consumer.state.clone()),
         );
         if let Some(position) = &consumer.subscription.stream {
             // One saver per consumer for the life of the host, over the

@@ -208,7 +208,7 @@ impl Plugins {
         request: &ReplayRequest,
     ) -> anyhow::Result<Self> {
         let engine = PluginEngine::new(crate::app::engine_settings(config))?;
-        let context = crate::app::consumer_context(consumer, &config.config.scheduler);
+        let context = crate::app::consumer_context(consumer, &config.config.scheduler, None);
         let candidate = HandlerSlot::new(HandlerVersion::load(
             &engine,
             &request.candidate,
@@ -384,6 +384,8 @@ fn seen(run: &PluginRun) -> Seen {
         PluginRun::Misconfigured { .. } => ("published outside publish_to".to_string(), Vec::new()),
         PluginRun::HostFailed { .. } => ("host failure".to_string(), Vec::new()),
         PluginRun::HostBusy { .. } => ("host busy".to_string(), Vec::new()),
+        PluginRun::StoreUnavailable { .. } => ("state store unavailable".to_string(), Vec::new()),
+        PluginRun::StateConflicted { .. } => ("state conflict".to_string(), Vec::new()),
     };
     Seen { word, outputs }
 }

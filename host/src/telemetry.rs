@@ -149,6 +149,56 @@ impl Default for SchedulerMetrics {
     }
 }
 
+/// A state namespace's series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabel {
+    pub namespace: String,
+}
+
+/// A state operation of a plugin, in a namespace.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateOpLabel {
+    pub namespace: String,
+    pub op: String,
+}
+
+/// How a state commit ended, in a namespace.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CommitLabel {
+    pub namespace: String,
+    pub result: String,
+}
+
+/// Plugin state and idempotency (`crate::state`); see
+/// [`Metrics::declare_state`] for each.
+#[derive(Clone)]
+pub struct StateMetrics {
+    pub operations: Family<StateOpLabel, Counter>,
+    pub commits: Family<CommitLabel, Counter>,
+    pub commit_seconds: Histogram,
+    /// Set at scrape time from the store.
+    pub keys: Family<NamespaceLabel, Gauge>,
+    pub bytes: Family<NamespaceLabel, Gauge>,
+    pub reruns: Family<QueueLabel, Counter>,
+    pub duplicates: Family<QueueLabel, Counter>,
+    pub claims_waited: Family<QueueLabel, Counter>,
+}
+
+impl Default for StateMetrics {
+    fn default() -> Self {
+        Self {
+            operations: Family::default(),
+            commits: Family::default(),
+            commit_seconds: seconds_histogram(),
+            keys: Family::default(),
+            bytes: Family::default(),
+            reruns: Family::default(),
+            duplicates: Family::default(),
+            claims_waited: Family::default(),
+        }
+    }
+}
+
 /// A family of histograms, each made with the buckets of its kind.
 pub type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -259,6 +309,8 @@ pub struct Metrics {
     pub stream_checkpoint_failures: Family<QueueLabel, Counter>,
     /// The scheduler's series (`crate::scheduler`).
     pub scheduler: SchedulerMetrics,
+    /// Plugin state and idempotency (`crate::state`).
+    pub state: StateMetrics,
     /// When each blocked connection was blocked.
     blocked_since: Mutex<HashMap<String, Instant>>,
     /// `publish_total`'s series by exchange and outcome, found without
@@ -357,7 +409,15 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
+        Self::with_state(StateMetrics::default())
+    }
+
+    /// A registry whose state series are `state`'s: the handles the state
+    /// store's users were given before the registry existed (plugins load,
+    /// with their namespaces, before the host runs).
+    pub fn with_state(state: StateMetrics) -> Self {
         let mut metrics = Self::unregistered();
+        metrics.state = state;
         let mut sample_names = BTreeSet::new();
         let mut catalogue = Vec::new();
         {
@@ -374,6 +434,7 @@ impl Metrics {
             metrics.declare_connection(&mut declare);
             metrics.declare_stream(&mut declare);
             metrics.declare_scheduler(&mut declare);
+            metrics.declare_state(&mut declare);
             metrics.declare_scraped(&mut declare);
         }
         metrics.sample_names = sample_names;
@@ -412,6 +473,7 @@ impl Metrics {
             stream_checkpoint_age_seconds: Family::default(),
             stream_checkpoint_failures: Family::default(),
             scheduler: SchedulerMetrics::default(),
+            state: StateMetrics::default(),
             blocked_since: Mutex::new(HashMap::new()),
             publish_series: Mutex::new(HashMap::new()),
             labelled_exchanges: std::sync::RwLock::new(None),
@@ -639,6 +701,61 @@ impl Metrics {
             "How long the most overdue message this host is trying to deliver is past its due time (0 when none)",
             &[],
             s.oldest_overdue_seconds.clone(),
+        );
+    }
+
+    /// Plugin state: what plugins asked of it, its commits and usage, and
+    /// what idempotency saved.
+    fn declare_state(&self, declare: &mut Declare<'_>) {
+        let s = &self.state;
+        declare.register(
+            "acemq_state_operations",
+            "State calls by plugins, by namespace and operation (get, set, delete, increment, get_versioned, set_if_version)",
+            &["namespace", "op"],
+            s.operations.clone(),
+        );
+        declare.register(
+            "acemq_state_commits",
+            "Commits of accepted inputs, by namespace (- for done records only) and result (committed, duplicate, conflict, quota, failed)",
+            &["namespace", "result"],
+            s.commits.clone(),
+        );
+        declare.register_with_unit(
+            "acemq_state_commit",
+            "How long each commit took, the store's round trip included",
+            Unit::Seconds,
+            &[],
+            s.commit_seconds.clone(),
+        );
+        declare.register(
+            "acemq_state_keys",
+            "Keys in each namespace (read from the store at scrape)",
+            &["namespace"],
+            s.keys.clone(),
+        );
+        declare.register(
+            "acemq_state_bytes",
+            "Bytes (keys plus values) in each namespace (read from the store at scrape)",
+            &["namespace"],
+            s.bytes.clone(),
+        );
+        declare.register(
+            "acemq_state_reruns",
+            "Handler calls run again because a value they read changed before their commit",
+            &["queue"],
+            s.reruns.clone(),
+        );
+        declare.register(
+            "acemq_state_duplicates",
+            "Inputs already done (by envelope id), acked without a call",
+            &["queue"],
+            s.duplicates.clone(),
+        );
+        declare.register(
+            "acemq_state_claims_waited",
+            "Inputs answered in progress: another host holds a live claim on their id",
+            &["queue"],
+            s.claims_waited.clone(),
         );
     }
 
@@ -969,6 +1086,27 @@ mod tests {
         };
         s.refused.get_or_create(&reason).inc();
         s.undeliverable.get_or_create(&reason).inc();
+        let st = &m.state;
+        let namespace = NamespaceLabel {
+            namespace: "orders".into(),
+        };
+        st.operations
+            .get_or_create(&StateOpLabel {
+                namespace: "orders".into(),
+                op: "get".into(),
+            })
+            .inc();
+        st.commits
+            .get_or_create(&CommitLabel {
+                namespace: "orders".into(),
+                result: "committed".into(),
+            })
+            .inc();
+        st.keys.get_or_create(&namespace).set(1);
+        st.bytes.get_or_create(&namespace).set(10);
+        st.reruns.get_or_create(&q).inc();
+        st.duplicates.get_or_create(&q).inc();
+        st.claims_waited.get_or_create(&q).inc();
         m.render()
     }
 

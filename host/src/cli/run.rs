@@ -46,7 +46,8 @@ pub fn run(config_path: &Path, log_format: Option<LogFormat>) -> ExitCode {
     let result = runtime.block_on(async {
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signals(shutdown.clone()));
-        app::run(prepared, shutdown, Arc::new(Metrics::new())).await
+        let metrics = Arc::new(Metrics::with_state(prepared.state_metrics.clone()));
+        app::run(prepared, shutdown, metrics).await
     });
     report(result)
 }

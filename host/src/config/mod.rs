@@ -14,6 +14,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 pub mod admin_keys;
+pub mod state;
 use crate::broker::address::{BrokerUrl, redact_url};
 pub use admin_keys::{TOKEN_ENV, check_allowed_host, check_listen, is_remote};
 
@@ -47,6 +48,8 @@ pub struct Config {
     pub tracing: TracingConfig,
     #[serde(default)]
     pub scheduler: SchedulerConfig,
+    #[serde(default)]
+    pub state: state::StateConfig,
 }
 
 /// `[scheduler]`: the AceMQ scheduler (delayed publishing), which the host
@@ -426,6 +429,20 @@ pub struct ConsumerConfig {
     /// them and the input is acked.
     #[serde(default = "defaults::yes")]
     pub mandatory_outputs: bool,
+    /// The state namespace its plugin reads and writes (docs/state.md);
+    /// consumers that name the same one share it.
+    pub state: Option<Spanned<String>>,
+    /// Claims each input's envelope id before its call and skips those
+    /// already done: the AceMQ idempotency rule, for any plugin.
+    #[serde(default)]
+    pub idempotent: bool,
+    /// How long a done record is kept (consumers with `state` or
+    /// `idempotent`).
+    #[serde(default = "state::default_done_retention", with = "humantime_serde")]
+    pub done_retention: Duration,
+    /// How long a claim holds an input against other hosts (`idempotent`).
+    #[serde(default = "state::default_claim_lease", with = "humantime_serde")]
+    pub claim_lease: Duration,
     /// Handed to the plugin through `config(key)`.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
@@ -772,7 +789,7 @@ impl LoadedConfig {
 
     /// Checks that only need the file: references between tables and value ranges.
     fn check(&self) -> Result<(), ConfigError> {
-        let mut found = Vec::new();
+        let mut found = self.state_problems();
         if let Err(e) = self.check_admin() {
             found.push(e);
         }

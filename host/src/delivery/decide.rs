@@ -57,6 +57,14 @@ pub enum Settlement {
     /// interrupted a wait. Nothing is lost; the delivery comes back.
     /// Never for a stream delivery (see [`Settlement::ReadAgain`]).
     Requeue { why: String },
+    /// An input already done (its envelope id has a done record): acked
+    /// without a call, counted as a duplicate (docs/state.md).
+    Duplicate,
+    /// An input another host holds a live claim on (`idempotent`): held
+    /// for `wait`, then republished to its own queue with its attempt
+    /// unchanged, then acked (Python's `in_progress`). From a stream: read
+    /// again after the wait.
+    InProgress { wait: Duration, reason: String },
     /// A stream delivery's requeue. RabbitMQ does not deliver a requeued
     /// stream message again, and closes the channel (RabbitMQ 3.10; see
     /// `tests/tests/streams.rs`): a requeue would end the subscription and
@@ -106,7 +114,8 @@ impl Settlement {
     /// Why it was not simply acked, in the words set-aside headers carry.
     pub fn reason(&self) -> Option<&str> {
         match self {
-            Settlement::Accept { .. } => None,
+            Settlement::Accept { .. } | Settlement::Duplicate => None,
+            Settlement::InProgress { reason, .. } => Some(reason),
             Settlement::RetryInConsumer { reason, .. }
             | Settlement::RetryInBroker { reason, .. }
             | Settlement::DeadLetter { reason, .. }
@@ -118,7 +127,9 @@ impl Settlement {
     /// How long a retry waits before its next attempt.
     pub fn retry_delay(&self) -> Option<Duration> {
         match self {
-            Settlement::RetryInConsumer { wait, .. } => Some(*wait),
+            Settlement::RetryInConsumer { wait, .. } | Settlement::InProgress { wait, .. } => {
+                Some(*wait)
+            }
             Settlement::RetryInBroker { delay, .. } => Some(*delay),
             _ => None,
         }
@@ -126,8 +137,9 @@ impl Settlement {
 
     pub fn outcome(&self) -> ConsumeOutcome {
         match self {
-            Settlement::Accept { .. } => ConsumeOutcome::Acked,
-            Settlement::RetryInConsumer { .. }
+            Settlement::Accept { .. } | Settlement::Duplicate => ConsumeOutcome::Acked,
+            Settlement::InProgress { .. }
+            | Settlement::RetryInConsumer { .. }
             | Settlement::RetryInBroker { .. }
             | Settlement::Requeue { .. }
             | Settlement::ReadAgain { .. } => ConsumeOutcome::Retried,
@@ -178,8 +190,9 @@ impl Settlement {
     /// written into `x-acemq-error` and logs, which must stay small.
     pub(crate) fn with_bounded_reason(mut self) -> Self {
         match &mut self {
-            Settlement::Accept { .. } => {}
-            Settlement::RetryInConsumer { reason, .. }
+            Settlement::Accept { .. } | Settlement::Duplicate => {}
+            Settlement::InProgress { reason, .. }
+            | Settlement::RetryInConsumer { reason, .. }
             | Settlement::RetryInBroker { reason, .. }
             | Settlement::DeadLetter { reason, .. }
             | Settlement::Park { reason, .. }
@@ -265,6 +278,11 @@ fn settlement_for(facts: DeliveryFacts<'_>, run: PluginRun, policy: &RetryPolicy
         PluginRun::HostBusy { reason } => {
             requeue(format!("the host had no room to run its plugins: {reason}"))
         }
+        // Nor is a store that cannot be reached (the pipeline pauses first).
+        PluginRun::StoreUnavailable { reason } => {
+            requeue(format!("its state store could not be reached: {reason}"))
+        }
+        PluginRun::StateConflicted { reason, .. } => retry_or_give_up(facts, reason, policy),
     }
 }
 
@@ -318,6 +336,13 @@ pub enum Setback {
     SetAsideFailed(String),
     /// Shutdown began while the delivery waited in the consumer.
     ShutdownDuringWait,
+    /// The state store refused the accept's commit (a quota, a conflict
+    /// after the reservation ran out): the input failed, and the policy
+    /// decides, as for outputs that failed.
+    StateRefused(String),
+    /// The state store could not commit now: not the message's fault, so
+    /// no attempt is counted.
+    StoreTrouble(String),
     /// Publishing was declined or interrupted by the broker or the
     /// connection (lost, recovering, blocked), or the delivery's own channel
     /// closed: not the message's fault, so no attempt is counted.
@@ -365,7 +390,7 @@ fn after_on_a_stream(
         {
             failed.clone()
         }
-        Setback::OutputsFailed(_) | Setback::RetryTooLarge(_) => {
+        Setback::OutputsFailed(_) | Setback::RetryTooLarge(_) | Setback::StateRefused(_) => {
             next_after(facts, failed, setback, &RetryPolicy::none())
         }
         other => Settlement::ReadAgain {
@@ -421,6 +446,10 @@ fn next_after(
         Setback::SetAsideFailed(why) => requeue(format!("the set-aside was not published: {why}")),
         Setback::ShutdownDuringWait => requeue("shutdown began during the retry wait".to_string()),
         Setback::BrokerTrouble(why) => requeue(format!("the broker could not take it now: {why}")),
+        Setback::StateRefused(why) => retry_or_give_up(facts, why, policy),
+        Setback::StoreTrouble(why) => {
+            requeue(format!("its state could not be committed now: {why}"))
+        }
     }
 }
 

@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use decide::{ConsumeOutcome, DeliveryFacts, Settlement};
 use flow::Flow;
-pub use plugins::{PluginRun, run_plugins};
+pub use plugins::{PluginRun, run_plugins, run_plugins_with_state};
 use settle::{BrokerPort, Subject, Waited};
 
 use self::metrics::ConsumerMetrics;
@@ -48,8 +48,9 @@ use crate::broker::publisher::{Publication, PublishError, PublishLink, Publisher
 use crate::broker::stream::StreamPosition;
 use crate::broker::subscription::{Receipt, Received, Slot};
 use crate::envelope::{self, Envelope};
-use crate::plugin::{CodecSet, HandlerSlot, Input};
+use crate::plugin::{CodecSet, HandlerSlot, Input, StateEnd};
 use crate::retry::RetryPolicy;
+use crate::state::consumer::{Before, ConsumerState};
 use crate::telemetry::Metrics;
 use crate::trace::{DeliveryTrace, Processed, Tracer};
 
@@ -69,6 +70,8 @@ pub struct Pipeline {
     /// delivery (a swap saves its checkpoint).
     stream: Option<Arc<StreamPosition>>,
     tracer: Arc<Tracer>,
+    /// Its state namespace, done records and claims (docs/state.md).
+    state: Option<Arc<ConsumerState>>,
 }
 
 /// How one consumer treats its deliveries, from its config.
@@ -108,7 +111,14 @@ impl Pipeline {
             shutdown: shared.shutdown.clone(),
             stream: None,
             tracer: shared.tracer.clone(),
+            state: None,
         }
+    }
+
+    /// For a consumer with state or `idempotent`: its use of the store.
+    pub fn with_state(mut self, state: Option<Arc<ConsumerState>>) -> Self {
+        self.state = state;
+        self
     }
 
     /// For a stream consumer: its position, told of version changes.
@@ -188,20 +198,162 @@ impl Pipeline {
             }
         };
         input.trace_id = Some(trace.trace_id());
-        let run = self.call_plugins(input, slot, &envelope, &trace).await;
-        flow.failure = flow.failure.or(flow::failure_of(&run));
-        let settlement = self.decide(&envelope, &properties, run);
-        let settlement = flow::refuse_unanswerable(&self.queue, &flow, settlement);
-        let delivery = Unsettled {
+        let parts = Parts {
             envelope: &envelope,
             properties: &properties,
             receipt: &receipt,
             body: &body,
             trace: &trace,
-            flow: &flow,
             arrived,
         };
-        self.settle(delivery, settlement).await;
+        let Some(state) = self.state.clone() else {
+            let run = self.call_plugins(input, slot, &envelope, &trace).await;
+            flow.failure = flow.failure.or(flow::failure_of(&run));
+            let settlement = self.decide(&envelope, &properties, run);
+            let settlement = flow::refuse_unanswerable(&self.queue, &flow, settlement);
+            self.settle(parts.with(&flow), settlement).await;
+            return;
+        };
+        // Done already, claimed elsewhere, or a store that cannot answer:
+        // settled without a call.
+        if let Some(settlement) = self.before_call(&state, parts).await {
+            drop(slot);
+            self.settle(parts.with(&flow), settlement).await;
+            return;
+        }
+        let (run, pending) = self
+            .call_with_state(&state, input, slot, &envelope, &trace)
+            .await;
+        flow.failure = flow.failure.or(flow::failure_of(&run));
+        if matches!(run, PluginRun::StoreUnavailable { .. }) {
+            self.pause_for_the_store(&receipt).await;
+        }
+        let settlement = self.decide(&envelope, &properties, run);
+        let settlement = flow::refuse_unanswerable(&self.queue, &flow, settlement);
+        let accepted = matches!(settlement, Settlement::Accept { .. });
+        let committed = self
+            .settle_committing(
+                parts.with(&flow),
+                settlement,
+                accepted.then_some((&*state, &pending)),
+            )
+            .await;
+        if !committed {
+            state
+                .abandon(
+                    &envelope.id,
+                    &pending.changes,
+                    pending.reservation.as_deref(),
+                )
+                .await;
+        }
+    }
+
+    /// What the store says of an input before its call: `None` to call the
+    /// plugin, else how it is settled instead.
+    async fn before_call(&self, state: &ConsumerState, delivery: Parts<'_>) -> Option<Settlement> {
+        let envelope = delivery.envelope;
+        match state.before_call(&envelope.id, envelope::now_ms()).await {
+            Before::Run => None,
+            Before::Duplicate => Some(Settlement::Duplicate),
+            Before::InProgress { reason } => Some(Settlement::InProgress {
+                wait: crate::state::consumer::IN_PROGRESS_WAIT,
+                reason,
+            }),
+            Before::Unavailable { reason } => {
+                tracing::warn!(queue = self.queue.as_str(), message_id = %envelope.id, error = %reason, "the state store cannot answer; the delivery waits");
+                self.pause_for_the_store(delivery.receipt).await;
+                let why = format!("its state store could not be reached: {reason}");
+                Some(if from_stream(delivery.properties) {
+                    Settlement::ReadAgain { why }
+                } else {
+                    Settlement::Requeue { why }
+                })
+            }
+        }
+    }
+
+    /// A pause before a delivery the store could not serve is given back,
+    /// so that it does not come straight back to fail again.
+    async fn pause_for_the_store(&self, receipt: &Receipt) {
+        tokio::select! {
+            _ = tokio::time::sleep(settle::PAUSE_BEFORE_REQUEUE) => {}
+            _ = self.shutdown.cancelled() => {}
+            _ = receipt.lost() => {}
+        }
+    }
+
+    /// The calling stage of a consumer with state: the call, and for an
+    /// accept whose writes depend on what it read, the reservation of those
+    /// keys before anything is published. A conflict runs the call again
+    /// on fresh state (bounded: then the input fails with it).
+    async fn call_with_state(
+        &self,
+        state: &ConsumerState,
+        input: Input,
+        slot: Slot,
+        envelope: &Envelope,
+        trace: &DeliveryTrace,
+    ) -> (PluginRun, PendingState) {
+        let mut reruns = 0;
+        loop {
+            let (run, ended) = self
+                .call_plugins_keeping_state(input.clone(), envelope, trace)
+                .await;
+            let accepted = matches!(
+                run,
+                PluginRun::Decided {
+                    outcome: crate::plugin::Outcome::Accept,
+                    ..
+                }
+            );
+            let changes = ended.changes;
+            if !accepted || changes.checks().is_empty() {
+                drop(slot);
+                return (
+                    run,
+                    PendingState {
+                        changes,
+                        reservation: None,
+                    },
+                );
+            }
+            let token = uuid::Uuid::new_v4().to_string();
+            match state.reserve(&changes, &token, envelope::now_ms()).await {
+                Ok(None) => {
+                    drop(slot);
+                    let pending = PendingState {
+                        changes,
+                        reservation: Some(token),
+                    };
+                    return (run, pending);
+                }
+                Ok(Some(key)) if reruns < crate::state::consumer::MAX_RERUNS => {
+                    reruns += 1;
+                    state.rerun(&key, &envelope.id);
+                    // Another input holds the key until its commit, a
+                    // confirm away: a short, growing pause before reading again.
+                    tokio::time::sleep(Duration::from_millis(5 << reruns)).await;
+                }
+                Ok(Some(key)) => {
+                    drop(slot);
+                    let reason = ConsumerState::conflicted(&key);
+                    let version = run.version().cloned().unwrap_or_else(|| Arc::from(""));
+                    return (
+                        PluginRun::StateConflicted { reason, version },
+                        PendingState::default(),
+                    );
+                }
+                Err(e) => {
+                    drop(slot);
+                    let reason = e.to_string();
+                    return (
+                        PluginRun::StoreUnavailable { reason },
+                        PendingState::default(),
+                    );
+                }
+            }
+        }
     }
 
     /// The deciding stage: the settlement for what the plugins did, now.
@@ -231,26 +383,44 @@ impl Pipeline {
         envelope: &Envelope,
         trace: &DeliveryTrace,
     ) -> PluginRun {
+        let (run, _) = self
+            .call_plugins_keeping_state(input, envelope, trace)
+            .await;
+        drop(slot);
+        run
+    }
+
+    /// [`Pipeline::call_plugins`] without the slot (the caller holds it),
+    /// and the state the handler left.
+    async fn call_plugins_keeping_state(
+        &self,
+        input: Input,
+        envelope: &Envelope,
+        trace: &DeliveryTrace,
+    ) -> (PluginRun, StateEnd) {
         // On this task: the calls yield between epoch ticks (plugin/pool.rs),
         // so no thread hop is needed to keep the runtime's workers free.
         // Boxed: the call's future is kilobytes (wasmtime's fiber call
         // inside), and every delivery's task would otherwise copy it on
         // each move from creation to spawn.
         let calling = Instant::now();
-        let called = AssertUnwindSafe(Box::pin(run_plugins(&self.handler, &self.codecs, input)))
-            .catch_unwind()
-            .await;
+        let called = AssertUnwindSafe(Box::pin(run_plugins_with_state(
+            &self.handler,
+            &self.codecs,
+            input,
+        )))
+        .catch_unwind()
+        .await;
         let call_took = calling.elapsed();
-        drop(slot);
-        let run = called.unwrap_or_else(|panic| {
+        let (run, state) = called.unwrap_or_else(|panic| {
             // The host's own code panicked around the call. The delivery is
             // still ours: it fails like any other, and the policy decides.
             let error = panic_text(panic.as_ref());
             tracing::error!(queue = self.queue.as_str(), message_id = %envelope.id, trace_id = %trace.trace_id(), error = %envelope::bound_reason(&error), "handler call failed inside the host");
-            PluginRun::HostFailed { reason: error }
+            (PluginRun::HostFailed { reason: error }, StateEnd::default())
         });
         self.note_call(&run, call_took, envelope, trace);
-        run
+        (run, state)
     }
 
     /// Counts a plugin call (its fault, its version's time and fuel) and
@@ -371,6 +541,17 @@ impl Pipeline {
     /// Carries `settlement` out on the broker, then counts how it ended and
     /// ends the delivery's span.
     async fn settle(&self, delivery: Unsettled<'_>, settlement: Settlement) {
+        self.settle_committing(delivery, settlement, None).await;
+    }
+
+    /// [`Pipeline::settle`], committing `commit`'s state if it accepts
+    /// (after its outputs are confirmed, before its ack); whether it did.
+    async fn settle_committing(
+        &self,
+        delivery: Unsettled<'_>,
+        settlement: Settlement,
+        commit: Option<(&ConsumerState, &PendingState)>,
+    ) -> bool {
         let Unsettled {
             envelope,
             properties,
@@ -394,6 +575,12 @@ impl Pipeline {
             body,
             shutdown: &self.shutdown,
             metrics: &self.metrics,
+            commit: commit.map(|(state, pending)| Committing {
+                state,
+                pending,
+                id: &envelope.id,
+                committed: std::sync::atomic::AtomicBool::new(false),
+            }),
         };
         let subject = Subject {
             queue: &self.queue,
@@ -423,6 +610,8 @@ impl Pipeline {
                 retry_delay,
             });
         }
+        port.commit
+            .is_some_and(|c| c.committed.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -465,6 +654,31 @@ fn unreadable_note(properties: &BasicProperties) -> Option<String> {
     {
         AMQPValue::LongString(note) => Some(String::from_utf8_lossy(note.as_bytes()).into_owned()),
         _ => Some("(no note)".to_string()),
+    }
+}
+
+/// A delivery read, but for its flow (which the handler's run may change).
+#[derive(Clone, Copy)]
+struct Parts<'a> {
+    envelope: &'a Envelope,
+    properties: &'a BasicProperties,
+    receipt: &'a Receipt,
+    body: &'a Bytes,
+    trace: &'a DeliveryTrace,
+    arrived: Instant,
+}
+
+impl<'a> Parts<'a> {
+    fn with(self, flow: &'a Flow) -> Unsettled<'a> {
+        Unsettled {
+            envelope: self.envelope,
+            properties: self.properties,
+            receipt: self.receipt,
+            body: self.body,
+            trace: self.trace,
+            flow,
+            arrived: self.arrived,
+        }
     }
 }
 
@@ -526,6 +740,26 @@ struct OnBroker<'a> {
     body: &'a Bytes,
     shutdown: &'a CancellationToken,
     metrics: &'a ConsumerMetrics,
+    /// The state an accept commits, for a consumer with state.
+    commit: Option<Committing<'a>>,
+}
+
+/// What a consumer with state left to commit for one delivery.
+#[derive(Debug, Default)]
+struct PendingState {
+    /// The handler's writes (of its last run).
+    changes: crate::state::call::Changes,
+    /// The token its checked keys are reserved under, if it has any.
+    reservation: Option<String>,
+}
+
+/// A delivery's commit, and whether it happened.
+struct Committing<'a> {
+    state: &'a ConsumerState,
+    pending: &'a PendingState,
+    id: &'a str,
+    /// The commit was applied (or found done): nothing to release.
+    committed: std::sync::atomic::AtomicBool,
 }
 
 impl OnBroker<'_> {
@@ -729,6 +963,27 @@ impl BrokerPort for OnBroker<'_> {
 
     fn jitter_sample(&self) -> f64 {
         rand::random::<f64>()
+    }
+
+    async fn commit_state(&self) -> settle::StateCommitted {
+        let Some(commit) = &self.commit else {
+            return settle::StateCommitted::Ack { duplicate: false };
+        };
+        let outcome = commit
+            .state
+            .commit(
+                commit.id,
+                &commit.pending.changes,
+                commit.pending.reservation.as_deref(),
+                envelope::now_ms(),
+            )
+            .await;
+        if matches!(outcome, settle::StateCommitted::Ack { .. }) {
+            commit
+                .committed
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        outcome
     }
 }
 

@@ -9,7 +9,9 @@
 use std::sync::Arc;
 
 use crate::envelope::Reply;
-use crate::plugin::{CodecSet, Conversion, Fault, HandlerSlot, Input, Outcome, Outgoing};
+use crate::plugin::{
+    CodecSet, Conversion, Fault, HandlerSlot, Input, Invocation, Outcome, Outgoing, StateEnd,
+};
 
 /// What running the plugins on one delivery produced.
 #[derive(Debug)]
@@ -56,6 +58,12 @@ pub enum PluginRun {
     /// the plugin's, so the delivery is given back without counting an
     /// attempt, and no plugin outcome is recorded.
     HostBusy { reason: String },
+    /// The state store could not be reached during the handler's call:
+    /// the delivery waits (given back after a pause), no attempt counted.
+    StoreUnavailable { reason: String },
+    /// The handler's checked state writes conflicted on every run
+    /// (`state::consumer::MAX_RERUNS`): a failure, the policy decides.
+    StateConflicted { reason: String, version: Arc<str> },
 }
 
 impl PluginRun {
@@ -65,11 +73,13 @@ impl PluginRun {
             PluginRun::Decided { version, .. }
             | PluginRun::Faulted { version, .. }
             | PluginRun::OutputsRefused { version, .. }
-            | PluginRun::Misconfigured { version, .. } => Some(version),
+            | PluginRun::Misconfigured { version, .. }
+            | PluginRun::StateConflicted { version, .. } => Some(version),
             PluginRun::Undecodable { .. }
             | PluginRun::CodecFaulted { .. }
             | PluginRun::HostFailed { .. }
-            | PluginRun::HostBusy { .. } => None,
+            | PluginRun::HostBusy { .. }
+            | PluginRun::StoreUnavailable { .. } => None,
         }
     }
 
@@ -83,14 +93,28 @@ impl PluginRun {
             PluginRun::Undecodable { .. }
             | PluginRun::CodecFaulted { .. }
             | PluginRun::HostFailed { .. }
-            | PluginRun::HostBusy { .. } => None,
+            | PluginRun::HostBusy { .. }
+            | PluginRun::StoreUnavailable { .. }
+            | PluginRun::StateConflicted { .. } => None,
         }
     }
 }
 
 /// Runs codecs and the handler for one delivery: decode, handle, encode the
 /// outputs.
-pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: Input) -> PluginRun {
+pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, input: Input) -> PluginRun {
+    run_plugins_with_state(handler, codecs, input).await.0
+}
+
+/// [`run_plugins`], and the state the handler left: its writes, to commit
+/// if the input is accepted. A call during which the state store could not
+/// be reached is the host's trouble, whatever the plugin made of it: the
+/// delivery is given back to wait ([`PluginRun::StoreUnavailable`]).
+pub async fn run_plugins_with_state(
+    handler: &HandlerSlot,
+    codecs: &CodecSet,
+    mut input: Input,
+) -> (PluginRun, StateEnd) {
     match codecs
         .decode(input.content_type.as_deref(), &input.body)
         .await
@@ -100,11 +124,28 @@ pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, mut input: In
             input.content_type = Some(content_type);
             input.body = body.into();
         }
-        Conversion::Refused(reason) => return PluginRun::Undecodable { reason },
-        Conversion::Faulted(reason) => return PluginRun::CodecFaulted { reason },
-        Conversion::HostBusy(reason) => return PluginRun::HostBusy { reason },
+        Conversion::Refused(reason) => {
+            return (PluginRun::Undecodable { reason }, StateEnd::default());
+        }
+        Conversion::Faulted(reason) => {
+            return (PluginRun::CodecFaulted { reason }, StateEnd::default());
+        }
+        Conversion::HostBusy(reason) => {
+            return (PluginRun::HostBusy { reason }, StateEnd::default());
+        }
     }
-    let invocation = handler.invoke(input).await;
+    let mut invocation = handler.invoke(input).await;
+    let state = std::mem::take(&mut invocation.state);
+    if let Some(reason) = &state.unavailable {
+        let reason = reason.clone();
+        return (PluginRun::StoreUnavailable { reason }, state);
+    }
+    (decided(codecs, invocation).await, state)
+}
+
+/// The run for the handler's invocation: its outcome, with the outputs of
+/// an accept encoded.
+async fn decided(codecs: &CodecSet, invocation: Invocation) -> PluginRun {
     let (version, fuel) = (invocation.version, invocation.fuel);
     if let Some(reason) = invocation.refused_publish {
         return PluginRun::Misconfigured {

@@ -56,7 +56,16 @@ pub(crate) trait BrokerPort {
     /// properties exceed it may be published, or the broker closes the
     /// whole connection.
     fn frame_max(&self) -> u32;
+    /// Commits the state an accept leaves (its writes and done record:
+    /// `crate::state::consumer`), after its outputs are confirmed and
+    /// before its ack. A consumer without state has nothing to commit.
+    async fn commit_state(&self) -> StateCommitted {
+        StateCommitted::Ack { duplicate: false }
+    }
 }
+
+/// How an accept's state commit ended.
+pub use crate::state::consumer::Outcome as StateCommitted;
 
 /// How a [`BrokerPort::wait`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,14 +103,18 @@ pub enum RetryPlace {
     Requeued,
     /// A stream delivery left to be read again from its offset.
     ReadAgain,
+    /// Another host holds a claim on it: republished after a wait, attempt
+    /// unchanged.
+    InProgress,
 }
 
 impl RetryPlace {
-    pub const ALL: [RetryPlace; 4] = [
+    pub const ALL: [RetryPlace; 5] = [
         RetryPlace::Consumer,
         RetryPlace::Broker,
         RetryPlace::Requeued,
         RetryPlace::ReadAgain,
+        RetryPlace::InProgress,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -110,6 +123,7 @@ impl RetryPlace {
             RetryPlace::Broker => "broker",
             RetryPlace::Requeued => "requeued",
             RetryPlace::ReadAgain => "read_again",
+            RetryPlace::InProgress => "in_progress",
         }
     }
 }
@@ -130,6 +144,9 @@ pub struct Report {
     /// The handler's reply to the request was confirmed with its
     /// accept (the span's outcome is `answered`).
     pub answered: bool,
+    /// It was done already (its envelope id's done record): acked without
+    /// a call, or its commit found another run's.
+    pub duplicate: bool,
 }
 
 impl Report {
@@ -142,6 +159,7 @@ impl Report {
             rung_missing: None,
             set_aside_failed: None,
             answered: false,
+            duplicate: false,
         }
     }
 
@@ -166,6 +184,8 @@ pub const LONGEST_PAUSE: Duration = Duration::from_secs(30);
 /// A step that settled the delivery, and what it adds to the report.
 enum Done {
     Acked,
+    /// Acked as done already.
+    Duplicate,
     /// Acked, its reply confirmed.
     Answered,
     Retried(RetryPlace),
@@ -189,6 +209,7 @@ pub(crate) async fn settle(
                 report.outcome = settlement.outcome();
                 match done {
                     Done::Acked => {}
+                    Done::Duplicate => report.duplicate = true,
                     Done::Answered => report.answered = true,
                     Done::Retried(place) => report.retried = Some(place),
                     Done::SetAside => report.set_aside = true,
@@ -208,7 +229,9 @@ pub(crate) async fn settle(
                 }
                 let setback = if matches!(
                     setback,
-                    Setback::SetAsideFailed(_) | Setback::RetryNotPublished(_)
+                    Setback::SetAsideFailed(_)
+                        | Setback::RetryNotPublished(_)
+                        | Setback::StoreTrouble(_)
                 ) {
                     // A copy the broker did not take (a deleted `.dlq`, a
                     // rung that refuses it) will likely fail again at once:
@@ -288,7 +311,46 @@ async fn carry_out(
         Settlement::Requeue { why } | Settlement::ReadAgain { why } => {
             Ok(give_back(port, subject, why).await)
         }
+        Settlement::Duplicate => {
+            port.ack().await;
+            tracing::debug!(queue = subject.queue, message_id = %subject.envelope.id, "done already; acked without a call");
+            Ok(Done::Duplicate)
+        }
+        Settlement::InProgress { wait, reason } => in_progress(port, subject, *wait, reason).await,
     }
+}
+
+/// Waits `wait` in the consumer, then republishes the delivery to its own
+/// queue as it came (attempt unchanged: being claimed elsewhere is not a
+/// failure), then acks. A stream delivery is read again after the wait.
+async fn in_progress(
+    port: &impl BrokerPort,
+    subject: Subject<'_>,
+    wait: Duration,
+    reason: &str,
+) -> Result<Done, Setback> {
+    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    match port.wait(wait).await {
+        Waited::Elapsed => {}
+        Waited::ShutDown => return Err(Setback::ShutdownDuringWait),
+        Waited::ChannelLost => {
+            return Err(Setback::BrokerTrouble(
+                "its channel closed while it waited on another host's claim".to_string(),
+            ));
+        }
+    }
+    if subject.from_stream {
+        return Ok(give_back(port, subject, reason).await);
+    }
+    let span = subject.trace.publish_span();
+    let properties = subject.trace.stamp(subject.properties.clone(), &span);
+    if let Err(e) = republish(port, subject, queue, properties, span).await {
+        log_publish_failure(queue, id, "in-progress republish failed; requeueing", &e);
+        return Err(broker_trouble_or(e, Setback::RetryNotPublished));
+    }
+    port.ack().await;
+    tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), reason, "claimed by another host; republished to wait its turn");
+    Ok(Done::Retried(RetryPlace::InProgress))
 }
 
 /// Publishes the handler's outputs, its reply and the slip's next hop, as
@@ -335,12 +397,23 @@ async fn accept(
         log_publish_failure(queue, id, "outputs were not confirmed", &e);
         return Err(broker_trouble_or(e, Setback::OutputsFailed));
     }
+    let duplicate = match port.commit_state().await {
+        StateCommitted::Ack { duplicate } => duplicate,
+        StateCommitted::Refused(why) => {
+            tracing::warn!(queue, message_id = id, error = %why, "its state was not committed; the input fails");
+            return Err(Setback::StateRefused(why));
+        }
+        StateCommitted::Unavailable(why) => {
+            tracing::warn!(queue, message_id = id, error = %why, "its state could not be committed now; the input waits");
+            return Err(Setback::StoreTrouble(why));
+        }
+    };
     port.ack().await;
-    tracing::debug!(queue, message_id = id, answered, "acked");
-    Ok(if answered {
-        Done::Answered
-    } else {
-        Done::Acked
+    tracing::debug!(queue, message_id = id, answered, duplicate, "acked");
+    Ok(match (answered, duplicate) {
+        (true, _) => Done::Answered,
+        (false, true) => Done::Duplicate,
+        (false, false) => Done::Acked,
     })
 }
 

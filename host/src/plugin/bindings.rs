@@ -12,8 +12,10 @@ pub mod handler_world {
         world: "handler-plugin",
         // Every import may trap: the message methods do when a plugin uses a
         // message after its `handle` call returned (see `host/message.rs`).
-        imports: { default: trappable },
-        // Calls are futures on the async runtime (see `pool.rs`); the
+        // State calls are async: they may wait on the store (a Redis round
+        // trip) without holding a runtime thread.
+        imports: { "acemq:plugin/state": async | trappable, default: trappable },
+        // Calls are futures on the async runtime (see `pool.rs`); the other
         // imports stay synchronous: they only read and buffer.
         exports: { default: async },
         with: {

@@ -132,6 +132,9 @@ pub struct Invocation {
     pub refused_publish: Option<String>,
     /// Its reply to the request (meaningful only for `Accept`).
     pub reply: Option<crate::envelope::Reply>,
+    /// Its state writes (committed only for `Accept`), and whether the
+    /// store failed it.
+    pub state: host::state::StateEnd,
 }
 
 impl HandlerVersion {
@@ -223,6 +226,7 @@ impl HandlerVersion {
         // `unwrap` the refusal).
         let mut refused_publish = None;
         let mut reply = None;
+        let mut state = host::state::StateEnd::default();
         let result = async {
             let mut lease = self.instances.lease(reuse).await?;
             let deadline = lease.deadline();
@@ -241,6 +245,7 @@ impl HandlerVersion {
             let ended = warm.store.data_mut().end_call();
             refused_publish = ended.refused_publish;
             reply = ended.reply;
+            state = ended.state;
             lease.finish(result.map(|outcome| (outcome, ended.outputs)))
         }
         .await;
@@ -258,6 +263,7 @@ impl HandlerVersion {
             fuel,
             refused_publish,
             reply,
+            state,
         }
     }
 

@@ -74,6 +74,7 @@ pub use contract::Contract;
 pub use engine::{CompiledPlugin, EPOCH_TICK, EngineSettings, PluginEngine};
 pub use fault::{Fault, FaultKind};
 pub use handler::{HandlerSlot, HandlerVersion, Invocation};
+pub use host::state::StateEnd;
 pub use host::wasi;
 pub use pool::InstanceCost;
 
@@ -140,6 +141,8 @@ pub struct ConsumerContext {
     /// The longest delay its plugin may publish with (`deliver-at-ms`);
     /// `None`: it may not publish delayed (`publish_delayed` unset).
     pub delayed: Option<Duration>,
+    /// Its state namespace (`[[consumers]] state`), if it has one.
+    pub state: Option<Arc<crate::state::NamespaceAccess>>,
     pub limits: Limits,
 }
 

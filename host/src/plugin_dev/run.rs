@@ -142,6 +142,7 @@ pub fn run(request: &RunRequest) -> Result<RunReport, Failure> {
         // A trial run may try delayed publishing: the report shows when
         // each output would be delivered.
         delayed: Some(crate::config::SchedulerConfig::default().max_delay),
+        state: None,
         limits: Limits {
             deadline: request.deadline,
             ..Limits::default()
@@ -233,6 +234,10 @@ pub fn render(report: &RunReport) -> String {
         PluginRun::CodecFaulted { reason } => (format!("codec fault: {reason}"), &none),
         PluginRun::HostFailed { reason } => (format!("host failure: {reason}"), &none),
         PluginRun::HostBusy { reason } => (format!("host busy: {reason}"), &none),
+        PluginRun::StoreUnavailable { reason } => {
+            (format!("state store unavailable: {reason}"), &none)
+        }
+        PluginRun::StateConflicted { reason, .. } => (format!("state conflict: {reason}"), &none),
     };
     out.push_str(&format!("outcome: {outcome}\n"));
     out.push_str(&format!("outputs: {}\n", outputs.len()));

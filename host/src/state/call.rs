@@ -80,6 +80,11 @@ impl CallState {
         !self.base.contains_key(key) && self.own(key).is_none()
     }
 
+    /// Whether the committed entry of `key` was fetched this call.
+    pub fn has_fetched(&self, key: &[u8]) -> bool {
+        self.base.contains_key(key)
+    }
+
     /// Remembers the committed entry of `key`, as fetched.
     pub fn remember(&mut self, key: &[u8], entry: Option<Entry>) {
         let entry = entry.filter(|e| e.live_at(self.now_ms));

@@ -7,12 +7,14 @@
 //! - [`call`]: pure. One call's view of the state: committed reads plus its
 //!   own writes, the limits, and what it leaves to commit.
 //! - [`embedded`]: the default store, a redb file beside the config.
-//! - [`redis`]: the shared store, for several hosts.
-//! - [`settle`]: what the delivery path asks of the store, in its order
-//!   (dedup or claim before the call, reserve before publishing, commit
+//! - [`redis`]: the shared store, for several hosts (connected on first
+//!   use, and again after a failure).
+//! - [`consumer`]: what the delivery path asks of the store, in its order
+//!   (done or claimed before the call, reserve before publishing, commit
 //!   before the ack).
 
 pub mod call;
+pub mod consumer;
 pub mod embedded;
 pub mod redis;
 
@@ -237,7 +239,8 @@ pub trait Backend {
 /// The store this host opened.
 pub enum Store {
     Embedded(embedded::EmbeddedStore),
-    Redis(redis::RedisStore),
+    /// Boxed: a Redis client is large beside the embedded store's handle.
+    Redis(Box<redis::RedisStore>),
 }
 
 /// Calls the same method on whichever store this is.
@@ -327,5 +330,34 @@ impl Backend for Store {
 
     async fn usage(&self, namespace: &str, now_ms: u64) -> Result<Usage, StoreError> {
         on_backend!(self, s => s.usage(namespace, now_ms).await)
+    }
+}
+
+/// A consumer's namespace as its plugin's calls reach it.
+pub struct NamespaceAccess {
+    pub store: std::sync::Arc<Store>,
+    pub namespace: String,
+    pub metrics: crate::telemetry::StateMetrics,
+}
+
+impl NamespaceAccess {
+    /// Counts one call of `op` by a plugin.
+    pub fn count(&self, op: &str) {
+        self.metrics
+            .operations
+            .get_or_create(&crate::telemetry::StateOpLabel {
+                namespace: self.namespace.clone(),
+                op: op.to_string(),
+            })
+            .inc();
+    }
+}
+
+impl std::fmt::Debug for NamespaceAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamespaceAccess")
+            .field("store", &self.store.describe())
+            .field("namespace", &self.namespace)
+            .finish()
     }
 }

@@ -10,7 +10,7 @@
 //! | `reply.rs` | `reply` of `acemq:plugin/host` | the reply the call buffered |
 //! | `config.rs` | `config` of `acemq:plugin/host` | the consumer's `[consumers.config]` |
 //! | `clock.rs` | `now-ms` of `acemq:plugin/host` | nothing |
-//! | `state.rs` | `acemq:plugin/state` | nothing: not available in this host yet |
+//! | `state.rs` | `acemq:plugin/state` | the consumer's namespace; what the call read and wrote |
 //! | `wasi.rs` | WASI 0.2, for a component that imports it | the locked-down WASI context, and the grant ([`wasi::GRANT`]) |
 //!
 //! A new interface is a new file whose state implements [`HostInterface`],
@@ -99,7 +99,7 @@ pub fn link(
 pub struct StateInterface;
 
 impl wasmtime::component::HasData for StateInterface {
-    type Data<'a> = &'a mut state::Unavailable;
+    type Data<'a> = &'a mut state::StateCalls;
 }
 
 /// The data of one handler instance's store: each interface's state, and
@@ -112,7 +112,7 @@ pub struct HostState {
     pub reply: reply::Replying,
     pub config: config::Config,
     pub clock: clock::Clock,
-    pub state: state::Unavailable,
+    pub state: state::StateCalls,
     /// WASI, for a plugin that imports it (built on first use).
     pub wasi: wasi::LazyWasi,
 }
@@ -127,6 +127,8 @@ pub struct CallEnd {
     pub refused_publish: Option<String>,
     /// The reply buffered by `reply`, sent only if the handler accepts.
     pub reply: Option<crate::envelope::Reply>,
+    /// The state it wrote, committed only if the handler accepts.
+    pub state: state::StateEnd,
 }
 
 impl HostState {
@@ -152,6 +154,7 @@ impl HostState {
         let _ = self.publish.take();
         let _ = self.reply.take();
         self.bounds.limiter.refused = None;
+        self.state.begin_call(crate::envelope::now_ms());
         self.message.lend(message)
     }
 
@@ -166,6 +169,7 @@ impl HostState {
             outputs,
             refused_publish,
             reply: self.reply.take(),
+            state: self.state.end_call(),
         }
     }
 

@@ -417,6 +417,7 @@ mod tests {
         let context = Arc::new(ConsumerContext {
             publish_to: ["out".to_string()].into(),
             delayed: Some(max_delay),
+            state: None,
             ..ConsumerContext::default()
         });
         Publishing::prepare(&context, &Arc::from(PLUGIN))

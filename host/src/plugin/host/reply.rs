@@ -138,6 +138,7 @@ mod tests {
             config: Default::default(),
             publish_to: ["out".to_string()].into(),
             delayed: None,
+            state: None,
             limits: Default::default(),
         })
     }
