@@ -22,6 +22,22 @@ pub const MAX_RERUNS: u32 = 5;
 /// republished (Python's `in_progress` delay).
 pub const IN_PROGRESS_WAIT: Duration = Duration::from_secs(5);
 
+/// The crash point of the tests of what a crash between the steps does
+/// (tests/tests/state.rs): with `ACEMQ_CRASH_AT=after-outputs-confirmed` in
+/// its environment, the host aborts (as a kill -9 would end it) right after
+/// the outputs of an accept with state are confirmed, before its commit and
+/// ack. Read once; nothing else reads it.
+pub fn crash_after_outputs_confirmed() {
+    static CRASH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let crash = *CRASH.get_or_init(|| {
+        std::env::var("ACEMQ_CRASH_AT").is_ok_and(|at| at == "after-outputs-confirmed")
+    });
+    if crash {
+        eprintln!("ACEMQ_CRASH_AT=after-outputs-confirmed: aborting before the commit");
+        std::process::abort();
+    }
+}
+
 /// A consumer's use of the store.
 pub struct ConsumerState {
     store: Arc<Store>,
@@ -194,6 +210,7 @@ impl ConsumerState {
         reservation: Option<&str>,
         now_ms: u64,
     ) -> Outcome {
+        crash_after_outputs_confirmed();
         let commit = Commit {
             namespace: self.namespace.clone().filter(|_| !changes.is_empty()),
             quota: self.quota,
