@@ -23,8 +23,10 @@ pub mod host;
 pub mod machine;
 pub mod node_faults;
 pub mod raw_amqp;
+pub mod redis;
 pub mod scheduler_peer;
 pub mod stamp;
+pub mod state_cases;
 pub mod tally;
 pub mod watchdog;
 
