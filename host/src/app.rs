@@ -30,7 +30,7 @@ use crate::plugin::{
 use crate::retry::RetryPolicy;
 use crate::scheduler::control::Control;
 use crate::state::consumer::{Claims, ConsumerState};
-use crate::state::embedded::{EmbeddedStore, Opener};
+use crate::state::embedded::Opener;
 use crate::state::{Backend, NamespaceAccess, Store};
 use crate::telemetry::{Metrics, NamespaceLabel, PluginVersionLabels, StateMetrics};
 use crate::topology::{self, Topology};
@@ -209,16 +209,14 @@ fn open_store(config: &LoadedConfig) -> anyhow::Result<Option<Arc<Store>>> {
     if !config.state_needed() {
         return Ok(None);
     }
-    let store = match config.store_location() {
-        StoreLocation::Embedded(path) => Store::Embedded(
-            EmbeddedStore::open(&path, Opener::Host)
-                .map_err(|e| anyhow::anyhow!("{}: [state]: {e}", config.path.display()))?,
-        ),
-        StoreLocation::Redis(url) => Store::Redis(Box::new(
-            crate::state::redis::RedisStore::lazy(&url)
-                .map_err(|e| anyhow::anyhow!("{}: state.url: {e}", config.path.display()))?,
-        )),
-    };
+    let location = config.store_location();
+    let store = crate::state::open(&location, Opener::Host).map_err(|e| {
+        let key = match location {
+            StoreLocation::Embedded(_) => "[state]",
+            StoreLocation::Redis(_) => "state.url",
+        };
+        anyhow::anyhow!("{}: {key}: {e}", config.path.display())
+    })?;
     tracing::info!(store = %store.describe(), "state store opened");
     Ok(Some(Arc::new(store)))
 }

@@ -6,6 +6,7 @@
 //! * `plugin.rs`: `plugin componentize|inspect|new|build|run`.
 //! * `dlq.rs`: `dlq list|show|replay|purge`.
 //! * `schedule.rs`: `schedule list`.
+//! * `state.rs`: `state get|list|delete`.
 //! * `stream.rs`: `stream reset`.
 //! * `replay.rs`: `replay`.
 //!
@@ -16,6 +17,7 @@ mod plugin;
 mod replay;
 mod run;
 mod schedule;
+mod state;
 mod stream;
 
 use std::path::Path;
@@ -81,6 +83,13 @@ pub enum Command {
         #[command(subcommand)]
         command: schedule::ScheduleCommand,
     },
+    /// Read and edit a consumer's state namespace (plugin state) in the
+    /// store the config names.
+    #[command(after_help = state::STATE_HELP)]
+    State {
+        #[command(subcommand)]
+        command: state::StateCommand,
+    },
 }
 
 /// How a command ends, as its exit code; `--help` lists them
@@ -124,6 +133,7 @@ pub fn main() -> ExitCode {
         Command::Stream { command } => stream::run(command),
         Command::Dlq { command } => dlq::run(command),
         Command::Schedule { command } => schedule::run(command),
+        Command::State { command } => state::run(command),
     }
 }
 

@@ -236,6 +236,22 @@ pub trait Backend {
     async fn usage(&self, namespace: &str, now_ms: u64) -> Result<Usage, StoreError>;
 }
 
+/// Opens the store at `location`: the embedded file (for the host, refused
+/// when another host holds it), or a Redis client, which connects on first
+/// use and again after any failure.
+pub fn open(
+    location: &crate::config::state::StoreLocation,
+    opener: embedded::Opener,
+) -> Result<Store, StoreError> {
+    use crate::config::state::StoreLocation;
+    Ok(match location {
+        StoreLocation::Embedded(path) => {
+            Store::Embedded(embedded::EmbeddedStore::open(path, opener)?)
+        }
+        StoreLocation::Redis(url) => Store::Redis(Box::new(redis::RedisStore::lazy(url)?)),
+    })
+}
+
 /// The store this host opened.
 pub enum Store {
     Embedded(embedded::EmbeddedStore),
