@@ -5,6 +5,7 @@
 //! Redis is a throwaway `redis-server` shared by the binary
 //! (`acemq_tests::redis`); every case uses namespaces and queues of its own.
 
+use acemq_host::state::embedded::{EmbeddedStore, Opener};
 use acemq_host::state::redis::RedisStore;
 use acemq_host::state::{ABSENT, Backend, Quota, Reserved, Usage};
 use acemq_tests::redis::{RedisServer, shared_redis};
@@ -25,6 +26,19 @@ async fn shared_redis_store() -> RedisStore {
 
 mod redis_conformance {
     acemq_tests::state_conformance!(super::shared_redis_store().await);
+}
+
+/// An embedded store in a file of its own. Its folder is removed at once:
+/// the store keeps the open file (Linux unlinks it when the store closes),
+/// so nothing is left behind.
+async fn embedded_store() -> EmbeddedStore {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    EmbeddedStore::open(&dir.path().join("state.redb"), Opener::Host)
+        .expect("a new embedded store opens")
+}
+
+mod embedded_conformance {
+    acemq_tests::state_conformance!(super::embedded_store().await);
 }
 
 /// A plain client on the same Redis, to read what the store wrote.

@@ -111,6 +111,12 @@ enum Job {
     Sweep {
         now_ms: u64,
     },
+    /// A namespace's usage, after a sweep (so expired keys do not count).
+    Usage {
+        namespace: String,
+        now_ms: u64,
+        answer: oneshot::Sender<Result<Usage, StoreError>>,
+    },
 }
 
 impl EmbeddedStore {
@@ -326,6 +332,9 @@ impl Backend for EmbeddedStore {
         limit: usize,
         now_ms: u64,
     ) -> Result<Vec<(Vec<u8>, Entry)>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
         let start = named(namespace, prefix);
         let name_len = start.len() - prefix.len();
         self.read(|txn| {
@@ -365,17 +374,14 @@ impl Backend for EmbeddedStore {
         .await
     }
 
-    async fn usage(&self, namespace: &str, _now_ms: u64) -> Result<Usage, StoreError> {
-        self.read(|txn| {
-            let table = txn.open_table(USAGE)?;
-            Ok(table
-                .get(namespace.as_bytes())?
-                .map(|u| {
-                    let (keys, bytes) = u.value();
-                    Usage { keys, bytes }
-                })
-                .unwrap_or_default())
+    async fn usage(&self, namespace: &str, now_ms: u64) -> Result<Usage, StoreError> {
+        let namespace = namespace.to_string();
+        self.ask(|answer| Job::Usage {
+            namespace,
+            now_ms,
+            answer,
         })
+        .await
     }
 }
 
@@ -428,6 +434,7 @@ enum Answer {
     Reserved(Reserved),
     Claimed(Claim),
     Deleted(bool),
+    Used(Usage),
     Nothing,
 }
 
@@ -460,6 +467,12 @@ impl Job {
             }
             Job::Release { answer: to, .. } | Job::ReleaseClaim { answer: to, .. } => {
                 let _ = to.send(answer.map(|_| ()));
+            }
+            Job::Usage { answer: to, .. } => {
+                let _ = to.send(answer.map(|a| match a {
+                    Answer::Used(u) => u,
+                    _ => unreachable!("a usage answers Used"),
+                }));
             }
             Job::Sweep { .. } => {}
         }
@@ -534,6 +547,12 @@ impl<'t> Tables<'t> {
             Job::Sweep { now_ms } => {
                 self.sweep(*now_ms)?;
                 Answer::Nothing
+            }
+            Job::Usage {
+                namespace, now_ms, ..
+            } => {
+                self.sweep(*now_ms)?;
+                Answer::Used(self.usage_of(namespace)?)
             }
         })
     }
@@ -861,16 +880,10 @@ pub fn over_quota(
     let keys = usage.keys.saturating_add_signed(delta_keys);
     let bytes = usage.bytes.saturating_add_signed(delta_bytes);
     if delta_keys > 0 && keys > quota.max_keys {
-        return Some(format!(
-            "the state namespace \"{namespace}\" would hold {keys} keys, over its quota of {} (max_keys)",
-            quota.max_keys
-        ));
+        return Some(super::over_keys(namespace, keys, quota.max_keys));
     }
     if delta_bytes > 0 && bytes > quota.max_bytes {
-        return Some(format!(
-            "the state namespace \"{namespace}\" would hold {bytes} bytes, over its quota of {} (max_bytes)",
-            quota.max_bytes
-        ));
+        return Some(super::over_bytes(namespace, bytes, quota.max_bytes));
     }
     None
 }

@@ -69,6 +69,18 @@ pub struct Quota {
     pub max_bytes: u64,
 }
 
+/// The refusal of a commit past `max_keys` (both stores say it alike).
+pub fn over_keys(namespace: &str, keys: impl std::fmt::Display, max: u64) -> String {
+    format!("namespace \"{namespace}\" would hold {keys} keys, over its quota of {max} (max_keys)")
+}
+
+/// The refusal of a commit past `max_bytes`.
+pub fn over_bytes(namespace: &str, bytes: impl std::fmt::Display, max: u64) -> String {
+    format!(
+        "namespace \"{namespace}\" would hold {bytes} bytes, over its quota of {max} (max_bytes)"
+    )
+}
+
 /// A namespace's usage.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {

@@ -61,6 +61,7 @@
 
 use super::{
     Backend, Claim, Commit, Committed, Entry, InputKey, Reserved, StoreError, Usage, Write,
+    over_bytes, over_keys,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, Value};
@@ -989,18 +990,6 @@ impl Backend for RedisStore {
             _ => Err(self.malformed(format!("usage: {reply:?}"))),
         }
     }
-}
-
-/// The refusal of a commit past `max_keys`.
-fn over_keys(namespace: &str, keys: i64, max: u64) -> String {
-    format!("namespace \"{namespace}\" would hold {keys} keys, over its quota of {max} (max_keys)")
-}
-
-/// The refusal of a commit past `max_bytes`.
-fn over_bytes(namespace: &str, bytes: i64, max: u64) -> String {
-    format!(
-        "namespace \"{namespace}\" would hold {bytes} bytes, over its quota of {max} (max_bytes)"
-    )
 }
 
 #[cfg(test)]
