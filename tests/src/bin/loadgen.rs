@@ -177,6 +177,12 @@ struct HostArgs {
     /// otherwise) and publish to this exchange (see the module docs).
     #[arg(long)]
     transform_to: Option<String>,
+    /// Lines added to the consumer's `[[consumers]]` entry (`state = "bench"`).
+    #[arg(long)]
+    consumer_keys: Option<String>,
+    /// Text added at the end of the config (`[state]` ..., `[consumers.config]` ...).
+    #[arg(long)]
+    config_tail: Option<String>,
 }
 
 fn main() -> Result<()> {
@@ -610,13 +616,17 @@ async fn consume_host(args: HostArgs) -> Result<()> {
     }
     let plugin =
         std::fs::canonicalize(&plugin).with_context(|| format!("plugin {}", plugin.display()))?;
-    let text = host_config(
+    let mut text = host_config(
         &args.consume,
         &plugin,
         args.concurrency,
         args.plugin_cache_dir.as_deref(),
         args.transform_to.as_deref(),
+        args.consumer_keys.as_deref(),
     );
+    if let Some(tail) = &args.config_tail {
+        text.push_str(&format!("\n{tail}\n"));
+    }
     let loaded =
         LoadedConfig::parse(Path::new("loadgen-host.toml"), text).map_err(|e| anyhow!("{e}"))?;
     // Config, topology and plugin compilation: not part of the measurement,
@@ -625,7 +635,7 @@ async fn consume_host(args: HostArgs) -> Result<()> {
 
     let queue = args.consume.queue.clone();
     let count = args.consume.count;
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::with_state(prepared.state_metrics.clone()));
     let shutdown = CancellationToken::new();
     let mut clock = Clock::start(count);
     let mut host = tokio::spawn(app::run(prepared, shutdown.clone(), metrics.clone()));
@@ -683,6 +693,7 @@ fn host_config(
     concurrency: Option<usize>,
     cache: Option<&Path>,
     transform_to: Option<&str>,
+    consumer_keys: Option<&str>,
 ) -> String {
     let quoted = |s: &str| toml::Value::String(s.to_string()).to_string();
     let mut text = format!(
@@ -704,6 +715,9 @@ fn host_config(
     // Left out unless given, so that the host's default is what is measured.
     if let Some(concurrency) = concurrency {
         text.push_str(&format!("concurrency = {concurrency}\n"));
+    }
+    if let Some(keys) = consumer_keys {
+        text.push_str(&format!("{keys}\n"));
     }
     if let Some(exchange) = transform_to {
         text.push_str(&format!(
