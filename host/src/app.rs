@@ -31,7 +31,7 @@ use crate::retry::RetryPolicy;
 use crate::scheduler::control::Control;
 use crate::state::consumer::{Claims, ConsumerState};
 use crate::state::embedded::Opener;
-use crate::state::{Backend, NamespaceAccess, Store};
+use crate::state::{Backend, NamespaceAccess, Store, StoreHealth};
 use crate::telemetry::{Metrics, NamespaceLabel, PluginVersionLabels, StateMetrics};
 use crate::topology::{self, Topology};
 
@@ -50,8 +50,9 @@ pub struct Prepared {
     pub board: Arc<Board>,
     /// Where spans are exported (nowhere unless configured).
     pub tracer: Arc<crate::trace::Tracer>,
-    /// The state store, when a consumer keeps state or done records.
-    pub store: Option<Arc<Store>>,
+    /// The state store, when a consumer keeps state or done records, and
+    /// its health for `/health`.
+    pub store: Option<(Arc<Store>, Arc<StoreHealth>)>,
     /// The state series the store's users count on: the registry the host
     /// runs with must be made with them ([`Metrics::with_state`]).
     pub state_metrics: StateMetrics,
@@ -98,6 +99,7 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
     };
     let state_metrics = StateMetrics::default();
     let store = open_store(&config).map_err(&mut note).ok().flatten();
+    let store = store.map(|store| (store, Arc::new(StoreHealth::default())));
     let state = StateSetup {
         store: store.clone(),
         metrics: state_metrics.clone(),
@@ -151,9 +153,12 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
 }
 
 /// The state store's upkeep while the host runs: the embedded store's
-/// sweep of what expired, and every namespace's usage for `/metrics`.
+/// sweep of what expired, every namespace's usage for `/metrics`, and a
+/// probe of the store for `/health` (its usage, or a done record's check
+/// when no consumer has a namespace).
 fn spawn_store_upkeep(
     store: Arc<Store>,
+    health: Arc<StoreHealth>,
     metrics: &Arc<Metrics>,
     config: &LoadedConfig,
     shutdown: CancellationToken,
@@ -176,8 +181,17 @@ fn spawn_store_upkeep(
             if let Store::Embedded(embedded) = &*store {
                 embedded.sweep(now_ms);
             }
+            if namespaces.is_empty() {
+                let probe = crate::state::InputKey {
+                    queue: "-".into(),
+                    id: "-".into(),
+                };
+                health.note(&store.is_done(&probe, now_ms).await);
+            }
             for namespace in &namespaces {
-                match store.usage(namespace, now_ms).await {
+                let usage = store.usage(namespace, now_ms).await;
+                health.note(&usage);
+                match usage {
                     Ok(usage) => {
                         let label = NamespaceLabel {
                             namespace: namespace.clone(),
@@ -196,7 +210,7 @@ fn spawn_store_upkeep(
 
 /// What consumers with state are given.
 struct StateSetup {
-    store: Option<Arc<Store>>,
+    store: Option<(Arc<Store>, Arc<StoreHealth>)>,
     metrics: StateMetrics,
     /// This host's name on its claims.
     holder: Arc<str>,
@@ -422,7 +436,7 @@ fn consumer_state(
     setup: &StateSetup,
     consumer: &ConsumerConfig,
 ) -> (Option<Arc<NamespaceAccess>>, Option<Arc<ConsumerState>>) {
-    let Some(store) = &setup.store else {
+    let Some((store, health)) = &setup.store else {
         return (None, None);
     };
     let namespace = consumer.state.as_ref().map(|n| n.get_ref().clone());
@@ -452,6 +466,7 @@ fn consumer_state(
         consumer.done_retention,
         claims,
         setup.metrics.clone(),
+        health.clone(),
     );
     (access, Some(Arc::new(state)))
 }
@@ -636,8 +651,14 @@ pub async fn run(
         store,
         state_metrics: _,
     } = prepared;
-    if let Some(store) = &store {
-        spawn_store_upkeep(store.clone(), &metrics, &config, shutdown.clone());
+    if let Some((store, health)) = &store {
+        spawn_store_upkeep(
+            store.clone(),
+            health.clone(),
+            &metrics,
+            &config,
+            shutdown.clone(),
+        );
     }
     // Publish series are labelled by exchange only for the exchanges the
     // config names (a routing slip names its next exchange: the producer's
@@ -670,6 +691,7 @@ pub async fn run(
             shutdown: shutdown.clone(),
             board: board.clone(),
             links: vec![links.consume.clone(), links.publish.clone()],
+            store: store.as_ref().map(|(_, health)| health.clone()),
         },
     );
     if let Err(e) = links.start(&shutdown).await {

@@ -97,9 +97,39 @@ pub fn assess(
     }
 }
 
+/// The assessment with the state store's trouble, if it has any: a store
+/// that cannot be reached makes a running host `DEGRADED` (its consumers
+/// with state wait; the others go on), never `DOWN`.
+pub fn with_store(mut assessment: Assessment, store_trouble: Option<String>) -> Assessment {
+    if let Some(trouble) = store_trouble {
+        assessment.details.push(trouble);
+        if assessment.status == Status::Up {
+            assessment.status = Status::Degraded;
+        }
+    }
+    assessment
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_store_in_trouble_degrades_a_running_host_and_says_why() {
+        let up = assess(false, &[("consume", Phase::Up)], &consumers(&[("q", true)]));
+        assert_eq!(with_store(up.clone(), None), up);
+        let trouble =
+            "state store redis://127.0.0.1:6379/0: cannot be reached (connection refused)";
+        let degraded = with_store(up, Some(trouble.to_string()));
+        assert_eq!(degraded.status, Status::Degraded);
+        assert_eq!(degraded.details, [trouble]);
+        let down = assess(true, &[("consume", Phase::Up)], &consumers(&[("q", true)]));
+        assert_eq!(
+            with_store(down, Some(trouble.to_string())).status,
+            Status::Down,
+            "shutting down stays DOWN"
+        );
+    }
 
     fn consumers(states: &[(&str, bool)]) -> Vec<(String, Reading)> {
         states

@@ -169,6 +169,8 @@ pub struct Admin {
     pub board: Arc<Board>,
     /// The host's broker connections.
     pub links: Vec<Arc<Link>>,
+    /// The state store's health, when the host has one.
+    pub store: Option<Arc<crate::state::StoreHealth>>,
 }
 
 /// A bound endpoint and the policy for its address.
@@ -497,7 +499,10 @@ impl Admin {
     fn health(&self) -> Response<Full<Bytes>> {
         let links: Vec<(&str, Phase)> = self.links.iter().map(|l| (l.role(), l.phase())).collect();
         let board = self.board.snapshot();
-        let assessment = health::assess(self.shutdown.is_cancelled(), &links, &board);
+        let assessment = health::with_store(
+            health::assess(self.shutdown.is_cancelled(), &links, &board),
+            self.store.as_ref().and_then(|store| store.trouble()),
+        );
         let plugins: std::collections::BTreeMap<String, String> = self
             .reloader
             .status()

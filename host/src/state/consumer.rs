@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::call::{Changes, show_key};
-use super::{Backend, Claim, Commit, Committed, InputKey, Quota, Reserved, Store, StoreError};
+use super::{
+    Backend, Claim, Commit, Committed, InputKey, Quota, Reserved, Store, StoreError, StoreHealth,
+};
 use crate::telemetry::{CommitLabel, QueueLabel, StateMetrics};
 
 /// How long a reservation of checked keys holds them: from before the
@@ -47,6 +49,7 @@ pub struct ConsumerState {
     retention: Duration,
     claims: Option<Claims>,
     metrics: StateMetrics,
+    health: Arc<StoreHealth>,
 }
 
 /// An `idempotent` consumer's claims: whose, and for how long.
@@ -91,6 +94,7 @@ impl ConsumerState {
         retention: Duration,
         claims: Option<Claims>,
         metrics: StateMetrics,
+        health: Arc<StoreHealth>,
     ) -> Self {
         Self {
             store,
@@ -100,6 +104,7 @@ impl ConsumerState {
             retention,
             claims,
             metrics,
+            health,
         }
     }
 
@@ -138,6 +143,7 @@ impl ConsumerState {
                 }
             }),
         };
+        self.health.note(&answer);
         let before = answer.unwrap_or_else(|e| Before::Unavailable {
             reason: e.to_string(),
         });
@@ -223,6 +229,7 @@ impl ConsumerState {
         };
         let started = Instant::now();
         let committed = self.store.commit(&commit).await;
+        self.health.note(&committed);
         self.metrics
             .commit_seconds
             .observe(started.elapsed().as_secs_f64());

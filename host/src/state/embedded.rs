@@ -971,15 +971,11 @@ mod tests {
         let full = Usage { keys: 2, bytes: 10 };
         assert_eq!(
             over_quota("orders", full, 1, 5, quota).as_deref(),
-            Some(
-                "the state namespace \"orders\" would hold 3 keys, over its quota of 2 (max_keys)"
-            )
+            Some("namespace \"orders\" would hold 3 keys, over its quota of 2 (max_keys)")
         );
         assert_eq!(
             over_quota("orders", full, 0, 91, quota).as_deref(),
-            Some(
-                "the state namespace \"orders\" would hold 101 bytes, over its quota of 100 (max_bytes)"
-            )
+            Some("namespace \"orders\" would hold 101 bytes, over its quota of 100 (max_bytes)")
         );
         let over = Usage {
             keys: 5,

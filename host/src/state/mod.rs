@@ -248,6 +248,37 @@ pub trait Backend {
     async fn usage(&self, namespace: &str, now_ms: u64) -> Result<Usage, StoreError>;
 }
 
+/// Whether the store answered its last use, for `/health`: set by the
+/// commits of the delivery path and by the host's probe of it every
+/// [`embedded::SWEEP_EVERY`].
+#[derive(Debug, Default)]
+pub struct StoreHealth {
+    trouble: std::sync::Mutex<Option<String>>,
+}
+
+impl StoreHealth {
+    /// Notes how a use of the store ended.
+    pub fn note<T>(&self, result: &Result<T, StoreError>) {
+        let mut trouble = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
+        match result {
+            Ok(_) if trouble.is_some() => {
+                tracing::info!("the state store answers again");
+                *trouble = None;
+            }
+            Ok(_) => {}
+            Err(e) => *trouble = Some(e.to_string()),
+        }
+    }
+
+    /// What is wrong with the store, if its last use failed.
+    pub fn trouble(&self) -> Option<String> {
+        self.trouble
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
 /// Opens the store at `location`: the embedded file (for the host, refused
 /// when another host holds it), or a Redis client, which connects on first
 /// use and again after any failure.
