@@ -42,10 +42,11 @@ fn documented() -> BTreeMap<String, BTreeSet<String>> {
             tables.entry(parent.into()).or_default().insert(key.into());
             continue;
         }
-        // A nested table (`[broker.tls]`) is also a key of its parent.
-        if let Some((parent, key)) = table.rsplit_once('.')
-            && table != "retry.NAME"
-        {
+        // A nested table (`[broker.tls]`) is also a key of its parent; a
+        // table of named ones (`[state.namespaces.NAME]`) is its parent's
+        // key without the name (`[retry.NAME]` is a top-level table's).
+        let named = table.strip_suffix(".NAME").unwrap_or(&table);
+        if let Some((parent, key)) = named.rsplit_once('.') {
             tables.entry(parent.into()).or_default().insert(key.into());
         }
         let entry = tables.entry(table).or_default();
