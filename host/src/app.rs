@@ -53,9 +53,6 @@ pub struct Prepared {
     /// The state store, when a consumer keeps state or done records, and
     /// its health for `/health`.
     pub store: Option<(Arc<Store>, Arc<StoreHealth>)>,
-    /// The state series the store's users count on: the registry the host
-    /// runs with must be made with them ([`Metrics::with_state`]).
-    pub state_metrics: StateMetrics,
 }
 
 /// One consumer: what it subscribes to, and what its pipeline runs.
@@ -68,10 +65,24 @@ pub struct PreparedConsumer {
     pub state: Option<Arc<ConsumerState>>,
 }
 
-/// Checks the config, builds the topology and loads every plugin, without
-/// touching the network. Every problem found is reported at once (each led
-/// by `file:line` where it has one), so one run shows everything to fix.
-pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
+/// Checks the config, builds the topology, opens the state store and loads
+/// every plugin, without touching the network. Every problem found is
+/// reported at once (each led by `file:line` where it has one), so one run
+/// shows everything to fix. `metrics` is the registry the host will run
+/// with (the state store's users count on it from the start).
+pub fn prepare(config: LoadedConfig, metrics: &Metrics) -> anyhow::Result<Prepared> {
+    prepare_with(config, Some(metrics.state.clone()))
+}
+
+/// [`prepare`] for `validate`: everything but the state store, which is
+/// neither created nor opened (a running host may hold it).
+pub fn prepare_to_validate(config: LoadedConfig) -> anyhow::Result<Prepared> {
+    prepare_with(config, None)
+}
+
+/// [`prepare`], opening the state store with `state` its series, or not
+/// opening it.
+fn prepare_with(config: LoadedConfig, state: Option<StateMetrics>) -> anyhow::Result<Prepared> {
     let mut problems: Vec<String> = Vec::new();
     let mut note = |e: anyhow::Error| problems.push(format!("{e:#}"));
     let topology = Topology::from_config(&config.config)
@@ -97,12 +108,14 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
     } else {
         None
     };
-    let state_metrics = StateMetrics::default();
-    let store = open_store(&config).map_err(&mut note).ok().flatten();
+    let store = match &state {
+        Some(_) => open_store(&config).map_err(&mut note).ok().flatten(),
+        None => None,
+    };
     let store = store.map(|store| (store, Arc::new(StoreHealth::default())));
     let state = StateSetup {
         store: store.clone(),
-        metrics: state_metrics.clone(),
+        metrics: state.unwrap_or_default(),
         holder: claim_holder(),
     };
     let mut consumers = Vec::new();
@@ -148,7 +161,6 @@ pub fn prepare(config: LoadedConfig) -> anyhow::Result<Prepared> {
         board,
         tracer,
         store,
-        state_metrics,
     })
 }
 
@@ -649,7 +661,6 @@ pub async fn run(
         board,
         tracer,
         store,
-        state_metrics: _,
     } = prepared;
     if let Some((store, health)) = &store {
         spawn_store_upkeep(

@@ -409,15 +409,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        Self::with_state(StateMetrics::default())
-    }
-
-    /// A registry whose state series are `state`'s: the handles the state
-    /// store's users were given before the registry existed (plugins load,
-    /// with their namespaces, before the host runs).
-    pub fn with_state(state: StateMetrics) -> Self {
         let mut metrics = Self::unregistered();
-        metrics.state = state;
         let mut sample_names = BTreeSet::new();
         let mut catalogue = Vec::new();
         {

@@ -221,14 +221,12 @@ async fn bench(settings: &Settings, broker: &Broker) -> Result<()> {
 
     let loaded = LoadedConfig::parse(&dir.path().join("host.toml"), config)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let prepared = tokio::task::spawn_blocking(move || app::prepare(loaded)).await??;
+    let metrics = Arc::new(Metrics::new());
+    let registry = metrics.clone();
+    let prepared = tokio::task::spawn_blocking(move || app::prepare(loaded, &registry)).await??;
     let slot: Arc<HandlerSlot> = prepared.consumers[0].handler.clone();
     let shutdown = CancellationToken::new();
-    let host = tokio::spawn(app::run(
-        prepared,
-        shutdown.clone(),
-        Arc::new(Metrics::new()),
-    ));
+    let host = tokio::spawn(app::run(prepared, shutdown.clone(), metrics));
     let connection = broker.connect().await?;
     wait_until_consuming(broker, &connection, &input, &host).await?;
 

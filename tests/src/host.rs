@@ -359,9 +359,11 @@ impl InProcessHost {
         log_when_asked();
         let loaded = LoadedConfig::parse(Path::new("test-host.toml"), config.to_string())
             .map_err(|e| anyhow!("{e}"))?;
-        let prepared = tokio::task::spawn_blocking(move || app::prepare(loaded)).await??;
-        let board = prepared.board.clone();
         let metrics = Arc::new(Metrics::new());
+        let registry = metrics.clone();
+        let prepared =
+            tokio::task::spawn_blocking(move || app::prepare(loaded, &registry)).await??;
+        let board = prepared.board.clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(app::run(prepared, shutdown.clone(), metrics.clone()));
         let host = Self {

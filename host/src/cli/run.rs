@@ -32,7 +32,8 @@ pub fn run(config_path: &Path, log_format: Option<LogFormat>) -> ExitCode {
             .or(config.config.host.log_format)
             .unwrap_or_default(),
     );
-    let prepared = match app::prepare(config) {
+    let metrics = Arc::new(Metrics::new());
+    let prepared = match app::prepare(config, &metrics) {
         Ok(prepared) => prepared,
         Err(e) => return fail(Exit::Invalid, &e),
     };
@@ -46,7 +47,6 @@ pub fn run(config_path: &Path, log_format: Option<LogFormat>) -> ExitCode {
     let result = runtime.block_on(async {
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signals(shutdown.clone()));
-        let metrics = Arc::new(Metrics::with_state(prepared.state_metrics.clone()));
         app::run(prepared, shutdown, metrics).await
     });
     report(result)
@@ -76,7 +76,7 @@ pub fn validate(config_path: &Path) -> ExitCode {
         Ok(config) => config,
         Err(code) => return code,
     };
-    match app::prepare(config) {
+    match app::prepare_to_validate(config) {
         Ok(prepared) => {
             println!(
                 "{}: valid ({} exchanges, {} queues, {} bindings, {} consumers)",

@@ -631,11 +631,12 @@ async fn consume_host(args: HostArgs) -> Result<()> {
         LoadedConfig::parse(Path::new("loadgen-host.toml"), text).map_err(|e| anyhow!("{e}"))?;
     // Config, topology and plugin compilation: not part of the measurement,
     // as with the bare loop (the host does all of it before it connects).
-    let prepared = tokio::task::spawn_blocking(move || app::prepare(loaded)).await??;
+    let metrics = Arc::new(Metrics::new());
+    let registry = metrics.clone();
+    let prepared = tokio::task::spawn_blocking(move || app::prepare(loaded, &registry)).await??;
 
     let queue = args.consume.queue.clone();
     let count = args.consume.count;
-    let metrics = Arc::new(Metrics::with_state(prepared.state_metrics.clone()));
     let shutdown = CancellationToken::new();
     let mut clock = Clock::start(count);
     let mut host = tokio::spawn(app::run(prepared, shutdown.clone(), metrics.clone()));
