@@ -574,3 +574,111 @@ fn schedule_list_names_missing_queues_and_fails_without_a_broker() {
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     assert!(output.stdout.is_empty());
 }
+
+/// A config whose consumer keeps state in the embedded store at `file`.
+fn state_config(file: &Path) -> String {
+    format!(
+        "{}state = \"orders\"\n\n[state]\npath = \"{}\"\n",
+        consumer_config(&plugin_path("velocity")),
+        file.display()
+    )
+}
+
+#[test]
+fn validate_neither_creates_nor_opens_the_state_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state.redb");
+    let (output, _config_dir) = acemq_host(&["validate"], Some(&state_config(&file)));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(!file.exists(), "validate created {}", file.display());
+}
+
+#[tokio::test]
+async fn state_get_list_and_delete_work_beside_a_host_holding_the_store() {
+    use acemq_host::state::embedded::{EmbeddedStore, Opener};
+    use acemq_host::state::{Backend, Commit, InputKey, KeyWrite, Quota, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state.redb");
+    // This test process holds the store as a running host does.
+    let held = EmbeddedStore::open(&file, Opener::Host).unwrap();
+    let put = |key: &[u8], value: &[u8]| KeyWrite {
+        key: key.to_vec(),
+        write: Write::Put {
+            value: value.to_vec(),
+            expires_at_ms: None,
+        },
+        expect: None,
+    };
+    let commit = Commit {
+        namespace: Some("orders".into()),
+        quota: Quota {
+            max_keys: 100,
+            max_bytes: 10_000,
+        },
+        writes: vec![
+            put(b"customer/c-1", b"[1]"),
+            put(b"customer/c-2", &[0xff, 0]),
+        ],
+        done: InputKey {
+            queue: "q".into(),
+            id: "m1".into(),
+        },
+        retention: Duration::from_secs(60),
+        claim_holder: None,
+        reservation: None,
+        now_ms: acemq_tests::state_cases::now_ms(),
+    };
+    held.commit(&commit).await.unwrap();
+    // A second host is refused, naming the file.
+    let second = EmbeddedStore::open(&file, Opener::Host)
+        .err()
+        .expect("refused");
+    assert!(
+        second.to_string().contains("is in use by another host"),
+        "{second}"
+    );
+    let config = state_config(&file);
+    let run = |args: &[&str]| acemq_host(args, Some(&config)).0;
+    let listed = run(&["state", "list", "--namespace", "orders"]);
+    let out = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+    assert!(out.contains("2 keys"), "{out}");
+    assert!(
+        out.contains("customer/c-1\n") && out.contains("  [1]\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("  0xff00\n"),
+        "a binary value is shown in hex: {out}"
+    );
+    let got = run(&["state", "get", "--namespace", "orders", "customer/c-2"]);
+    assert_eq!(got.status.code(), Some(0), "{}", stderr(&got));
+    let deleted = run(&["state", "delete", "--namespace", "orders", "customer/c-2"]);
+    assert_eq!(deleted.status.code(), Some(0), "{}", stderr(&deleted));
+    let gone = run(&["state", "get", "--namespace", "orders", "customer/c-2"]);
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(
+        stderr(&gone).contains("is not in the namespace \"orders\""),
+        "{}",
+        stderr(&gone)
+    );
+    // The host sees the tool's delete.
+    let now = acemq_tests::state_cases::now_ms();
+    assert_eq!(
+        held.get("orders", b"customer/c-2", now).await.unwrap(),
+        None
+    );
+    assert!(
+        held.get("orders", b"customer/c-1", now)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let bad = run(&["state", "list", "--namespace", "a:b"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("--namespace: \"a:b\" is not a namespace name"),
+        "{}",
+        stderr(&bad)
+    );
+}
