@@ -27,6 +27,7 @@ pub mod redis;
 pub mod scheduler_peer;
 pub mod stamp;
 pub mod state_cases;
+pub mod state_host;
 pub mod tally;
 pub mod watchdog;
 
