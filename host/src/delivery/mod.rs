@@ -318,7 +318,12 @@ impl Pipeline {
                     },
                 );
             }
-            let token = uuid::Uuid::new_v4().to_string();
+            // The input's own token, the same on every run of it: a run
+            // after a crash (whose reservation outlives it until its lease
+            // ends) takes the reservation over instead of conflicting with
+            // it. Two hosts running one input at once share it too; the
+            // done record, checked at commit, applies its writes once.
+            let token = format!("{}/{}", self.queue, envelope.id);
             match state.reserve(&changes, &token, envelope::now_ms()).await {
                 Ok(None) => {
                     drop(slot);
