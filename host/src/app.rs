@@ -370,7 +370,7 @@ pub fn engine_settings(config: &LoadedConfig) -> EngineSettings {
     let demand: Vec<ConsumerDemand> = consumers
         .iter()
         .map(|c| ConsumerDemand {
-            concurrency: c.concurrency_for(false),
+            concurrency: config.concurrency_of(c, false),
         })
         .collect();
     // Codecs run under the default limits (load_codecs), so their budget
@@ -425,7 +425,7 @@ fn prepare_consumer(
         subscription: SubscriptionSpec {
             queue,
             prefetch: consumer.prefetch_for(is_stream),
-            concurrency: consumer.concurrency_for(is_stream),
+            concurrency: config.concurrency_of(consumer, is_stream),
             ends_after: None,
             stream,
             consumer_tag: consumer.consumer_name.clone(),

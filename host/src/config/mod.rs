@@ -505,7 +505,7 @@ pub struct CodecConfig {
     pub content_types: Vec<String>,
 }
 
-mod defaults {
+pub(crate) mod defaults {
     use std::time::Duration;
 
     pub fn yes() -> bool {

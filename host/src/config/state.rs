@@ -115,7 +115,30 @@ impl StateConfig {
     }
 }
 
+/// Calls in progress at once, per core, of a consumer whose calls wait on
+/// the shared store (a Redis round trip for each read, each claim): a call
+/// waiting holds its place but no CPU. Measured (docs/benchmarks.md,
+/// State): one per core leaves the cores idle while calls wait, and
+/// reaches 0.3x of the same handler without state; four per core, about
+/// 0.9x.
+pub const WAITING_CALLS_PER_CORE: usize = 4;
+
 impl LoadedConfig {
+    /// The concurrency of `consumer`: as configured, else
+    /// [`ConsumerConfig::concurrency_for`]'s default, or for a queue
+    /// consumer with state on Redis [`WAITING_CALLS_PER_CORE`] per core.
+    pub fn concurrency_of(&self, consumer: &super::ConsumerConfig, stream: bool) -> usize {
+        let waits_on_the_network = consumer.concurrency.is_none()
+            && !stream
+            && (consumer.state.is_some() || consumer.idempotent)
+            && self.config.state.url.is_some();
+        if waits_on_the_network {
+            WAITING_CALLS_PER_CORE * super::defaults::concurrency()
+        } else {
+            consumer.concurrency_for(stream)
+        }
+    }
+
     /// Whether any consumer keeps state or done records.
     pub fn state_needed(&self) -> bool {
         self.config
@@ -317,6 +340,48 @@ mod tests {
         assert!(!format!("{:?}", shared.config.state).contains("pw@"));
         let none = parse("[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\n").unwrap();
         assert!(!none.state_needed());
+    }
+
+    #[test]
+    fn a_consumer_waiting_on_redis_runs_more_calls_at_once_unless_told() {
+        let cores = super::super::defaults::concurrency();
+        let consumer =
+            |keys: &str| format!("[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\n{keys}");
+        let redis = "[state]\nurl = \"redis://127.0.0.1/0\"\n";
+        let of = |text: String| {
+            let loaded = parse(&text).unwrap();
+            let c = &loaded.config.consumers[0];
+            (
+                loaded.concurrency_of(c, false),
+                loaded.concurrency_of(c, true),
+            )
+        };
+        assert_eq!(
+            of(format!("{redis}{}", consumer("state = \"n\"\n"))),
+            (4 * cores, 1)
+        );
+        assert_eq!(
+            of(format!("{redis}{}", consumer("idempotent = true\n"))).0,
+            4 * cores
+        );
+        assert_eq!(
+            of(format!(
+                "{redis}{}",
+                consumer("state = \"n\"\nconcurrency = 3\n")
+            ))
+            .0,
+            3
+        );
+        assert_eq!(
+            of(consumer("state = \"n\"\n")).0,
+            cores,
+            "the embedded store does not wait"
+        );
+        assert_eq!(
+            of(format!("{redis}{}", consumer(""))).0,
+            cores,
+            "no state, no waiting"
+        );
     }
 
     #[test]
