@@ -58,6 +58,15 @@
 //! so a mass expiry never stalls Redis in one script.
 //!
 //! Not for Redis Cluster: a commit's keys are in several hash slots.
+//!
+//! # TLS
+//!
+//! A `rediss://` URL is TLS (rustls), checked against the public (Mozilla)
+//! roots unless [`TlsFiles::ca_file`] names the CAs to trust instead, and
+//! with a client certificate when [`TlsFiles::client`] gives one (Redis's
+//! `tls-auth-clients`). The files are read and parsed when the store is
+//! made ([`RedisStore::lazy_with_tls`]): one that cannot be is an error
+//! naming it and its `[state]` key, not a failure of every later call.
 
 use super::{
     Backend, Claim, Commit, Committed, Entry, InputKey, Reserved, StoreError, Usage, Write,
@@ -65,6 +74,9 @@ use super::{
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, Value};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -103,6 +115,114 @@ impl std::fmt::Debug for RedisStore {
             .field("address", &self.described)
             .finish_non_exhaustive()
     }
+}
+
+/// The TLS files of `[state]` (`tls_ca_file`, `tls_cert_file`,
+/// `tls_key_file`), paths resolved: none for the public roots and no client
+/// certificate. Only for a `rediss://` URL.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM file of the CA certificates to trust instead of the public
+    /// roots (a private CA).
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate, for a Redis with `tls-auth-clients yes`.
+    pub client: Option<ClientCertFiles>,
+}
+
+/// A client certificate and its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCertFiles {
+    /// PEM file of the client certificate (then any intermediates).
+    pub cert_file: PathBuf,
+    /// PEM file of its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+}
+
+impl TlsFiles {
+    /// Whether any file is given (else the client is Redis's default).
+    pub fn is_empty(&self) -> bool {
+        self.ca_file.is_none() && self.client.is_none()
+    }
+
+    /// The files' contents, checked: each holds what its key says (PEM
+    /// certificates, a private key). The error names the key and the file.
+    fn read(&self) -> Result<redis::TlsCertificates, String> {
+        let root_cert = match &self.ca_file {
+            Some(path) => Some(certificates("state.tls_ca_file", path)?),
+            None => None,
+        };
+        let client_tls = match &self.client {
+            Some(client) => {
+                let client_cert = certificates("state.tls_cert_file", &client.cert_file)?;
+                let client_key = private_key("state.tls_key_file", &client.key_file)?;
+                check_pair(client, &client_cert, &client_key)?;
+                Some(redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                })
+            }
+            None => None,
+        };
+        Ok(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        })
+    }
+}
+
+fn read_file(key: &str, path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {key} {}: {e}", path.display()))
+}
+
+/// A PEM file of one or more certificates, as read.
+fn certificates(key: &str, path: &Path) -> Result<Vec<u8>, String> {
+    let pem = read_file(key, path)?;
+    let count = CertificateDer::pem_slice_iter(&pem)
+        .try_fold(0usize, |n, cert| cert.map(|_| n + 1))
+        .map_err(|e| format!("{key} {} is not PEM: {e}", path.display()))?;
+    if count == 0 {
+        return Err(format!(
+            "{key} {} holds no certificate (PEM, -----BEGIN CERTIFICATE-----)",
+            path.display()
+        ));
+    }
+    Ok(pem)
+}
+
+/// A PEM file of a private key, as read.
+fn private_key(key: &str, path: &Path) -> Result<Vec<u8>, String> {
+    let pem = read_file(key, path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+        format!(
+            "{key} {} holds no private key (PEM: PKCS#8, PKCS#1 or SEC1): {e}",
+            path.display()
+        )
+    })?;
+    Ok(pem)
+}
+
+/// Whether the certificate and key fit together, as rustls will check
+/// when the client connects (the same rustls, through lapin's connector):
+/// here, so that a key of another certificate is refused at open, not at
+/// every call.
+fn check_pair(client: &ClientCertFiles, cert: &[u8], key: &[u8]) -> Result<(), String> {
+    let fits = || -> Result<(), String> {
+        let chain = CertificateDer::pem_slice_iter(cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| e.to_string())?;
+        lapin::tcp::RustlsConnectorConfig::new_with_webpki_root_certs()
+            .connector_with_single_cert(chain, key)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    fits().map_err(|e| {
+        format!(
+            "state.tls_cert_file {} and state.tls_key_file {} do not fit together: {e}",
+            client.cert_file.display(),
+            client.key_file.display()
+        )
+    })
 }
 
 /// A checked Redis URL: what [`RedisStore::connect`] accepts.
@@ -203,6 +323,11 @@ impl RedisUrl {
     pub fn describe(&self) -> &str {
         &self.described
     }
+
+    /// Whether it is a `rediss://` (TLS) URL.
+    pub fn is_tls(&self) -> bool {
+        self.described.starts_with("rediss://")
+    }
 }
 
 fn percent_decoded(text: &str) -> Option<String> {
@@ -237,6 +362,14 @@ impl RedisStore {
         Self::connect_to(&RedisUrl::parse(url)?).await
     }
 
+    /// [`RedisStore::connect`] with the TLS files of `tls` (see
+    /// [`RedisStore::lazy_with_tls`]).
+    pub async fn connect_with_tls(url: &str, tls: &TlsFiles) -> Result<RedisStore, StoreError> {
+        let store = Self::lazy_with_tls(url, tls)?;
+        store.connection().await?;
+        Ok(store)
+    }
+
     /// [`RedisStore::connect`] to an already checked URL.
     pub async fn connect_to(url: &RedisUrl) -> Result<RedisStore, StoreError> {
         let store = Self::lazy_to(url)?;
@@ -252,15 +385,44 @@ impl RedisStore {
         Self::lazy_to(&RedisUrl::parse(url)?)
     }
 
+    /// [`RedisStore::lazy`] with the TLS files of `tls` (see [`TlsFiles`]),
+    /// read and checked now: a file that cannot be read, or does not hold
+    /// what its key says, is an error naming the key and the file. Files
+    /// are refused for a `redis://` (plain) URL.
+    pub fn lazy_with_tls(url: &str, tls: &TlsFiles) -> Result<RedisStore, StoreError> {
+        Self::lazy_to_with_tls(&RedisUrl::parse(url)?, tls)
+    }
+
     /// [`RedisStore::lazy`] of an already checked URL.
     pub fn lazy_to(url: &RedisUrl) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url.url.as_str()).map_err(|e| StoreError {
+        Self::lazy_to_with_tls(url, &TlsFiles::default())
+    }
+
+    /// [`RedisStore::lazy_with_tls`] of an already checked URL.
+    pub fn lazy_to_with_tls(url: &RedisUrl, tls: &TlsFiles) -> Result<RedisStore, StoreError> {
+        let refused = |reason: String| StoreError {
             store: url.described.clone(),
-            reason: format!(
-                "has an invalid URL: {}",
-                scrub(&e.to_string(), url.password.as_deref())
-            ),
-        })?;
+            reason,
+        };
+        let scrubbed = |e: RedisError| scrub(&e.to_string(), url.password.as_deref());
+        let client = if tls.is_empty() {
+            redis::Client::open(url.url.as_str())
+                .map_err(|e| refused(format!("has an invalid URL: {}", scrubbed(e))))?
+        } else if !url.is_tls() {
+            return Err(refused(
+                "is not TLS (redis://): TLS files are for a rediss:// URL".to_owned(),
+            ));
+        } else {
+            let certificates = tls.read().map_err(refused)?;
+            // The files parse (checked above); what is left is the URL, or
+            // a certificate rustls cannot take as a trust anchor.
+            redis::Client::build_with_tls(url.url.as_str(), certificates).map_err(|e| {
+                refused(format!(
+                    "cannot be set up with its URL and TLS files: {}",
+                    scrubbed(e)
+                ))
+            })?
+        };
         Ok(RedisStore {
             client: Box::new(client),
             conn: tokio::sync::Mutex::new(None),
@@ -346,10 +508,43 @@ fn refused_credentials(e: &RedisError) -> bool {
         || text.contains("NOAUTH")
 }
 
+/// Whether the TLS handshake failed as `text` says (rustls's words), and
+/// what to set then, if a setting is the likely cause.
+fn tls_refusal_hint(text: &str) -> Option<&'static str> {
+    /// The alerts a server sends about the client's certificate.
+    const CLIENT_CERTIFICATE_ALERTS: [&str; 5] = [
+        "CertificateRequired",
+        "UnknownCA",
+        "BadCertificate",
+        "CertificateUnknown",
+        "AccessDenied",
+    ];
+    if text.contains("invalid peer certificate") {
+        Some(
+            "Redis's certificate is not trusted: set state.tls_ca_file to the CA that signed it (without it, only the public roots are trusted)",
+        )
+    } else if let Some((_, alert)) = text.split_once("received fatal alert: ") {
+        if CLIENT_CERTIFICATE_ALERTS
+            .iter()
+            .any(|name| alert.starts_with(name))
+        {
+            Some(
+                "Redis refused this host's certificate or its lack of one: a Redis with tls-auth-clients needs state.tls_cert_file and state.tls_key_file, of a certificate its tls-ca-cert-file signed",
+            )
+        } else {
+            Some("the TLS handshake failed on Redis's side (see Redis's log)")
+        }
+    } else {
+        None
+    }
+}
+
 fn reason_of(doing: &str, e: &RedisError, password: Option<&str>) -> String {
     let text = scrub(&e.to_string(), password);
     if refused_credentials(e) {
         format!("refused the credentials ({doing}): {text}")
+    } else if let Some(hint) = tls_refusal_hint(&text) {
+        format!("refused the TLS handshake ({doing}): {text}; {hint}")
     } else if e.is_io_error()
         || e.is_connection_refusal()
         || e.is_timeout()
@@ -1071,6 +1266,80 @@ mod tests {
         );
         assert_eq!(claim_key(&input("q", "x:y")), b"acemq:claim:q:x:y");
         assert_ne!(done_key(&input("a:b", "c")), done_key(&input("a", "b:c")));
+    }
+
+    #[test]
+    fn tls_files_that_cannot_be_used_are_named_with_their_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_pem = dir.path().join("notes.txt");
+        std::fs::write(&not_pem, "not a certificate\n").unwrap();
+        let missing = dir.path().join("missing.pem");
+        let url = "rediss://:s3cret@127.0.0.1:6380/0";
+        let refusal = |tls: TlsFiles| {
+            let error = RedisStore::lazy_with_tls(url, &tls).unwrap_err();
+            assert_eq!(error.store, "rediss://127.0.0.1:6380/0");
+            let text = error.to_string();
+            assert!(!text.contains("s3cret"), "{text}");
+            text
+        };
+        let text = refusal(TlsFiles {
+            ca_file: Some(missing.clone()),
+            client: None,
+        });
+        assert!(
+            text.contains(&format!(
+                "cannot read state.tls_ca_file {}",
+                missing.display()
+            )),
+            "{text}"
+        );
+        let text = refusal(TlsFiles {
+            ca_file: Some(not_pem.clone()),
+            client: None,
+        });
+        assert!(
+            text.contains(&format!(
+                "state.tls_ca_file {} holds no certificate",
+                not_pem.display()
+            )),
+            "{text}"
+        );
+        let text = refusal(TlsFiles {
+            ca_file: None,
+            client: Some(ClientCertFiles {
+                cert_file: not_pem.clone(),
+                key_file: not_pem.clone(),
+            }),
+        });
+        assert!(
+            text.contains(&format!("state.tls_cert_file {}", not_pem.display())),
+            "{text}"
+        );
+        // A plain URL takes no TLS files.
+        let error = RedisStore::lazy_with_tls(
+            "redis://127.0.0.1/0",
+            &TlsFiles {
+                ca_file: Some(not_pem),
+                client: None,
+            },
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("is not TLS"), "{error}");
+        // No files: as `lazy`, for either scheme.
+        RedisStore::lazy_with_tls(url, &TlsFiles::default()).unwrap();
+    }
+
+    #[test]
+    fn tls_refusals_say_what_to_set() {
+        let ca = tls_refusal_hint("invalid peer certificate: UnknownIssuer").unwrap();
+        assert!(ca.contains("set state.tls_ca_file"), "{ca}");
+        for alert in ["CertificateRequired", "UnknownCA", "BadCertificate"] {
+            let hint = tls_refusal_hint(&format!("received fatal alert: {alert}")).unwrap();
+            assert!(hint.contains("state.tls_cert_file"), "{alert}: {hint}");
+        }
+        let other = tls_refusal_hint("received fatal alert: ProtocolVersion").unwrap();
+        assert!(!other.contains("tls_cert_file"), "{other}");
+        assert_eq!(tls_refusal_hint("Connection refused (os error 111)"), None);
     }
 
     #[test]
