@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use lapin::BasicProperties;
 use lapin::types::FieldTable;
 
-use acemq_host::config::state::StoreLocation;
+use acemq_host::config::state::{RedisLocation, StoreLocation};
 use acemq_host::envelope::Envelope;
 use acemq_host::state::Backend;
 use acemq_host::state::embedded::Opener;
@@ -159,7 +159,7 @@ impl Scenario {
     pub fn location(&self) -> StoreLocation {
         match self.store {
             StoreKind::Embedded => StoreLocation::Embedded(self.store_file()),
-            StoreKind::Redis => StoreLocation::Redis(shared_redis().url().to_string()),
+            StoreKind::Redis => StoreLocation::Redis(RedisLocation::plain(shared_redis().url())),
         }
     }
 
@@ -189,7 +189,9 @@ impl Scenario {
                     toml_string(&path.display().to_string())
                 )
             }
-            (true, StoreLocation::Redis(url)) => format!("[state]\nurl = {}\n", toml_string(&url)),
+            (true, StoreLocation::Redis(redis)) => {
+                format!("[state]\nurl = {}\n", toml_string(&redis.url))
+            }
         };
         let state_key = if consumer.state {
             format!("state = \"{}\"\n", self.namespace)

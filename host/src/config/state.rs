@@ -12,6 +12,7 @@ use toml::Spanned;
 
 use super::{ConfigError, LoadedConfig};
 use crate::state::Quota;
+use crate::state::redis::{ClientCertFiles, TlsFiles};
 
 /// The embedded store's file when `[state] path` is not set: beside the
 /// config file.
@@ -26,6 +27,14 @@ pub struct StateConfig {
     /// A Redis URL (`redis://`, `rediss://`): the shared store, instead of
     /// the embedded one.
     pub url: Option<Spanned<String>>,
+    /// PEM file of the CA(s) a `rediss://` Redis's certificate must chain
+    /// to, instead of the public roots; relative to the config file.
+    pub tls_ca_file: Option<Spanned<PathBuf>>,
+    /// PEM file of a client certificate for `rediss://` (Redis's
+    /// `tls-auth-clients`), with `tls_key_file`.
+    pub tls_cert_file: Option<Spanned<PathBuf>>,
+    /// PEM file of `tls_cert_file`'s private key.
+    pub tls_key_file: Option<Spanned<PathBuf>>,
     /// Most keys in each namespace.
     #[serde(default = "default_max_keys")]
     pub max_keys: u64,
@@ -43,6 +52,9 @@ impl Default for StateConfig {
         Self {
             path: None,
             url: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             max_keys: default_max_keys(),
             max_bytes: default_max_bytes(),
             namespaces: BTreeMap::new(),
@@ -62,6 +74,18 @@ impl fmt::Debug for StateConfig {
                         .map(|u| u.describe().to_string())
                         .unwrap_or_else(|_| "(not a Redis URL)".to_string())
                 }),
+            )
+            .field(
+                "tls_ca_file",
+                &self.tls_ca_file.as_ref().map(Spanned::get_ref),
+            )
+            .field(
+                "tls_cert_file",
+                &self.tls_cert_file.as_ref().map(Spanned::get_ref),
+            )
+            .field(
+                "tls_key_file",
+                &self.tls_key_file.as_ref().map(Spanned::get_ref),
             )
             .field("max_keys", &self.max_keys)
             .field("max_bytes", &self.max_bytes)
@@ -101,7 +125,40 @@ pub fn default_claim_lease() -> Duration {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreLocation {
     Embedded(PathBuf),
-    Redis(String),
+    Redis(RedisLocation),
+}
+
+/// A Redis store: its URL (which may hold a password: never logged) and
+/// its TLS files, paths resolved.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisLocation {
+    pub url: String,
+    pub tls: TlsFiles,
+}
+
+impl RedisLocation {
+    /// `url` with no TLS files: the public roots, no client certificate.
+    pub fn plain(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            tls: TlsFiles::default(),
+        }
+    }
+}
+
+// The URL may carry a password.
+impl fmt::Debug for RedisLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLocation")
+            .field(
+                "url",
+                &crate::state::redis::RedisUrl::parse(&self.url)
+                    .map(|u| u.describe().to_string())
+                    .unwrap_or_else(|_| "(not a Redis URL)".to_string()),
+            )
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 impl StateConfig {
@@ -147,12 +204,27 @@ impl LoadedConfig {
             .any(|c| c.state.is_some() || c.idempotent)
     }
 
-    /// Where the store is: Redis when `[state] url` is set, else the
-    /// embedded file (resolved against the config file's folder).
+    /// Where the store is: Redis when `[state] url` is set (with its TLS
+    /// files), else the embedded file (paths resolved against the config
+    /// file's folder).
     pub fn store_location(&self) -> StoreLocation {
         let state = &self.config.state;
+        let resolved =
+            |path: &Option<Spanned<PathBuf>>| path.as_ref().map(|p| self.resolve(p.get_ref()));
         match &state.url {
-            Some(url) => StoreLocation::Redis(url.get_ref().clone()),
+            Some(url) => StoreLocation::Redis(RedisLocation {
+                url: url.get_ref().clone(),
+                tls: TlsFiles {
+                    ca_file: resolved(&state.tls_ca_file),
+                    // Both or neither: check() refuses one alone.
+                    client: resolved(&state.tls_cert_file)
+                        .zip(resolved(&state.tls_key_file))
+                        .map(|(cert_file, key_file)| ClientCertFiles {
+                            cert_file,
+                            key_file,
+                        }),
+                },
+            }),
             None => StoreLocation::Embedded(
                 self.resolve(state.path.as_deref().unwrap_or(DEFAULT_FILE.as_ref())),
             ),
@@ -176,6 +248,7 @@ impl LoadedConfig {
                 "state.url and state.path: one store or the other: path is the embedded store's file, url a Redis",
             ));
         }
+        found.extend(self.state_tls_problems());
         if c.state.max_keys == 0 || c.state.max_bytes == 0 {
             found.push(self.error_at(
                 None,
@@ -218,6 +291,64 @@ impl LoadedConfig {
                     ),
                 ));
             }
+        }
+        found
+    }
+}
+
+impl LoadedConfig {
+    /// The TLS keys' problems: they are for a `rediss://` URL, and a
+    /// client certificate needs its key (and the key its certificate).
+    fn state_tls_problems(&self) -> Vec<ConfigError> {
+        let state = &self.config.state;
+        let mut found = Vec::new();
+        let set: Vec<(&str, usize)> = [
+            ("state.tls_ca_file", &state.tls_ca_file),
+            ("state.tls_cert_file", &state.tls_cert_file),
+            ("state.tls_key_file", &state.tls_key_file),
+        ]
+        .into_iter()
+        .filter_map(|(key, value)| value.as_ref().map(|v| (key, v.span().start)))
+        .collect();
+        let Some(&(_, first)) = set.first() else {
+            return found;
+        };
+        let keys = set
+            .iter()
+            .map(|(key, _)| *key)
+            .collect::<Vec<_>>()
+            .join(", ");
+        match &state.url {
+            None => found.push(self.error_at(
+                Some(first),
+                format!(
+                    "{keys}: TLS for the Redis store, and there is none: set state.url to a rediss:// URL, or remove {}",
+                    if set.len() == 1 { "it" } else { "them" }
+                ),
+            )),
+            Some(url) => {
+                if let Ok(parsed) = crate::state::redis::RedisUrl::parse(url.get_ref())
+                    && !parsed.is_tls()
+                {
+                    found.push(self.error_at(
+                        Some(first),
+                        format!(
+                            "{keys}: state.url is redis:// (no TLS); these files are for a rediss:// URL"
+                        ),
+                    ));
+                }
+            }
+        }
+        match (&state.tls_cert_file, &state.tls_key_file) {
+            (Some(cert), None) => found.push(self.error_at(
+                Some(cert.span().start),
+                "state.tls_cert_file: a client certificate needs its key: set state.tls_key_file too",
+            )),
+            (None, Some(key)) => found.push(self.error_at(
+                Some(key.span().start),
+                "state.tls_key_file: a key without its certificate: set state.tls_cert_file too",
+            )),
+            _ => {}
         }
         found
     }
@@ -335,9 +466,10 @@ mod tests {
         .unwrap();
         assert_eq!(
             shared.store_location(),
-            StoreLocation::Redis("redis://:pw@127.0.0.1:6379/0".into())
+            StoreLocation::Redis(RedisLocation::plain("redis://:pw@127.0.0.1:6379/0"))
         );
         assert!(!format!("{:?}", shared.config.state).contains("pw@"));
+        assert!(!format!("{:?}", shared.store_location()).contains("pw@"));
         let none = parse("[[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\n").unwrap();
         assert!(!none.state_needed());
     }
@@ -423,5 +555,97 @@ mod tests {
             .contains("consumers[0].claim_lease: must be more than 0")
         );
         assert!(refused(&format!("[state]\nmax_keys = 0\n{consumer}")).contains("state.max_keys"));
+    }
+
+    #[test]
+    fn redis_tls_files_are_resolved_beside_the_config() {
+        let loaded = parse(
+            "[state]\nurl = \"rediss://:pw@redis.internal:6380/0\"\ntls_ca_file = \"tls/ca.pem\"\n\
+             tls_cert_file = \"/etc/pki/client.pem\"\ntls_key_file = \"tls/client.key\"\n\
+             [[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nidempotent = true\n",
+        )
+        .unwrap();
+        assert_eq!(
+            loaded.store_location(),
+            StoreLocation::Redis(RedisLocation {
+                url: "rediss://:pw@redis.internal:6380/0".into(),
+                tls: TlsFiles {
+                    ca_file: Some("/etc/acemq/tls/ca.pem".into()),
+                    client: Some(ClientCertFiles {
+                        cert_file: "/etc/pki/client.pem".into(),
+                        key_file: "/etc/acemq/tls/client.key".into(),
+                    }),
+                },
+            })
+        );
+        let ca_only =
+            parse("[state]\nurl = \"rediss://127.0.0.1:6380/0\"\ntls_ca_file = \"ca.pem\"\n")
+                .unwrap();
+        let StoreLocation::Redis(redis) = ca_only.store_location() else {
+            panic!("a Redis store");
+        };
+        assert_eq!(redis.tls.ca_file, Some("/etc/acemq/ca.pem".into()));
+        assert_eq!(redis.tls.client, None);
+    }
+
+    #[test]
+    fn redis_tls_files_are_refused_without_rediss_or_half_a_client_certificate() {
+        let refused = |text: &str| parse(text).unwrap_err().to_string();
+        // Without a Redis at all: named with the line of the first key.
+        let error = refused("[state]\npath = \"s.redb\"\ntls_ca_file = \"ca.pem\"\n");
+        assert!(error.contains("host.toml:3"), "{error}");
+        assert!(
+            error.contains(
+                "state.tls_ca_file: TLS for the Redis store, and there is none: set state.url to a rediss:// URL"
+            ),
+            "{error}"
+        );
+        // A plain redis:// URL.
+        let error = refused(
+            "[state]\nurl = \"redis://:pw@127.0.0.1/0\"\ntls_cert_file = \"c.pem\"\ntls_key_file = \"c.key\"\n",
+        );
+        assert!(error.contains("host.toml:3"), "{error}");
+        assert!(
+            error.contains(
+                "state.tls_cert_file, state.tls_key_file: state.url is redis:// (no TLS); these files are for a rediss:// URL"
+            ),
+            "{error}"
+        );
+        assert!(!error.contains("pw"), "{error}");
+        // Half a client certificate, with a TLS URL.
+        let tls = "[state]\nurl = \"rediss://127.0.0.1/0\"\n";
+        let error = refused(&format!("{tls}tls_cert_file = \"c.pem\"\n"));
+        assert!(error.contains("host.toml:3"), "{error}");
+        assert!(
+            error.contains(
+                "state.tls_cert_file: a client certificate needs its key: set state.tls_key_file too"
+            ),
+            "{error}"
+        );
+        let error = refused(&format!(
+            "{tls}tls_ca_file = \"ca.pem\"\ntls_key_file = \"c.key\"\n"
+        ));
+        assert!(error.contains("host.toml:4"), "{error}");
+        assert!(
+            error.contains(
+                "state.tls_key_file: a key without its certificate: set state.tls_cert_file too"
+            ),
+            "{error}"
+        );
+        // Both at once: no URL, and half a certificate.
+        let error = refused("[state]\ntls_key_file = \"c.key\"\n");
+        assert!(
+            error.contains("set state.url to a rediss:// URL, or remove it"),
+            "{error}"
+        );
+        assert!(error.contains("set state.tls_cert_file too"), "{error}");
+        // Accepted: a CA alone, a client certificate alone, or all three.
+        for keys in [
+            "tls_ca_file = \"ca.pem\"\n",
+            "tls_cert_file = \"c.pem\"\ntls_key_file = \"c.key\"\n",
+            "tls_ca_file = \"ca.pem\"\ntls_cert_file = \"c.pem\"\ntls_key_file = \"c.key\"\n",
+        ] {
+            parse(&format!("{tls}{keys}")).unwrap();
+        }
     }
 }

@@ -291,7 +291,10 @@ pub fn open(
         StoreLocation::Embedded(path) => {
             Store::Embedded(embedded::EmbeddedStore::open(path, opener)?)
         }
-        StoreLocation::Redis(url) => Store::Redis(Box::new(redis::RedisStore::lazy(url)?)),
+        StoreLocation::Redis(location) => Store::Redis(Box::new(redis::RedisStore::lazy_with_tls(
+            &location.url,
+            &location.tls,
+        )?)),
     })
 }
 
