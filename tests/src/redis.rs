@@ -8,7 +8,8 @@
 //! and with this process (parent-death signal) if that dies first.
 //! [`shared_redis`] gives every test of one test binary the same server;
 //! tests share it by using namespaces and queues of their own
-//! ([`crate::unique_name`]).
+//! ([`crate::unique_name`]). [`RedisServer::start_tls`] runs one that
+//! speaks only TLS (`rediss://`), with the test's own certificates.
 //!
 //! Environment:
 //! - `ACEMQ_TEST_REDIS_URL`: [`shared_redis`] uses that Redis and starts
@@ -41,6 +42,8 @@ pub struct RedisServer {
     url: String,
     port: u16,
     password: Option<String>,
+    /// A TLS-only server's files.
+    tls: Option<ServerTls>,
     /// `None` for an external server.
     dir: Option<tempfile::TempDir>,
     /// `None` for an external server and while killed.
@@ -56,18 +59,45 @@ impl std::fmt::Debug for RedisServer {
     }
 }
 
+/// What a TLS-only server ([`RedisServer::start_tls`]) is started with:
+/// PEM files, and whether clients need a certificate.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server's certificate (`tls-cert-file`): it must name
+    /// 127.0.0.1, the address clients reach it by.
+    pub cert_file: PathBuf,
+    /// Its key (`tls-key-file`).
+    pub key_file: PathBuf,
+    /// The CA(s) client certificates are checked against
+    /// (`tls-ca-cert-file`; Redis needs one even when it asks for none).
+    pub ca_file: PathBuf,
+    /// `tls-auth-clients yes`: a client without a certificate the CA signed
+    /// is refused (`no`: none is asked for).
+    pub auth_clients: bool,
+    /// `requirepass`, when set.
+    pub password: Option<String>,
+}
+
 impl RedisServer {
     /// Starts a throwaway server and waits until it answers PING.
     /// Installs Redis first (`scripts/ensure-redis.sh`) if the server is
     /// missing.
     pub fn start() -> Result<RedisServer> {
-        Self::start_inner(None)
+        Self::start_inner(None, None)
     }
 
     /// Like [`RedisServer::start`], with `requirepass` set: clients must
     /// send `password` (`redis://:password@...`).
     pub fn start_with_password(password: &str) -> Result<RedisServer> {
-        Self::start_inner(Some(password.to_owned()))
+        Self::start_inner(Some(password.to_owned()), None)
+    }
+
+    /// Like [`RedisServer::start`], speaking only TLS (`--port 0
+    /// --tls-port P`): its URL is `rediss://127.0.0.1:P/0` (with
+    /// `:password@` when `tls` has one). Ready once it listens and its log
+    /// says so (a plain PING cannot reach it).
+    pub fn start_tls(tls: ServerTls) -> Result<RedisServer> {
+        Self::start_inner(tls.password.clone(), Some(tls))
     }
 
     /// Uses an already running Redis; starts and stops nothing.
@@ -76,12 +106,13 @@ impl RedisServer {
             url: url.to_owned(),
             port: 0,
             password: None,
+            tls: None,
             dir: None,
             child: Mutex::new(None),
         }
     }
 
-    fn start_inner(password: Option<String>) -> Result<RedisServer> {
+    fn start_inner(password: Option<String>, tls: Option<ServerTls>) -> Result<RedisServer> {
         let server = server_path();
         ensure_installed(&server)?;
         let started = Instant::now();
@@ -92,15 +123,16 @@ impl RedisServer {
                 .tempdir()
                 .context("creating the Redis server's directory")?;
             let port = free_port().context("picking a free port")?;
-            let child = spawn(&server, dir.path(), port, password.as_deref())?;
+            let child = spawn(&server, dir.path(), port, password.as_deref(), tls.as_ref())?;
             let redis = RedisServer {
-                url: url_of(port, password.as_deref()),
+                url: url_of(port, password.as_deref(), tls.is_some()),
                 port,
                 password: password.clone(),
+                tls: tls.clone(),
                 dir: Some(dir),
                 child: Mutex::new(Some(child)),
             };
-            match redis.wait_until_ready() {
+            match redis.wait_until_ready(0) {
                 Ok(()) => {
                     eprintln!(
                         "acemq-tests: redis-server ready in {:.2} s (127.0.0.1:{port}, dir {})",
@@ -129,14 +161,15 @@ impl RedisServer {
         Err(last_error.unwrap_or_else(|| anyhow!("redis-server did not start")))
     }
 
-    /// `redis://127.0.0.1:{port}/0` (with `:password@` when it has one).
+    /// `redis://127.0.0.1:{port}/0` (`rediss://` for a TLS server; with
+    /// `:password@` when it has one).
     pub fn url(&self) -> &str {
         &self.url
     }
 
     /// The same server with `password` in the URL instead of its own.
     pub fn url_with_password(&self, password: &str) -> String {
-        url_of(self.port, Some(password))
+        url_of(self.port, Some(password), self.tls.is_some())
     }
 
     /// The server's port (0 for an external server).
@@ -159,6 +192,8 @@ impl RedisServer {
         let Some(dir) = &self.dir else {
             bail!("an external Redis cannot be restarted");
         };
+        // A TLS server's readiness is read from its log: only from here on.
+        let log_from = std::fs::metadata(dir.path().join("redis.log")).map_or(0, |m| m.len());
         {
             let mut child = self.lock_child();
             if child.is_some() {
@@ -169,9 +204,10 @@ impl RedisServer {
                 dir.path(),
                 self.port,
                 self.password.as_deref(),
+                self.tls.as_ref(),
             )?);
         }
-        self.wait_until_ready().with_context(|| {
+        self.wait_until_ready(log_from).with_context(|| {
             format!(
                 "redis-server on 127.0.0.1:{} did not start again\n--- log ---\n{}",
                 self.port,
@@ -189,8 +225,10 @@ impl RedisServer {
     }
 
     /// Waits until the server answers PING (or, with a password, asks for
-    /// it), or fails when it exited or took too long.
-    fn wait_until_ready(&self) -> Result<()> {
+    /// it), or fails when it exited or took too long. A TLS server: until
+    /// its log past `log_from` says it is ready and its port takes a
+    /// connection.
+    fn wait_until_ready(&self, log_from: u64) -> Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Some(child) = self.lock_child().as_mut()
@@ -198,7 +236,12 @@ impl RedisServer {
             {
                 bail!("redis-server exited ({status})");
             }
-            match ping(self.port) {
+            let answered = if self.tls.is_some() {
+                self.listening_with_tls(log_from)
+            } else {
+                ping(self.port)
+            };
+            match answered {
                 Ok(()) => return Ok(()),
                 Err(error) if Instant::now() >= deadline => {
                     return Err(anyhow!(error).context(format!(
@@ -208,6 +251,17 @@ impl RedisServer {
                 Err(_) => thread::sleep(Duration::from_millis(20)),
             }
         }
+    }
+
+    /// Whether the log (past `log_from`) says the server is ready, and its
+    /// port takes a connection (closed at once, before any handshake).
+    fn listening_with_tls(&self, log_from: u64) -> io::Result<()> {
+        let log = std::fs::read(self.dir().join("redis.log"))?;
+        let since = log.get(log_from as usize..).unwrap_or_default();
+        if !String::from_utf8_lossy(since).contains("Ready to accept connections") {
+            return Err(io::Error::other("not ready yet (log)"));
+        }
+        TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).map(drop)
     }
 
     fn log_tail(&self, lines: usize) -> String {
@@ -273,10 +327,11 @@ pub fn shared_redis() -> &'static RedisServer {
     }
 }
 
-fn url_of(port: u16, password: Option<&str>) -> String {
+fn url_of(port: u16, password: Option<&str>, tls: bool) -> String {
+    let scheme = if tls { "rediss" } else { "redis" };
     match password {
-        Some(password) => format!("redis://:{password}@127.0.0.1:{port}/0"),
-        None => format!("redis://127.0.0.1:{port}/0"),
+        Some(password) => format!("{scheme}://:{password}@127.0.0.1:{port}/0"),
+        None => format!("{scheme}://127.0.0.1:{port}/0"),
     }
 }
 
@@ -310,15 +365,36 @@ fn ping(port: u16) -> io::Result<()> {
     }
 }
 
-fn spawn(server: &Path, dir: &Path, port: u16, password: Option<&str>) -> Result<Child> {
+fn spawn(
+    server: &Path,
+    dir: &Path,
+    port: u16,
+    password: Option<&str>,
+    tls: Option<&ServerTls>,
+) -> Result<Child> {
     let mut cmd = Command::new(server);
     cmd.current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .arg("--port")
-        .arg(port.to_string())
-        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stderr(Stdio::null());
+    match tls {
+        None => {
+            cmd.arg("--port").arg(port.to_string());
+        }
+        Some(tls) => {
+            cmd.args(["--port", "0", "--tls-port"])
+                .arg(port.to_string())
+                .arg("--tls-cert-file")
+                .arg(&tls.cert_file)
+                .arg("--tls-key-file")
+                .arg(&tls.key_file)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca_file)
+                .arg("--tls-auth-clients")
+                .arg(if tls.auth_clients { "yes" } else { "no" });
+        }
+    }
+    cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         .args(["--daemonize", "no", "--protected-mode", "no"])
         .arg("--dir")
         .arg(dir)

@@ -1,18 +1,25 @@
 //! The state stores' conformance suite (`acemq_tests::state_cases`) on each
 //! store, and what only the Redis store does: its URL, its credentials, its
-//! reconnection, its key layout (docs/state.md).
+//! reconnection, its key layout, TLS with a private CA and client
+//! certificates (docs/state.md).
 //!
 //! Redis is a throwaway `redis-server` shared by the binary
 //! (`acemq_tests::redis`); every case uses namespaces and queues of its own.
 
+use acemq_host::config::LoadedConfig;
 use acemq_host::state::embedded::{EmbeddedStore, Opener};
-use acemq_host::state::redis::RedisStore;
-use acemq_host::state::{ABSENT, Backend, Quota, Reserved, Usage};
-use acemq_tests::redis::{RedisServer, shared_redis};
+use acemq_host::state::redis::{ClientCertFiles, RedisStore, TlsFiles};
+use acemq_host::state::{ABSENT, Backend, Quota, Reserved, StoreError, Usage};
+use acemq_tests::redis::{RedisServer, ServerTls, shared_redis};
 use acemq_tests::state_cases::{
     commit_of, expecting, now_ms, put, put_until, write as commit_writes,
 };
 use acemq_tests::unique_name;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// A store on the shared Redis. Each test has a runtime of its own, and the
@@ -358,4 +365,283 @@ async fn expired_keys_are_purged_in_rounds() {
         store.usage(&ns, now_ms()).await.unwrap(),
         Usage { keys: 1, bytes: 4 }
     );
+}
+
+// ---- TLS (rediss://) ----
+
+/// A CA written as a PEM file, and the certificates it signs (as in
+/// tests/tls.rs for the broker).
+struct Pki {
+    ca: PathBuf,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Pki {
+    fn new(dir: &Path, name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let ca = dir.join(format!("{name}.pem"));
+        std::fs::write(&ca, cert.pem()).unwrap();
+        Self {
+            ca,
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A certificate for `names` (an IP address becomes an IP SAN) and its
+    /// key, written as `{file}.pem` and `{file}.key`.
+    fn leaf(
+        &self,
+        dir: &Path,
+        file: &str,
+        names: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> ClientCertFiles {
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.distinguished_name.push(DnType::CommonName, file);
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![usage];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let files = ClientCertFiles {
+            cert_file: dir.join(format!("{file}.pem")),
+            key_file: dir.join(format!("{file}.key")),
+        };
+        std::fs::write(&files.cert_file, cert.pem()).unwrap();
+        std::fs::write(&files.key_file, key.serialize_pem()).unwrap();
+        files
+    }
+
+    /// A client certificate this CA signed.
+    fn client(&self, dir: &Path, file: &str) -> ClientCertFiles {
+        self.leaf(dir, file, &[], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+}
+
+const TLS_PASSWORD: &str = "tls-s3cret";
+
+/// A TLS-only Redis whose certificate (for 127.0.0.1 and localhost) a
+/// private CA signed, with a password; and that CA, in `dir`.
+fn tls_redis(dir: &Path, auth_clients: bool) -> (RedisServer, Pki) {
+    let pki = Pki::new(dir, "private-ca");
+    let server = pki.leaf(
+        dir,
+        "redis-server",
+        &["127.0.0.1", "localhost"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let redis = RedisServer::start_tls(ServerTls {
+        cert_file: server.cert_file,
+        key_file: server.key_file,
+        ca_file: pki.ca.clone(),
+        auth_clients,
+        password: Some(TLS_PASSWORD.to_owned()),
+    })
+    .expect("a TLS redis-server starts");
+    assert!(redis.url().starts_with("rediss://"), "{}", redis.url());
+    (redis, pki)
+}
+
+/// How a store is refused: at connecting, or (when the connection opens
+/// and the refusal comes with the first answer, as for a client
+/// certificate under TLS 1.3) at its first call.
+async fn refusal(url: &str, tls: &TlsFiles) -> StoreError {
+    match RedisStore::connect_with_tls(url, tls).await {
+        Err(error) => error,
+        Ok(store) => store
+            .get("ns", b"k", now_ms())
+            .await
+            .expect_err("the store is refused"),
+    }
+}
+
+/// A refusal names the store, without the password.
+fn assert_refused(error: &StoreError, redis: &RedisServer) {
+    assert_eq!(
+        error.store,
+        format!("rediss://127.0.0.1:{}/0", redis.port())
+    );
+    let text = error.to_string();
+    assert!(text.contains(&error.store), "{text}");
+    assert!(!text.contains(TLS_PASSWORD), "{text}");
+}
+
+/// `[state] url = "rediss://..."` with `tls_ca_file` (relative to the
+/// config file) reaches a Redis whose certificate a private CA signed, as
+/// the host opens it; without the CA (the public roots), or with another
+/// CA, the same server is refused.
+#[tokio::test]
+async fn a_rediss_store_trusts_the_configured_ca_and_only_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, pki) = tls_redis(dir.path(), false);
+
+    let config = LoadedConfig::parse(
+        &dir.path().join("host.toml"),
+        format!(
+            "[state]\nurl = \"{}\"\ntls_ca_file = \"{}\"\n\
+             [[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nstate = \"orders\"\n",
+            redis.url(),
+            pki.ca.file_name().unwrap().to_str().unwrap(),
+        ),
+    )
+    .expect("the config is accepted");
+    let store = acemq_host::state::open(&config.store_location(), Opener::Host)
+        .expect("the store opens with the CA file");
+    assert_eq!(
+        store.describe(),
+        format!("rediss://127.0.0.1:{}/0", redis.port())
+    );
+    let ns = unique_name("tls");
+    commit_writes(&store, &ns, vec![put(b"k", b"over tls")]).await;
+    assert_eq!(
+        store.get(&ns, b"k", now_ms()).await.unwrap().unwrap().value,
+        b"over tls"
+    );
+
+    // The public roots do not trust the private CA.
+    let started = Instant::now();
+    let error = refusal(redis.url(), &TlsFiles::default()).await;
+    assert_refused(&error, &redis);
+    let text = error.to_string();
+    assert!(text.contains("refused the TLS handshake"), "{text}");
+    assert!(text.contains("invalid peer certificate"), "{text}");
+    assert!(text.contains("set state.tls_ca_file"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Nor does another CA: only the configured one is trusted.
+    let other = Pki::new(dir.path(), "other-ca");
+    let error = refusal(
+        redis.url(),
+        &TlsFiles {
+            ca_file: Some(other.ca.clone()),
+            client: None,
+        },
+    )
+    .await;
+    assert_refused(&error, &redis);
+    assert!(
+        error.to_string().contains("invalid peer certificate"),
+        "{error}"
+    );
+}
+
+/// With `tls-auth-clients yes` a store without a client certificate, or
+/// with one another CA signed, is refused; with one the server's CA signed
+/// (`tls_cert_file`, `tls_key_file`) it works.
+#[tokio::test]
+async fn a_redis_that_requires_client_certificates_takes_the_configured_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, pki) = tls_redis(dir.path(), true);
+    let trusting = |client: Option<ClientCertFiles>| TlsFiles {
+        ca_file: Some(pki.ca.clone()),
+        client,
+    };
+
+    let error = refusal(redis.url(), &trusting(None)).await;
+    assert_refused(&error, &redis);
+    assert!(
+        error
+            .to_string()
+            .contains("needs state.tls_cert_file and state.tls_key_file"),
+        "{error}"
+    );
+
+    let stranger = Pki::new(dir.path(), "stranger-ca").client(dir.path(), "stranger");
+    let error = refusal(redis.url(), &trusting(Some(stranger))).await;
+    assert_refused(&error, &redis);
+    assert!(
+        error.to_string().contains("refused the TLS handshake"),
+        "{error}"
+    );
+
+    let config = LoadedConfig::parse(
+        &dir.path().join("host.toml"),
+        format!(
+            "[state]\nurl = \"{}\"\ntls_ca_file = \"private-ca.pem\"\n\
+             tls_cert_file = \"client.pem\"\ntls_key_file = \"client.key\"\n\
+             [[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nidempotent = true\n",
+            redis.url(),
+        ),
+    )
+    .expect("the config is accepted");
+    pki.client(dir.path(), "client");
+    let store = acemq_host::state::open(&config.store_location(), Opener::Host)
+        .expect("the store opens with the client certificate");
+    let ns = unique_name("mtls");
+    commit_writes(&store, &ns, vec![put(b"k", b"mutual")]).await;
+    assert_eq!(
+        store.get(&ns, b"k", now_ms()).await.unwrap().unwrap().value,
+        b"mutual"
+    );
+}
+
+/// A TLS file that cannot be used is refused when the store is opened,
+/// naming the file and its key (not at every call).
+#[tokio::test]
+async fn an_unreadable_tls_file_is_refused_at_open_naming_the_file_and_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LoadedConfig::parse(
+        &dir.path().join("host.toml"),
+        format!(
+            "[state]\nurl = \"rediss://:{TLS_PASSWORD}@127.0.0.1:6380/0\"\ntls_ca_file = \"ca.pem\"\n\
+             tls_cert_file = \"client.pem\"\ntls_key_file = \"client.key\"\n\
+             [[consumers]]\nqueue = \"q\"\nplugin = \"p.wasm\"\nidempotent = true\n"
+        ),
+    )
+    .unwrap();
+    let open = || match acemq_host::state::open(&config.store_location(), Opener::Host) {
+        Ok(_) => panic!("the store opens"),
+        Err(error) => {
+            assert_eq!(error.store, "rediss://127.0.0.1:6380/0");
+            assert!(!error.to_string().contains(TLS_PASSWORD), "{error}");
+            error.to_string()
+        }
+    };
+    let ca = dir.path().join("ca.pem");
+    let error = open();
+    assert!(
+        error.contains(&format!("cannot read state.tls_ca_file {}", ca.display())),
+        "{error}"
+    );
+    let pki = Pki::new(dir.path(), "ca");
+    let client = pki.client(dir.path(), "client");
+    std::fs::write(&client.key_file, std::fs::read(&pki.ca).unwrap()).unwrap();
+    let error = open();
+    assert!(
+        error.contains(&format!(
+            "state.tls_key_file {} holds no private key",
+            client.key_file.display()
+        )),
+        "{error}"
+    );
+    // Another certificate's key.
+    let other = pki.client(dir.path(), "other");
+    std::fs::copy(&other.key_file, &client.key_file).unwrap();
+    let error = open();
+    assert!(
+        error.contains(&format!(
+            "state.tls_cert_file {} and state.tls_key_file {} do not fit together",
+            client.cert_file.display(),
+            client.key_file.display()
+        )),
+        "{error}"
+    );
+    // The right one.
+    std::fs::copy(&other.cert_file, &client.cert_file).unwrap();
+    acemq_host::state::open(&config.store_location(), Opener::Host)
+        .expect("a certificate and its own key");
 }
