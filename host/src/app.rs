@@ -18,7 +18,6 @@ use crate::broker::{
     Addresses, Board, Link, OnConnected, OneOff, PublishLink, PublishSettings, Recovery,
     SubscriptionEnv, SubscriptionSpec, Tls, resubscribe,
 };
-use crate::config::state::StoreLocation;
 use crate::config::{ConsumerConfig, LoadedConfig, SchedulerConfig};
 use crate::delivery::{self, ConsumerRules, Pipeline};
 use crate::plugin::capacity::{self, ConsumerDemand};
@@ -236,13 +235,9 @@ fn open_store(config: &LoadedConfig) -> anyhow::Result<Option<Arc<Store>>> {
         return Ok(None);
     }
     let location = config.store_location();
-    let store = crate::state::open(&location, Opener::Host).map_err(|e| {
-        let key = match location {
-            StoreLocation::Embedded(_) => "[state]",
-            StoreLocation::Redis(_) => "state.url",
-        };
-        anyhow::anyhow!("{}: {key}: {e}", config.path.display())
-    })?;
+    // The error names the store, and the key when one is at fault.
+    let store = crate::state::open(&location, Opener::Host)
+        .map_err(|e| anyhow::anyhow!("{}: [state]: {e}", config.path.display()))?;
     tracing::info!(store = %store.describe(), "state store opened");
     Ok(Some(Arc::new(store)))
 }
