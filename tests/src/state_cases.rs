@@ -7,11 +7,13 @@
 //! once. A test binary runs them all on one store with
 //! [`state_conformance!`](crate::state_conformance):
 //!
-//! ```ignore
-//! mod redis {
-//!     acemq_tests::state_conformance!(connect_redis().await);
+//! ```text
+//! mod redis_conformance {
+//!     acemq_tests::state_conformance!(super::shared_redis_store().await);
 //! }
 //! ```
+//!
+//! (as `tests/tests/state_store.rs` does, for each store).
 //!
 //! The cases panic (with what was expected) when the store does otherwise.
 //! The ones about expiry sleep past short TTLs, leases and retentions (a
