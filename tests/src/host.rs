@@ -104,6 +104,9 @@ pub struct HostOptions {
     /// How long the host may take to subscribe: a minute, unless its
     /// plugins take longer to compile (Python or JavaScript interpreters).
     pub start_within: Duration,
+    /// More environment variables (the crash point `ACEMQ_CRASH_AT` of the
+    /// state tests).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for HostOptions {
@@ -118,6 +121,7 @@ impl Default for HostOptions {
             rust_log: Some(std::env::var("ACEMQ_TEST_HOST_LOG").unwrap_or_else(|_| "info".into())),
             admin_token: None,
             log_format: None,
+            env: Vec::new(),
         }
     }
 }
@@ -217,6 +221,7 @@ impl HostProcess {
         if let Some(format) = &options.log_format {
             command.env(LOG_FORMAT_ENV, format);
         }
+        command.envs(options.env.iter().map(|(name, value)| (name, value)));
         let mut child = command.spawn().context("cannot start acemq-host")?;
         let log = Arc::new(Mutex::new(Vec::new()));
         // Both streams, so a test that reads the log reads all the host said.

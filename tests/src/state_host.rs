@@ -1,15 +1,12 @@
 //! Helpers of the plugin-state tests (tests/tests/state.rs): a queue, a
 //! state namespace and an output queue of their own, the host config around
 //! them on the embedded store or the shared Redis, AceMQ messages with an
-//! envelope id a test may publish twice, reads of the store, and a host
-//! process started with environment variables of its own (the crash point).
+//! envelope id a test may publish twice, and reads of the store.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use lapin::BasicProperties;
 use lapin::types::FieldTable;
 
@@ -18,7 +15,7 @@ use acemq_host::envelope::Envelope;
 use acemq_host::state::Backend;
 use acemq_host::state::embedded::Opener;
 
-use crate::host::{SUBSCRIBED, free_port, host_binary, plugin_path};
+use crate::host::{free_port, plugin_path};
 use crate::redis::shared_redis;
 use crate::{shared_broker, unique_name};
 
@@ -327,119 +324,5 @@ pub async fn wait_until(timeout: Duration, what: &str, mut done: impl AsyncFnMut
     while !done().await {
         assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// An `acemq-host run --config PATH` child process with environment
-/// variables of its own (`HostProcess` takes none): for the crash point
-/// `ACEMQ_CRASH_AT`. Killed (SIGKILL) when dropped.
-pub struct EnvHost {
-    child: Child,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl EnvHost {
-    /// Starts the host on `config` with `env` set; returns once it logged
-    /// `consuming` for `consumers` consumers.
-    pub fn start(config: &Path, env: &[(&str, &str)], consumers: usize) -> Result<Self> {
-        let mut command = Command::new(host_binary());
-        command
-            .args(["run", "--config"])
-            .arg(config)
-            .env_remove("ACEMQ_URL")
-            .env_remove("ACEMQ_LOG_FORMAT")
-            .env_remove(acemq_host::admin::policy::TOKEN_ENV)
-            .env(
-                "RUST_LOG",
-                std::env::var("ACEMQ_TEST_HOST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().context("cannot start acemq-host")?;
-        let log = Arc::new(Mutex::new(Vec::new()));
-        for stream in [
-            Box::new(child.stdout.take().expect("stdout is piped"))
-                as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().expect("stderr is piped")),
-        ] {
-            let log = log.clone();
-            std::thread::spawn(move || {
-                use std::io::BufRead as _;
-                for line in std::io::BufReader::new(stream)
-                    .lines()
-                    .map_while(Result::ok)
-                {
-                    log.lock().expect("log poisoned").push(line);
-                }
-            });
-        }
-        let mut host = Self { child, log };
-        host.wait_for_log(SUBSCRIBED, consumers, Duration::from_secs(60))?;
-        Ok(host)
-    }
-
-    /// Everything the host logged so far.
-    pub fn log_text(&self) -> String {
-        self.log.lock().expect("log poisoned").join("\n")
-    }
-
-    /// Waits until `needle` appeared on `count` lines of the log.
-    pub fn wait_for_log(&mut self, needle: &str, count: usize, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let seen = self
-                .log
-                .lock()
-                .expect("log poisoned")
-                .iter()
-                .filter(|l| l.contains(needle))
-                .count();
-            if seen >= count {
-                return Ok(());
-            }
-            if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "acemq-host exited ({status}) before logging {needle:?}:\n{}",
-                    self.log_text()
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "acemq-host did not log {needle:?} within {timeout:?}:\n{}",
-                    self.log_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Waits for the host to exit by itself (a crash point); its status.
-    pub fn wait_for_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                // Let the readers collect the last lines.
-                std::thread::sleep(Duration::from_millis(50));
-                return Ok(status);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "acemq-host did not exit within {timeout:?}:\n{}",
-                    self.log_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for EnvHost {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use acemq_tests::host::{HostOptions, HostProcess, InProcessHost, host_binary, metric_sum};
 use acemq_tests::state_host::{
-    Consumer, EnvHost, Scenario, StoreKind, free_admin_address, new_envelope, scrape, wait_until,
+    Consumer, Scenario, StoreKind, free_admin_address, new_envelope, scrape, wait_until,
 };
 use acemq_tests::{ReceivedMessage, shared_broker};
 
@@ -119,22 +119,23 @@ async fn killed_after_the_outputs_confirm(store: StoreKind) {
     let consumer = Consumer::tally().config("out", &s.out_exchange);
     let config = s.config(&consumer);
     let path = s.write_config("host.toml", &config);
-    let mut crashing = tokio::task::block_in_place(|| {
-        EnvHost::start(&path, &[("ACEMQ_CRASH_AT", "after-outputs-confirmed")], 1)
+    let options = HostOptions {
+        env: vec![("ACEMQ_CRASH_AT".into(), "after-outputs-confirmed".into())],
+        ..HostOptions::default()
+    };
+    let crashing = tokio::task::block_in_place(|| {
+        HostProcess::start_with(&path, tempfile::tempdir().unwrap(), &options)
     })
     .unwrap();
     let envelope = s.send(b"once").await;
-    let status =
-        tokio::task::block_in_place(|| crashing.wait_for_exit(Duration::from_secs(30))).unwrap();
+    let (status, log) =
+        tokio::task::block_in_place(|| crashing.wait_with_log(Duration::from_secs(30))).unwrap();
+    let log = log.join("\n");
     assert!(!status.success(), "{status}");
     assert!(
-        crashing
-            .log_text()
-            .contains("ACEMQ_CRASH_AT=after-outputs-confirmed: aborting before the commit"),
-        "{}",
-        crashing.log_text()
+        log.contains("ACEMQ_CRASH_AT=after-outputs-confirmed: aborting before the commit"),
+        "{log}"
     );
-    drop(crashing);
     assert_eq!(
         shared_broker()
             .wait_for_message_count(&s.out_queue, 1, Duration::from_secs(10))
