@@ -22,6 +22,7 @@ pub mod fault_proxy;
 pub mod host;
 pub mod machine;
 pub mod node_faults;
+pub mod pki;
 pub mod raw_amqp;
 pub mod redis;
 pub mod scheduler_peer;

@@ -10,16 +10,13 @@ use acemq_host::config::LoadedConfig;
 use acemq_host::state::embedded::{EmbeddedStore, Opener};
 use acemq_host::state::redis::{ClientCertFiles, RedisStore, TlsFiles};
 use acemq_host::state::{ABSENT, Backend, Quota, Reserved, StoreError, Usage};
+use acemq_tests::pki::{ExtendedKeyUsagePurpose, Pki};
 use acemq_tests::redis::{RedisServer, ServerTls, shared_redis};
 use acemq_tests::state_cases::{
     commit_of, expecting, now_ms, put, put_until, write as commit_writes,
 };
 use acemq_tests::unique_name;
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// A store on the shared Redis. Each test has a runtime of its own, and the
@@ -369,62 +366,12 @@ async fn expired_keys_are_purged_in_rounds() {
 
 // ---- TLS (rediss://) ----
 
-/// A CA written as a PEM file, and the certificates it signs (as in
-/// tests/tls.rs for the broker).
-struct Pki {
-    ca: PathBuf,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl Pki {
-    fn new(dir: &Path, name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        let ca = dir.join(format!("{name}.pem"));
-        std::fs::write(&ca, cert.pem()).unwrap();
-        Self {
-            ca,
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A certificate for `names` (an IP address becomes an IP SAN) and its
-    /// key, written as `{file}.pem` and `{file}.key`.
-    fn leaf(
-        &self,
-        dir: &Path,
-        file: &str,
-        names: &[&str],
-        usage: ExtendedKeyUsagePurpose,
-    ) -> ClientCertFiles {
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.distinguished_name.push(DnType::CommonName, file);
-        params.use_authority_key_identifier_extension = true;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![usage];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        let files = ClientCertFiles {
-            cert_file: dir.join(format!("{file}.pem")),
-            key_file: dir.join(format!("{file}.key")),
-        };
-        std::fs::write(&files.cert_file, cert.pem()).unwrap();
-        std::fs::write(&files.key_file, key.serialize_pem()).unwrap();
-        files
-    }
-
-    /// A client certificate this CA signed.
-    fn client(&self, dir: &Path, file: &str) -> ClientCertFiles {
-        self.leaf(dir, file, &[], ExtendedKeyUsagePurpose::ClientAuth)
+/// A client certificate `pki` signed, as the store's TLS settings take it.
+fn client_cert(pki: &Pki, dir: &Path, file: &str) -> ClientCertFiles {
+    let (cert_file, key_file) = pki.leaf(dir, file, &[], ExtendedKeyUsagePurpose::ClientAuth);
+    ClientCertFiles {
+        cert_file,
+        key_file,
     }
 }
 
@@ -434,15 +381,15 @@ const TLS_PASSWORD: &str = "tls-s3cret";
 /// private CA signed, with a password; and that CA, in `dir`.
 fn tls_redis(dir: &Path, auth_clients: bool) -> (RedisServer, Pki) {
     let pki = Pki::new(dir, "private-ca");
-    let server = pki.leaf(
+    let (cert_file, key_file) = pki.leaf(
         dir,
         "redis-server",
         &["127.0.0.1", "localhost"],
         ExtendedKeyUsagePurpose::ServerAuth,
     );
     let redis = RedisServer::start_tls(ServerTls {
-        cert_file: server.cert_file,
-        key_file: server.key_file,
+        cert_file,
+        key_file,
         ca_file: pki.ca.clone(),
         auth_clients,
         password: Some(TLS_PASSWORD.to_owned()),
@@ -560,7 +507,7 @@ async fn a_redis_that_requires_client_certificates_takes_the_configured_one() {
         "{error}"
     );
 
-    let stranger = Pki::new(dir.path(), "stranger-ca").client(dir.path(), "stranger");
+    let stranger = client_cert(&Pki::new(dir.path(), "stranger-ca"), dir.path(), "stranger");
     let error = refusal(redis.url(), &trusting(Some(stranger))).await;
     assert_refused(&error, &redis);
     assert!(
@@ -578,7 +525,7 @@ async fn a_redis_that_requires_client_certificates_takes_the_configured_one() {
         ),
     )
     .expect("the config is accepted");
-    pki.client(dir.path(), "client");
+    client_cert(&pki, dir.path(), "client");
     let store = acemq_host::state::open(&config.store_location(), Opener::Host)
         .expect("the store opens with the client certificate");
     let ns = unique_name("mtls");
@@ -618,7 +565,7 @@ async fn an_unreadable_tls_file_is_refused_at_open_naming_the_file_and_the_key()
         "{error}"
     );
     let pki = Pki::new(dir.path(), "ca");
-    let client = pki.client(dir.path(), "client");
+    let client = client_cert(&pki, dir.path(), "client");
     std::fs::write(&client.key_file, std::fs::read(&pki.ca).unwrap()).unwrap();
     let error = open();
     assert!(
@@ -629,7 +576,7 @@ async fn an_unreadable_tls_file_is_refused_at_open_naming_the_file_and_the_key()
         "{error}"
     );
     // Another certificate's key.
-    let other = pki.client(dir.path(), "other");
+    let other = client_cert(&pki, dir.path(), "other");
     std::fs::copy(&other.key_file, &client.key_file).unwrap();
     let error = open();
     assert!(

@@ -2,70 +2,13 @@
 //! certificate, trusting only the configured CA, and handles messages over
 //! it; a broker whose certificate that CA did not sign is refused.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use acemq_tests::host::{HostOptions, HostProcess, free_port};
+use acemq_tests::pki::{ExtendedKeyUsagePurpose, Pki};
 use acemq_tests::stamp::StampConfig;
 use acemq_tests::{Broker, unique_name};
 use lapin::BasicProperties;
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
-
-/// A CA, and a certificate and key it signed, written as PEM files.
-struct Pki {
-    ca: PathBuf,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl Pki {
-    fn new(dir: &Path, name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        let ca = dir.join(format!("{name}.pem"));
-        std::fs::write(&ca, cert.pem()).unwrap();
-        Self {
-            ca,
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A certificate for `names` (an IP address becomes an IP SAN) and its
-    /// key: (certificate file, key file).
-    fn leaf(
-        &self,
-        dir: &Path,
-        file: &str,
-        names: &[&str],
-        usage: ExtendedKeyUsagePurpose,
-    ) -> (PathBuf, PathBuf) {
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.distinguished_name.push(DnType::CommonName, file);
-        params.use_authority_key_identifier_extension = true;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![usage];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        let (cert_file, key_file) = (
-            dir.join(format!("{file}.pem")),
-            dir.join(format!("{file}.key")),
-        );
-        std::fs::write(&cert_file, cert.pem()).unwrap();
-        std::fs::write(&key_file, key.serialize_pem()).unwrap();
-        (cert_file, key_file)
-    }
-}
 
 fn host_config(url: &str, tls: &str, input: &str, output: &str, exchange: &str) -> String {
     let broker = format!("url = \"{url}\"\nconnect_timeout = \"3s\"\n\n[broker.tls]\n{tls}");
