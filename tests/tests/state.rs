@@ -320,6 +320,30 @@ fn order(id: &str, customer: &str) -> Vec<u8> {
     format!(r#"{{"id":"{id}","customer":"{customer}"}}"#).into_bytes()
 }
 
+/// Three orders of one customer to a velocity consumer with `limit = 1`
+/// and `window = 2s`: the first accepted, the second parked with the limit
+/// named, the third accepted once the first has left the window (its key's
+/// TTL). `accepted(n)` waits until `n` orders were acked.
+async fn one_order_per_window(s: &Scenario, accepted: impl AsyncFn(u64)) {
+    s.send(&order("o-1", "c")).await;
+    accepted(1).await;
+    let first = Instant::now();
+    s.send(&order("o-2", "c")).await;
+    let parked = take(&s.parked(), 1, Duration::from_secs(30)).await;
+    assert_eq!(parked.len(), 1, "order 2 parked");
+    let reason = parked[0].acemq_error();
+    assert!(
+        reason.contains("customer c placed 1 orders within 2s (limit 1)"),
+        "{reason}"
+    );
+    tokio::time::sleep(
+        (first + Duration::from_millis(2500)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    s.send(&order("o-3", "c")).await;
+    accepted(2).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn velocity_parks_past_its_limit_until_the_window_passes() {
     let s = Scenario::new("state.velocity", StoreKind::Embedded);
@@ -328,24 +352,7 @@ async fn velocity_parks_past_its_limit_until_the_window_passes() {
         .config("window", "2s")
         .line("concurrency = 1");
     let host = start(&s.config(&consumer)).await;
-    s.send(&order("o-1", "c")).await;
-    settled(&host, &s.queue, "acked", 1).await;
-    let first = Instant::now();
-    s.send(&order("o-2", "c")).await;
-    let parked = take(&s.parked(), 1, Duration::from_secs(20)).await;
-    assert_eq!(parked.len(), 1, "order 2 parked");
-    let reason = parked[0].acemq_error();
-    assert!(
-        reason.contains("customer c placed 1 orders within 2s (limit 1)"),
-        "{reason}"
-    );
-    // The first order's key expires with the window.
-    tokio::time::sleep(
-        (first + Duration::from_millis(2500)).saturating_duration_since(Instant::now()),
-    )
-    .await;
-    s.send(&order("o-3", "c")).await;
-    settled(&host, &s.queue, "acked", 2).await;
+    one_order_per_window(&s, async |n| settled(&host, &s.queue, "acked", n).await).await;
     assert_eq!(host.metrics.consumed_count(&s.queue, "parked"), 1);
     host.stop().await.unwrap();
     let placed: Vec<u64> =
@@ -382,27 +389,11 @@ async fn velocity_py_parks_past_its_limit_until_the_window_passes() {
             &[("queue", &s.queue), ("outcome", "acked")],
         )
     };
-    s.send(&order("o-1", "c")).await;
-    wait_until(Duration::from_secs(60), "order 1 accepted", async || {
-        acked() >= 1.0
-    })
-    .await;
-    let first = Instant::now();
-    s.send(&order("o-2", "c")).await;
-    let parked = take(&s.parked(), 1, Duration::from_secs(30)).await;
-    assert_eq!(parked.len(), 1, "order 2 parked");
-    let reason = parked[0].acemq_error();
-    assert!(
-        reason.contains("customer c placed 1 orders within 2s (limit 1)"),
-        "{reason}"
-    );
-    tokio::time::sleep(
-        (first + Duration::from_millis(2500)).saturating_duration_since(Instant::now()),
-    )
-    .await;
-    s.send(&order("o-3", "c")).await;
-    wait_until(Duration::from_secs(30), "order 3 accepted", async || {
-        acked() >= 2.0
+    one_order_per_window(&s, async |n| {
+        wait_until(Duration::from_secs(60), "orders accepted", async || {
+            acked() >= n as f64
+        })
+        .await
     })
     .await;
     tokio::task::block_in_place(|| host.terminate(Duration::from_secs(30))).unwrap();
