@@ -330,15 +330,7 @@ async fn in_progress(
     reason: &str,
 ) -> Result<Done, Setback> {
     let (queue, id) = (subject.queue, subject.envelope.id.as_str());
-    match port.wait(wait).await {
-        Waited::Elapsed => {}
-        Waited::ShutDown => return Err(Setback::ShutdownDuringWait),
-        Waited::ChannelLost => {
-            return Err(Setback::BrokerTrouble(
-                "its channel closed while it waited on another host's claim".to_string(),
-            ));
-        }
-    }
+    wait_in_consumer(port, wait, "while it waited on another host's claim").await?;
     if subject.from_stream {
         return Ok(give_back(port, subject, reason).await);
     }
@@ -442,6 +434,20 @@ async fn answer_with_error(
     })
 }
 
+/// Holds the delivery `wait` in the consumer; shutdown, or its channel
+/// closing (`when` says during what), ends the wait as a setback.
+async fn wait_in_consumer(
+    port: &impl BrokerPort,
+    wait: Duration,
+    when: &str,
+) -> Result<(), Setback> {
+    match port.wait(wait).await {
+        Waited::Elapsed => Ok(()),
+        Waited::ShutDown => Err(Setback::ShutdownDuringWait),
+        Waited::ChannelLost => Err(Setback::BrokerTrouble(format!("its channel closed {when}"))),
+    }
+}
+
 /// Waits `wait` in the consumer, republishes the delivery to its own queue
 /// with the attempt advanced, then acks.
 async fn retry_in_consumer(
@@ -454,15 +460,7 @@ async fn retry_in_consumer(
     // Checked before the wait: a copy that cannot be sent is not worth
     // waiting for.
     let (properties, span) = retry_copy(subject, port.frame_max())?;
-    match port.wait(wait).await {
-        Waited::Elapsed => {}
-        Waited::ShutDown => return Err(Setback::ShutdownDuringWait),
-        Waited::ChannelLost => {
-            return Err(Setback::BrokerTrouble(
-                "its channel closed during the retry wait".to_string(),
-            ));
-        }
-    }
+    wait_in_consumer(port, wait, "during the retry wait").await?;
     if let Err(e) = republish(port, subject, queue, properties, span).await {
         log_publish_failure(queue, id, "retry republish failed; requeueing", &e);
         return Err(broker_trouble_or(e, Setback::RetryNotPublished));
@@ -758,6 +756,8 @@ mod tests {
         mandatory: Mutex<Vec<bool>>,
         /// Every publication of `publish`, whole, in order.
         publications: Mutex<Vec<Publication>>,
+        /// What the state commit of an accept answers (acked when unset).
+        commit: Option<StateCommitted>,
     }
 
     impl Recorder {
@@ -849,6 +849,12 @@ mod tests {
 
         fn frame_max(&self) -> u32 {
             self.frame_max.unwrap_or(131_072)
+        }
+
+        async fn commit_state(&self) -> StateCommitted {
+            self.commit
+                .clone()
+                .unwrap_or(StateCommitted::Ack { duplicate: false })
         }
     }
 
@@ -1193,6 +1199,99 @@ mod tests {
         assert_eq!(copy.first_seen_ms, FIRST_SEEN_MS);
         assert_eq!(copy.error, None);
         assert_eq!(calls[2..], [Call::Ack]);
+    }
+
+    /// Settles `settlement` for a first attempt on `port`.
+    async fn settle_first(port: &Recorder, settlement: Settlement) -> Report {
+        let (envelope, properties) = delivered(1);
+        let subject = Subject {
+            queue: "orders.new",
+            envelope: &envelope,
+            properties: &properties,
+            mandatory_outputs: true,
+            from_stream: false,
+            trace: &untraced(),
+            flow: &Flow::default(),
+        };
+        settle(port, subject, &policy(), settlement).await
+    }
+
+    #[tokio::test]
+    async fn an_input_claimed_elsewhere_waits_then_is_republished_as_it_came() {
+        let port = Recorder::default();
+        let wait = Duration::from_secs(5);
+        let settlement = Settlement::InProgress {
+            wait,
+            reason: "in progress: host-b holds a claim on it".into(),
+        };
+        let r = settle_first(&port, settlement).await;
+        assert_eq!(
+            r,
+            Report {
+                retried: Some(RetryPlace::InProgress),
+                ..Report::new(ConsumeOutcome::Retried)
+            }
+        );
+        let calls = port.calls();
+        assert_eq!(calls[0], Call::Wait(wait));
+        let Call::Republish(queue, copy) = &calls[1] else {
+            panic!("{calls:?}");
+        };
+        assert_eq!(queue, "orders.new");
+        assert_eq!(copy.attempt, 1, "being claimed elsewhere is no attempt");
+        assert_eq!(copy.id, delivered(1).0.id);
+        assert_eq!(calls[2..], [Call::Ack]);
+    }
+
+    #[tokio::test]
+    async fn a_done_input_is_acked_and_nothing_else() {
+        let port = Recorder::default();
+        let r = settle_first(&port, Settlement::Duplicate).await;
+        assert_eq!(
+            r,
+            Report {
+                duplicate: true,
+                ..Report::new(ConsumeOutcome::Acked)
+            }
+        );
+        assert_eq!(port.calls(), [Call::Ack]);
+    }
+
+    #[tokio::test]
+    async fn an_accept_is_acked_only_after_its_outputs_and_its_state_commit() {
+        let accept = || decided(Outcome::Accept, vec![output("events", "order.accepted")]);
+        // Committed: published, then acked.
+        let port = Recorder::default();
+        let r = run(&port, 1, accept(), &policy()).await;
+        assert_eq!(r, Report::new(ConsumeOutcome::Acked));
+        assert!(matches!(port.calls()[..], [Call::Publish(_), Call::Ack]));
+        // Found done by another run's commit: acked, a duplicate.
+        let port = Recorder {
+            commit: Some(StateCommitted::Ack { duplicate: true }),
+            ..Recorder::default()
+        };
+        assert!(run(&port, 1, accept(), &policy()).await.duplicate);
+        // Refused (a quota): the input fails, and the policy retries it.
+        let quota = "namespace \"orders\" would hold 3 keys, over its quota of 2 (max_keys)";
+        let port = Recorder {
+            commit: Some(StateCommitted::Refused(quota.into())),
+            ..Recorder::default()
+        };
+        let r = run(&port, 1, accept(), &policy()).await;
+        assert_eq!(r.retried, Some(RetryPlace::Consumer));
+        let calls = port.calls();
+        assert!(matches!(calls[0], Call::Publish(_)), "{calls:?}");
+        assert!(!calls.contains(&Call::Requeue));
+        // The store cannot be reached: given back after a pause, no attempt.
+        let port = Recorder {
+            commit: Some(StateCommitted::Unavailable("cannot be reached".into())),
+            ..Recorder::default()
+        };
+        let r = run(&port, 1, accept(), &policy()).await;
+        assert_eq!(r.retried, Some(RetryPlace::Requeued));
+        let calls = port.calls();
+        assert_eq!(calls[1], Call::Wait(PAUSE_BEFORE_REQUEUE), "{calls:?}");
+        assert_eq!(calls.last(), Some(&Call::Requeue));
     }
 
     #[tokio::test]
