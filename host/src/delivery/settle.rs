@@ -919,7 +919,7 @@ mod tests {
         plugins: PluginRun,
         policy: &RetryPolicy,
     ) -> Report {
-        let (envelope, properties) = delivered(attempt);
+        let (envelope, _) = delivered(attempt);
         let facts = DeliveryFacts {
             queue: "orders.new",
             envelope: &envelope,
@@ -928,16 +928,7 @@ mod tests {
             from_stream: false,
         };
         let settlement = decide(facts, plugins, policy);
-        let subject = Subject {
-            queue: "orders.new",
-            envelope: &envelope,
-            properties: &properties,
-            mandatory_outputs: true,
-            from_stream: false,
-            trace: &untraced(),
-            flow: &Flow::default(),
-        };
-        let report = settle(port, subject, policy, settlement).await;
+        let report = settle_delivered(port, attempt, policy, settlement).await;
         let settled = port
             .calls()
             .iter()
@@ -1201,9 +1192,14 @@ mod tests {
         assert_eq!(calls[2..], [Call::Ack]);
     }
 
-    /// Settles `settlement` for a first attempt on `port`.
-    async fn settle_first(port: &Recorder, settlement: Settlement) -> Report {
-        let (envelope, properties) = delivered(1);
+    /// Settles `settlement` for the delivery of `attempt` on `port`.
+    async fn settle_delivered(
+        port: &Recorder,
+        attempt: u32,
+        policy: &RetryPolicy,
+        settlement: Settlement,
+    ) -> Report {
+        let (envelope, properties) = delivered(attempt);
         let subject = Subject {
             queue: "orders.new",
             envelope: &envelope,
@@ -1213,7 +1209,12 @@ mod tests {
             trace: &untraced(),
             flow: &Flow::default(),
         };
-        settle(port, subject, &policy(), settlement).await
+        settle(port, subject, policy, settlement).await
+    }
+
+    /// Settles `settlement` for a first attempt on `port`.
+    async fn settle_first(port: &Recorder, settlement: Settlement) -> Report {
+        settle_delivered(port, 1, &policy(), settlement).await
     }
 
     #[tokio::test]
