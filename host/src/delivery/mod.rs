@@ -208,9 +208,7 @@ impl Pipeline {
         };
         let Some(state) = self.state.clone() else {
             let run = self.call_plugins(input, slot, &envelope, &trace).await;
-            flow.failure = flow.failure.or(flow::failure_of(&run));
-            let settlement = self.decide(&envelope, &properties, run);
-            let settlement = flow::refuse_unanswerable(&self.queue, &flow, settlement);
+            let settlement = self.settlement_for(&envelope, &properties, &mut flow, run);
             self.settle(parts.with(&flow), settlement).await;
             return;
         };
@@ -224,12 +222,10 @@ impl Pipeline {
         let (run, pending) = self
             .call_with_state(&state, input, slot, &envelope, &trace)
             .await;
-        flow.failure = flow.failure.or(flow::failure_of(&run));
         if matches!(run, PluginRun::StoreUnavailable { .. }) {
             self.pause_for_the_store(&receipt).await;
         }
-        let settlement = self.decide(&envelope, &properties, run);
-        let settlement = flow::refuse_unanswerable(&self.queue, &flow, settlement);
+        let settlement = self.settlement_for(&envelope, &properties, &mut flow, run);
         let accepted = matches!(settlement, Settlement::Accept { .. });
         let committed = self
             .settle_committing(
@@ -359,6 +355,21 @@ impl Pipeline {
                 }
             }
         }
+    }
+
+    /// The settlement for what the plugins did, and the failure it is, if
+    /// any, noted in the delivery's flow (for an error reply); an answer to
+    /// a request that names no reply queue is refused.
+    fn settlement_for(
+        &self,
+        envelope: &Envelope,
+        properties: &BasicProperties,
+        flow: &mut Flow,
+        run: PluginRun,
+    ) -> Settlement {
+        flow.failure = flow.failure.or(flow::failure_of(&run));
+        let settlement = self.decide(envelope, properties, run);
+        flow::refuse_unanswerable(&self.queue, flow, settlement)
     }
 
     /// The deciding stage: the settlement for what the plugins did, now.
