@@ -297,6 +297,8 @@ pub struct Metrics {
     pub connection_recoveries: Family<ConnectionLabel, Counter>,
     /// Age of each queue's oldest delivery not yet acked, set at scrape time.
     pub oldest_unacked_seconds: Family<QueueLabel, Gauge<f64, AtomicU64>>,
+    /// 1 while most recent calls of a consumer's plugin fault (set at scrape).
+    pub plugin_faulting: Family<QueueLabel, Gauge>,
     /// Each stream consumer's position: the offset it resumes from.
     pub stream_position: Family<QueueLabel, Gauge>,
     /// Messages between each stream consumer's position and the newest
@@ -460,6 +462,7 @@ impl Metrics {
             connection_blocked_seconds: Family::default(),
             connection_recoveries: Family::default(),
             oldest_unacked_seconds: Family::default(),
+            plugin_faulting: Family::default(),
             stream_position: Family::default(),
             stream_lag: Family::default(),
             stream_checkpoint_age_seconds: Family::default(),
@@ -758,6 +761,12 @@ impl Metrics {
             "Age of the oldest delivery not yet acked (0 when none)",
             &["queue"],
             self.oldest_unacked_seconds.clone(),
+        );
+        declare.register(
+            "acemq_plugin_faulting",
+            "1 while most of the latest calls of the consumer's plugin version fault (as /health says), else 0",
+            &["queue"],
+            self.plugin_faulting.clone(),
         );
     }
 
@@ -1062,6 +1071,7 @@ mod tests {
         m.connection_blocked_seconds.get_or_create(&c).inc_by(1.0);
         m.connection_recoveries.get_or_create(&c).inc();
         m.oldest_unacked_seconds.get_or_create(&q).set(1.0);
+        m.plugin_faulting.get_or_create(&q).set(1);
         m.stream_position.get_or_create(&q).set(1);
         m.stream_lag.get_or_create(&q).set(1);
         m.stream_checkpoint_age_seconds.get_or_create(&q).set(1.0);

@@ -7,7 +7,9 @@
 //!   connection lost or being recovered, a connection the broker blocked
 //!   (the contract's sentence `the broker has blocked this connection;
 //!   publishing is paused[: reason]`), or consumers that stopped reading
-//!   and are being restarted (`these consumers have stopped reading: a, b`).
+//!   and are being restarted (`these consumers have stopped reading: a, b`);
+//!   or running with a part in trouble ([`with_troubles`]: a state store
+//!   that cannot be reached, a consumer whose plugin fails most calls).
 //!   It answers 200 so that a liveness probe does not restart a host that is
 //!   recovering on its own; alert on the status word instead.
 //! - `UP` (200): every connection up and every consumer reading.
@@ -97,15 +99,18 @@ pub fn assess(
     }
 }
 
-/// The assessment with the state store's trouble, if it has any: a store
-/// that cannot be reached makes a running host `DEGRADED` (its consumers
-/// with state wait; the others go on), never `DOWN`.
-pub fn with_store(mut assessment: Assessment, store_trouble: Option<String>) -> Assessment {
-    if let Some(trouble) = store_trouble {
-        assessment.details.push(trouble);
-        if assessment.status == Status::Up {
-            assessment.status = Status::Degraded;
-        }
+/// The assessment with the troubles of a running host's parts, one
+/// sentence each: a state store that cannot be reached (its consumers with
+/// state wait; the others go on), a consumer whose plugin fails most calls
+/// (its messages are retried and dead-lettered, the others flow). Each makes
+/// an `UP` host `DEGRADED`, never `DOWN`.
+pub fn with_troubles(
+    mut assessment: Assessment,
+    troubles: impl IntoIterator<Item = String>,
+) -> Assessment {
+    assessment.details.extend(troubles);
+    if assessment.status == Status::Up && !assessment.details.is_empty() {
+        assessment.status = Status::Degraded;
     }
     assessment
 }
@@ -115,17 +120,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_state_store_in_trouble_degrades_a_running_host_and_says_why() {
+    fn a_part_in_trouble_degrades_a_running_host_and_says_why() {
         let up = assess(false, &[("consume", Phase::Up)], &consumers(&[("q", true)]));
-        assert_eq!(with_store(up.clone(), None), up);
-        let trouble =
-            "state store redis://127.0.0.1:6379/0: cannot be reached (connection refused)";
-        let degraded = with_store(up, Some(trouble.to_string()));
+        assert_eq!(with_troubles(up.clone(), None), up);
+        let store = "state store redis://127.0.0.1:6379/0: cannot be reached (connection refused)";
+        let plugin = "the plugin of consumer q fails most calls: 5 of its last 5 calls faulted (last: trap: unreachable)";
+        let degraded = with_troubles(up, [store.to_string(), plugin.to_string()]);
         assert_eq!(degraded.status, Status::Degraded);
-        assert_eq!(degraded.details, [trouble]);
+        assert_eq!(degraded.details, [store, plugin]);
         let down = assess(true, &[("consume", Phase::Up)], &consumers(&[("q", true)]));
         assert_eq!(
-            with_store(down, Some(trouble.to_string())).status,
+            with_troubles(down, Some(store.to_string())).status,
             Status::Down,
             "shutting down stays DOWN"
         );

@@ -422,6 +422,14 @@ impl Admin {
                         .oldest(std::time::SystemTime::now())
                         .map_or(0.0, |d| d.as_secs_f64()),
                 );
+                for plugin in self.reloader.status() {
+                    self.metrics
+                        .plugin_faulting
+                        .get_or_create(&crate::telemetry::QueueLabel {
+                            queue: plugin.queue,
+                        })
+                        .set(i64::from(plugin.faulting.is_some()));
+                }
                 for (queue, age) in self.board.oldest_unsettled() {
                     self.metrics
                         .oldest_unacked_seconds
@@ -499,16 +507,23 @@ impl Admin {
     fn health(&self) -> Response<Full<Bytes>> {
         let links: Vec<(&str, Phase)> = self.links.iter().map(|l| (l.role(), l.phase())).collect();
         let board = self.board.snapshot();
-        let assessment = health::with_store(
-            health::assess(self.shutdown.is_cancelled(), &links, &board),
-            self.store.as_ref().and_then(|store| store.trouble()),
-        );
-        let plugins: std::collections::BTreeMap<String, String> = self
-            .reloader
-            .status()
+        let status = self.reloader.status();
+        let faulting = status.iter().filter_map(|plugin| {
+            let faulting = plugin.faulting.as_ref()?;
+            Some(faulting.sentence(&plugin.queue))
+        });
+        let troubles = self
+            .store
+            .as_ref()
+            .and_then(|store| store.trouble())
             .into_iter()
-            .map(|s| (s.queue.clone(), s.sha256.to_string()))
-            .collect();
+            .chain(faulting);
+        let assessment = health::with_troubles(
+            health::assess(self.shutdown.is_cancelled(), &links, &board),
+            troubles,
+        );
+        let plugins: std::collections::BTreeMap<String, String> =
+            status.into_iter().map(|s| (s.queue, s.sha256)).collect();
         let consumers: Vec<_> = board
             .iter()
             .map(|(queue, reading)| {

@@ -14,6 +14,7 @@ use super::bindings::handler_world::{HandlerPlugin, HandlerPluginPre};
 use super::bindings::v0_3::handler_world as v0_3;
 use super::engine::{CompiledPlugin, PluginEngine};
 use super::fault::Fault;
+use super::fault_window::{FaultWindow, Faulting};
 use super::host::{self, HostState};
 use super::pool::{Instantiate, Pool, Warm, new_store};
 use super::{ConsumerContext, Contract, Input, Outcome, Outgoing, PluginError};
@@ -114,6 +115,8 @@ pub struct HandlerVersion {
     pub loaded_at: SystemTime,
     /// Its instances, reused when the consumer's isolation is `pooled`.
     instances: Pool<Instances>,
+    /// Whether its latest calls mostly fault (`/health`).
+    faults: FaultWindow,
 }
 
 /// The result of one handler call.
@@ -205,7 +208,13 @@ impl HandlerVersion {
             from_cache: compiled.from_cache,
             loaded_at: SystemTime::now(),
             instances,
+            faults: FaultWindow::default(),
         }))
+    }
+
+    /// `Some` while most of this version's latest calls faulted.
+    pub fn faulting(&self) -> Option<Faulting> {
+        self.faults.faulting()
     }
 
     /// What the consumer allows its plugin: hot swap loads the next version
@@ -256,6 +265,13 @@ impl HandlerVersion {
                 (Err(fault), Vec::new())
             }
         };
+        // The host's own shortage (no instance slot) says nothing of the plugin.
+        match &result {
+            Err(fault) if fault.kind.is_the_hosts() => {}
+            result => self
+                .faults
+                .record(result.as_ref().err().map(|f| f.reason.as_str())),
+        }
         Invocation {
             result,
             outputs,

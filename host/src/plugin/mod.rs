@@ -54,6 +54,8 @@ pub mod config_keys;
 mod contract;
 mod engine;
 mod fault;
+pub mod fault_window;
+mod guest_error;
 mod handler;
 mod host;
 pub mod inspect;

@@ -193,6 +193,8 @@ pub struct PluginStatus {
     pub idle_instances: usize,
     pub instance_cost: InstanceCost,
     pub last_refused: Option<RefusedReload>,
+    /// Set while most of the current version's latest calls fault.
+    pub faulting: Option<super::fault_window::Faulting>,
 }
 
 impl PluginStatus {
@@ -209,6 +211,11 @@ impl PluginStatus {
                 "memory_bytes": self.instance_cost.memory_bytes,
                 "instantiation_ms": self.instance_cost.instantiation.as_secs_f64() * 1e3,
             },
+            "faulting": self.faulting.as_ref().map(|f| serde_json::json!({
+                "faulted": f.faulted,
+                "of": f.of,
+                "last_reason": f.last_reason,
+            })),
             "last_refused": self.last_refused.as_ref().map(|r| serde_json::json!({
                 "at": humantime::format_rfc3339_millis(r.at).to_string(),
                 "trigger": r.cause.to_string(),
@@ -286,6 +293,7 @@ impl Reloader {
                     idle_instances: current.idle_instances(),
                     instance_cost: current.instance_cost(),
                     last_refused: entry.last_refused.lock().expect("poisoned").clone(),
+                    faulting: current.faulting(),
                 }
             })
             .collect()
