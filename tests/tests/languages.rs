@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use acemq_tests::host::{HostProcess, plugin_path};
+use acemq_tests::host::{HostProcess, free_port, http_get, metric_sum, plugin_path};
 use acemq_tests::{ReceivedMessage, shared_broker, unique_name};
 use lapin::BasicProperties;
 
@@ -348,4 +348,80 @@ async fn a_python_call_past_its_deadline_or_memory_limit_fails_alone() {
         log.iter().all(|line| !line.contains("allowed:")),
         "{log:#?}"
     );
+}
+
+/// An uncaught Python exception is named where the author looks: the
+/// dead letter's reason says the exception, its message and its line (not
+/// wasmtime's `unreachable`); while every call faults, `/health` says
+/// `DEGRADED` with that reason and `acemq_plugin_faulting` is 1; once a
+/// good version is deployed, both clear before any message has proved it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_exception_is_named_in_the_dead_letter_and_health_degrades_until_a_good_version() {
+    const RAISED: usize = 6;
+    let broker = shared_broker();
+    let queue = unique_name("raising");
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = dir.path().join("handler.wasm");
+    std::fs::copy(plugin_path("sandbox-probe-py"), &plugin).unwrap();
+    let admin = format!("127.0.0.1:{}", free_port());
+    let config = format!(
+        "[broker]\nurl = \"{url}\"\n\n[host]\nadmin_listen = \"{admin}\"\n\n[[queues]]\nname = \"{queue}\"\ndead_letter = true\n\n[[consumers]]\nqueue = \"{queue}\"\nplugin = \"{plugin}\"\n",
+        url = broker.amqp_url(),
+        plugin = plugin.display(),
+    );
+    let host = HostProcess::start_within(&config, 1, START).unwrap();
+    let get = |path: &str| {
+        let url = format!("http://{admin}{path}");
+        tokio::task::block_in_place(|| http_get(&url)).unwrap()
+    };
+    let text = || BasicProperties::default().with_content_type("text/plain".into());
+    broker
+        .publish_many("", &queue, (0..RAISED).map(|_| ("raise", text())))
+        .await
+        .unwrap();
+    let dead = broker
+        .drain(&format!("{queue}.dlq"), RAISED, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), RAISED);
+    let reason = dead[0].acemq_error();
+    assert!(
+        reason.contains(
+            "uncaught exception: NameError: name 'undefined_name' is not defined (app.py, line "
+        ) && reason.ends_with(", in handle)"),
+        "{reason}"
+    );
+    assert!(!reason.contains("unreachable"), "{reason}");
+
+    let (_, health) = get("/health");
+    let health: serde_json::Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["status"], "DEGRADED", "{health}");
+    let details = health["details"].to_string();
+    assert!(
+        details.contains(&format!(
+            "the plugin of consumer {queue} fails most calls: {RAISED} of its last {RAISED} calls faulted (last: uncaught exception: NameError"
+        )),
+        "{health}"
+    );
+    let faulting =
+        |metrics: &str| metric_sum(metrics, "acemq_plugin_faulting", &[("queue", &queue)]);
+    assert_eq!(faulting(&get("/metrics").1), 1.0);
+
+    // A good version, deployed as a deploy tool does (renamed into place).
+    let staged = dir.path().join(".handler.wasm.tmp");
+    std::fs::copy(plugin_path("outcomes"), &staged).unwrap();
+    std::fs::rename(&staged, &plugin).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let health = loop {
+        let (_, body) = get("/health");
+        let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if health["status"] == "UP" || std::time::Instant::now() > deadline {
+            break health;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(health["status"], "UP", "{health}");
+    assert_eq!(faulting(&get("/metrics").1), 0.0);
+    let (status, _) = host.terminate_with_log(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
 }

@@ -40,6 +40,7 @@ impl Observed for CodecState {
         CallEvidence {
             refused_memory: self.bounds.limiter.refused,
             last_error_log: None,
+            guest_error: None,
         }
     }
 

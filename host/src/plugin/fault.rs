@@ -92,6 +92,10 @@ pub struct CallEvidence {
     pub refused_memory: Option<usize>,
     /// The last error-level line the guest logged (the SDK logs panics there).
     pub last_error_log: Option<String>,
+    /// What the guest printed to stderr as the cause of its failure: an
+    /// uncaught Python or JavaScript exception, a Rust panic without the
+    /// SDK (`guest_error.rs`).
+    pub guest_error: Option<String>,
 }
 
 /// Names the fault behind a failed call.
@@ -131,6 +135,12 @@ pub fn classify(
         Some(Trap::UnreachableCodeReached) if is_panic(evidence) => (
             FaultKind::Panic,
             evidence.last_error_log.clone().unwrap_or_default(),
+        ),
+        // An interpreter's uncaught exception: it printed the cause, then
+        // trapped (unreachable, or whatever its runtime does to abort).
+        Some(_) if evidence.guest_error.is_some() => (
+            FaultKind::Panic,
+            evidence.guest_error.clone().unwrap_or_default(),
         ),
         Some(trap) => {
             // wasmtime's Display says "wasm trap: ..."; say "trap: ..." once.
@@ -264,6 +274,7 @@ mod tests {
         let evidence = CallEvidence {
             refused_memory: Some(128 << 20),
             last_error_log: None,
+            guest_error: None,
         };
         let f = classify(
             &trap(Trap::UnreachableCodeReached),
@@ -280,6 +291,7 @@ mod tests {
         let evidence = CallEvidence {
             refused_memory: None,
             last_error_log: Some("panic: boom at src/lib.rs:3:5".into()),
+            guest_error: None,
         };
         let f = classify(
             &trap(Trap::UnreachableCodeReached),
@@ -289,6 +301,31 @@ mod tests {
         );
         assert_eq!(f.kind, FaultKind::Panic);
         assert_eq!(f.reason, "panic: boom at src/lib.rs:3:5");
+    }
+
+    #[test]
+    fn an_exception_the_guest_printed_becomes_the_reason() {
+        let evidence = CallEvidence {
+            guest_error: Some(
+                "uncaught exception: NameError: name 'x' is not defined (app.py, line 3, in handle)"
+                    .into(),
+            ),
+            ..CallEvidence::default()
+        };
+        let f = classify(
+            &trap(Trap::UnreachableCodeReached),
+            &evidence,
+            Duration::from_secs(1),
+            0,
+        );
+        assert_eq!(f.kind, FaultKind::Panic);
+        assert_eq!(
+            f.reason,
+            "uncaught exception: NameError: name 'x' is not defined (app.py, line 3, in handle)"
+        );
+        // A deadline stays a deadline, whatever was printed before it.
+        let f = classify(&trap(Trap::Interrupt), &evidence, Duration::from_secs(1), 0);
+        assert_eq!(f.kind, FaultKind::Deadline);
     }
 
     #[test]

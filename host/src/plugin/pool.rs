@@ -496,6 +496,7 @@ mod tests {
             CallEvidence {
                 refused_memory: self.refused,
                 last_error_log: None,
+                guest_error: None,
             }
         }
 

@@ -9,6 +9,8 @@ test can check what the host's locked-down WASI grants:
 - `sleep:SECONDS`: sleeps that long through WASI, then accepts (no wasm
   runs while it sleeps: the host's own timer must end it at the deadline);
 - `hog:MB`: keeps MB megabytes (the host's memory limit must end it);
+- `raise`: uses a name that is not defined, so an uncaught `NameError`
+  ends the call (the host must name it, with its line, in the fault);
 - `accept`: accepts.
 
 A probe the sandbox denies is rejected with what Python said
@@ -38,6 +40,8 @@ class Handler(exports.Handler):
         if verb == "print":
             print(rest)
             return types.Outcome_Accept()
+        if verb == "raise":
+            return undefined_name  # noqa: F821 - the NameError is the probe
         if verb == "spin":
             while True:
                 pass

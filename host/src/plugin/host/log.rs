@@ -27,6 +27,9 @@ pub struct Log {
     /// The last error the plugin logged in its last call: it names a fault
     /// that follows (kept after the call, for the fault's reason).
     last_error: Option<String>,
+    /// The cause of a trap the plugin printed to stderr during the call
+    /// (an uncaught exception), when it printed one.
+    guest_error: Option<String>,
 }
 
 impl HostInterface for Log {
@@ -36,6 +39,7 @@ impl HostInterface for Log {
             plugin: plugin.clone(),
             lines: 0,
             last_error: None,
+            guest_error: None,
         }
     }
 }
@@ -45,6 +49,7 @@ impl Log {
     pub fn begin_call(&mut self) {
         self.lines = 0;
         self.last_error = None;
+        self.guest_error = None;
     }
 
     /// Says how many lines of the call were dropped beyond the bound.
@@ -58,6 +63,16 @@ impl Log {
 
     pub fn last_error(&self) -> Option<String> {
         self.last_error.clone()
+    }
+
+    /// Notes what the plugin's stderr said made it fail (see
+    /// [`super::super::guest_error`]).
+    pub fn note_guest_error(&mut self, cause: String) {
+        self.guest_error = Some(cause);
+    }
+
+    pub fn guest_error(&self) -> Option<String> {
+        self.guest_error.clone()
     }
 
     /// Writes one plugin line at `level`, tagged with `message` (the one

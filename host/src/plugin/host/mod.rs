@@ -183,6 +183,11 @@ impl HostState {
                 wasi::Stream::Stdout => wit_host::Level::Info,
                 wasi::Stream::Stderr => wit_host::Level::Warn,
             };
+            if stream == wasi::Stream::Stderr
+                && let Some(cause) = super::guest_error::cause(&text)
+            {
+                self.log.note_guest_error(cause);
+            }
             for line in text.lines().filter(|line| !line.trim().is_empty()) {
                 self.log
                     .write(level, &format!("{}: {line}", stream.as_str()), message);
@@ -205,6 +210,7 @@ impl Observed for HostState {
         CallEvidence {
             refused_memory: self.bounds.limiter.refused,
             last_error_log: self.log.last_error(),
+            guest_error: self.log.guest_error(),
         }
     }
 
