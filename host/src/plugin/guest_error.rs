@@ -63,12 +63,7 @@ fn python_frame(at: &str) -> Option<String> {
 fn javascript_error(stderr: &str) -> Option<String> {
     let lines: Vec<&str> = stderr.lines().map(str::trim).collect();
     let position = lines.iter().rposition(|line| is_js_error_line(line))?;
-    let error = lines[position];
-    let error = error
-        .strip_prefix("Uncaught ")
-        .or_else(|| error.strip_prefix("Error while running code: "))
-        .or_else(|| error.strip_prefix("Exception: "))
-        .unwrap_or(error);
+    let error = without_engine_prefix(lines[position]);
     let at = lines[position + 1..]
         .iter()
         .take(4)
@@ -90,14 +85,18 @@ fn is_js_error_line(line: &str) -> bool {
         "URIError",
         "AggregateError",
     ];
-    let line = line
-        .strip_prefix("Uncaught ")
-        .or_else(|| line.strip_prefix("Error while running code: "))
-        .or_else(|| line.strip_prefix("Exception: "))
-        .unwrap_or(line);
+    let line = without_engine_prefix(line);
     NAMES
         .iter()
         .any(|name| line == *name || line.starts_with(&format!("{name}: ")))
+}
+
+/// The error line without the words an engine puts before it.
+fn without_engine_prefix(line: &str) -> &str {
+    ["Uncaught ", "Error while running code: ", "Exception: "]
+        .iter()
+        .find_map(|prefix| line.strip_prefix(prefix))
+        .unwrap_or(line)
 }
 
 /// `handle@app.js:12:5` or `at handle (app.js:12:5)` -> `handle (app.js:12:5)`.
