@@ -23,8 +23,8 @@ use crate::delivery::{self, ConsumerRules, Pipeline};
 use crate::plugin::capacity::{self, ConsumerDemand};
 use crate::plugin::swap::{PluginSpec, Reloader};
 use crate::plugin::{
-    CodecSet, CodecVersion, ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits,
-    PluginEngine,
+    CacheChoice, CodecSet, CodecVersion, ConsumerContext, EngineSettings, HandlerSlot,
+    HandlerVersion, Limits, PluginEngine,
 };
 use crate::retry::RetryPolicy;
 use crate::scheduler::control::Control;
@@ -380,10 +380,11 @@ pub fn engine_settings(config: &LoadedConfig) -> EngineSettings {
             .chain(codec_budget)
             .max()
             .unwrap_or(64 << 20),
-        cache_dir: host
-            .plugin_cache_dir
-            .as_ref()
-            .map(|dir| config.resolve(dir)),
+        cache: match (&host.plugin_cache_dir, host.caches_plugins()) {
+            (_, false) => CacheChoice::Off,
+            (Some(dir), true) => CacheChoice::Folder(config.resolve(dir)),
+            (None, true) => CacheChoice::UserDefault,
+        },
         cache_key_file: host
             .plugin_cache_key_file
             .as_ref()

@@ -52,5 +52,7 @@ pub(crate) mod dlq;
 pub(crate) mod plugin_dev;
 pub mod replay;
 
-// Shared by the plugin loader and the commands: who may change a file.
+// Shared by the plugin loader and the commands: who may change a file, and
+// the user's cache folder (compiled plugins, guest toolchains).
 pub(crate) mod fs_trust;
+pub mod user_cache;

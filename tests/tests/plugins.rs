@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use acemq_host::envelope::{self, Envelope};
 use acemq_host::plugin::{
-    CodecSet, CodecVersion, CompiledPlugin, ConsumerContext, Conversion, EngineSettings, FaultKind,
-    HandlerVersion, Input, Limits, Outcome, PluginEngine,
+    CacheChoice, CodecSet, CodecVersion, CompiledPlugin, ConsumerContext, Conversion,
+    EngineSettings, FaultKind, HandlerVersion, Input, Limits, Outcome, PluginEngine,
 };
 use acemq_tests::host::{
     HostProcess, InProcessHost, cache_entry, free_port, http_get, metric_sum, plugin_path,
@@ -278,7 +278,7 @@ fn another_plugins_cache_entry_is_refused_and_the_plugin_compiled_from_its_sourc
     let cache = dir.path().join("cache");
     let engine = || {
         PluginEngine::new(EngineSettings {
-            cache_dir: Some(cache.clone()),
+            cache: CacheChoice::Folder(cache.clone()),
             ..EngineSettings::default()
         })
         .unwrap()

@@ -10,7 +10,7 @@ use clap::Subcommand;
 use super::{Exit, fail, report};
 use crate::plugin;
 use crate::plugin_dev::run::parse_key_value;
-use crate::plugin_dev::{Failure, build, new, run as run_one};
+use crate::plugin_dev::{Failure, build, new, precompile, run as run_one};
 
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
@@ -60,10 +60,16 @@ pub enum PluginCommand {
     Run {
         /// The handler component.
         file: PathBuf,
+        /// A captured delivery: the JSON of the management UI's "Get
+        /// messages" or `rabbitmqadmin get --format=raw_json` (payload,
+        /// properties with headers, exchange, routing key). The flags below
+        /// override what it says.
+        #[arg(long, value_name = "FILE")]
+        message: Option<PathBuf>,
         /// The message body: the text itself, `@FILE` for a file's bytes,
-        /// or `@-` for standard input.
+        /// or `@-` for standard input. Required unless --message has a payload.
         #[arg(long)]
-        body: String,
+        body: Option<String>,
         /// A message header, `KEY=VALUE` (a text value); repeatable.
         #[arg(long = "header", value_name = "KEY=VALUE", value_parser = parse_key_value)]
         headers: Vec<(String, String)>,
@@ -78,13 +84,15 @@ pub enum PluginCommand {
         /// The message's content type.
         #[arg(long)]
         content_type: Option<String>,
-        /// The exchange the message seems to come from ("" is the default exchange).
-        #[arg(long, default_value = "")]
-        exchange: String,
-        /// The routing key it seems to have been published with.
-        #[arg(long, default_value = "plugin.run")]
-        routing_key: String,
-        /// Its message id; a random one by default.
+        /// The exchange the message seems to come from ("" is the default
+        /// exchange, and the default).
+        #[arg(long)]
+        exchange: Option<String>,
+        /// The routing key it seems to have been published with (default
+        /// `plugin.run`).
+        #[arg(long)]
+        routing_key: Option<String>,
+        /// Its message id; the captured message's or a random one by default.
         #[arg(long)]
         message_id: Option<String>,
         /// The call's time limit, as a consumer's `deadline`.
@@ -121,6 +129,13 @@ Example:
   acemq-host plugin run target/plugins/order-router.wasm \\
       --body '{\"id\":\"A-1\",\"customer\":\"ada\",\"total\":4.5}' \\
       --content-type application/json --publish-to orders.events
+  acemq-host plugin run target/plugins/order-router.wasm \
+      --message captured.json --publish-to orders.events
+
+Each output is shown as a host would publish it: its properties and every
+header, the plugin's and the envelope's (x-acemq-*). The compiled plugin is
+kept in the user's cache (~/.cache/acemq-host/plugins), so the next run of
+the same file starts in milliseconds.
 
 Exit codes: 0 the call completed, whatever the handler decided; 1 it did not
 (trap, panic, deadline, memory, or a publish outside --publish-to); 2 unusable
@@ -164,10 +179,18 @@ pub fn run(command: PluginCommand) -> ExitCode {
         )
         .map(|built| {
             print!("{}", build::summary(&built));
+            // Compiled to machine code for the host's cache, so the first
+            // start or hot swap after a build does not compile.
+            let components: Vec<PathBuf> = built.iter().map(|b| b.path.clone()).collect();
+            print!(
+                "{}",
+                precompile::summary(&precompile::precompile(&components))
+            );
             Exit::Done.into()
         }),
         PluginCommand::Run {
             file,
+            message,
             body,
             headers,
             config,
@@ -179,6 +202,7 @@ pub fn run(command: PluginCommand) -> ExitCode {
             deadline,
         } => run_once(run_one::RunRequest {
             plugin: file,
+            message,
             body,
             headers,
             config,

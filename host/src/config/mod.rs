@@ -221,10 +221,13 @@ pub struct HostConfig {
     /// sentence saying where it goes instead of "unknown field".
     #[serde(default)]
     admin_token: Option<Spanned<toml::Value>>,
-    /// Where compiled plugins are cached; no cache when absent.
+    /// `false` compiles every plugin at every start; cached by default.
+    pub plugin_cache: Option<Spanned<bool>>,
+    /// Where compiled plugins are cached; the user's cache folder
+    /// (`~/.cache/acemq-host/plugins`) when absent.
     pub plugin_cache_dir: Option<PathBuf>,
     /// The key that authenticates cache entries (created when missing);
-    /// `<plugin_cache_dir>.key`, beside the folder, when absent.
+    /// `<cache folder>.key`, beside the folder, when absent.
     pub plugin_cache_key_file: Option<Spanned<PathBuf>>,
     /// Count the fuel (roughly, instructions) every handler call burns and
     /// report it as `acemq_plugin_fuel_total`. Costs some speed.
@@ -232,6 +235,13 @@ pub struct HostConfig {
     pub fuel_metering: bool,
     /// `text` or `json`; `--log-format` and `ACEMQ_LOG_FORMAT` win.
     pub log_format: Option<crate::logging::LogFormat>,
+}
+
+impl HostConfig {
+    /// Whether compiled plugins are cached (`plugin_cache`, on by default).
+    pub fn caches_plugins(&self) -> bool {
+        self.plugin_cache.as_ref().is_none_or(|on| *on.get_ref())
+    }
 }
 
 impl Default for HostConfig {
@@ -243,6 +253,7 @@ impl Default for HostConfig {
             admin_token_file: None,
             admin_allowed_hosts: Vec::new(),
             admin_token: None,
+            plugin_cache: None,
             plugin_cache_dir: None,
             plugin_cache_key_file: None,
             fuel_metering: false,
@@ -794,13 +805,21 @@ impl LoadedConfig {
             found.push(e);
         }
         let c = &self.config;
-        if let Some(key_file) = &c.host.plugin_cache_key_file
-            && c.host.plugin_cache_dir.is_none()
-        {
-            found.push(self.error_at(
-                Some(key_file.span().start),
-                "host.plugin_cache_key_file: there is no [host] plugin_cache_dir for this key to protect",
-            ));
+        if let Some(off) = c.host.plugin_cache.as_ref().filter(|on| !*on.get_ref()) {
+            if c.host.plugin_cache_dir.is_some() {
+                found.push(self.error_at(
+                    Some(off.span().start),
+                    "host.plugin_cache: false turns the compiled-plugin cache off, but \
+                     plugin_cache_dir names a folder for it: remove one of the two",
+                ));
+            }
+            if c.host.plugin_cache_key_file.is_some() {
+                found.push(self.error_at(
+                    Some(off.span().start),
+                    "host.plugin_cache: false turns the compiled-plugin cache off, but \
+                     plugin_cache_key_file names a key to protect it: remove one of the two",
+                ));
+            }
         }
         if c.broker.max_unconfirmed == 0 {
             found.push(self.error_at(
@@ -1364,10 +1383,27 @@ mod tests {
     }
 
     #[test]
-    fn a_cache_key_without_a_cache_is_refused() {
-        let err = parse("[host]\nplugin_cache_key_file = \"k\"\n").unwrap_err();
-        assert_eq!(err.line, Some(2), "{err}");
-        assert!(err.message.contains("no [host] plugin_cache_dir"), "{err}");
-        parse("[host]\nplugin_cache_dir = \"c\"\nplugin_cache_key_file = \"k\"\n").unwrap();
+    fn the_cache_is_on_by_default_and_off_only_without_a_folder_or_key() {
+        assert!(parse("").unwrap().config.host.caches_plugins());
+        // A key alone protects the user's default cache folder.
+        let keyed = parse("[host]\nplugin_cache_key_file = \"k\"\n").unwrap();
+        assert!(keyed.config.host.caches_plugins());
+        let off = parse("[host]\nplugin_cache = false\n").unwrap();
+        assert!(!off.config.host.caches_plugins());
+        for (setting, named) in [
+            (
+                "plugin_cache_dir = \"c\"",
+                "plugin_cache_dir names a folder",
+            ),
+            (
+                "plugin_cache_key_file = \"k\"",
+                "plugin_cache_key_file names a key",
+            ),
+        ] {
+            let err = parse(&format!("[host]\nplugin_cache = false\n{setting}\n")).unwrap_err();
+            assert_eq!(err.line, Some(2), "{err}");
+            assert!(err.message.starts_with("host.plugin_cache: false"), "{err}");
+            assert!(err.message.contains(named), "{err}");
+        }
     }
 }

@@ -657,6 +657,31 @@ fn publish_span(
     });
 }
 
+/// The AMQP properties a plugin's output goes out with: a new AceMQ
+/// message caused by the delivery whose envelope is `parent` (the `x-acemq-*`
+/// headers after the plugin's own), before any trace context is stamped.
+/// `plugin run` shows the same, so what it prints is what a host publishes.
+pub fn output_properties(
+    parent: &Envelope,
+    output: &Outgoing,
+    now_ms: u64,
+) -> Result<lapin::BasicProperties, String> {
+    let child = Envelope::output_of(
+        parent,
+        &output.envelope,
+        &output.routing_key,
+        envelope::default_origin(),
+        now_ms,
+    );
+    envelope::outgoing_properties(
+        &child,
+        output.content_type.as_deref(),
+        output.persistent,
+        &output.headers,
+    )
+    .map_err(|e| e.to_string())
+}
+
 /// A plugin's output as a new AceMQ message caused by the delivery, with
 /// the envelope fields settled when it was buffered (its id above all, the
 /// one `publish` answered: see [`Envelope::output_of`]); refused when its
@@ -668,20 +693,7 @@ fn output_publication(
     frame_max: u32,
     span: &TraceParent,
 ) -> Result<Publication, String> {
-    let child = Envelope::output_of(
-        subject.envelope,
-        &output.envelope,
-        &output.routing_key,
-        envelope::default_origin(),
-        now_ms,
-    );
-    let properties = envelope::outgoing_properties(
-        &child,
-        output.content_type.as_deref(),
-        output.persistent,
-        &output.headers,
-    )
-    .map_err(|e| e.to_string())?;
+    let properties = output_properties(subject.envelope, &output, now_ms)?;
     let properties = subject.trace.stamp(properties, span);
     let publication = Publication {
         exchange: output.exchange,

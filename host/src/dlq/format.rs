@@ -216,7 +216,7 @@ fn header_lines(out: &mut String, properties: &BasicProperties) {
 }
 
 /// The AMQP properties that are set, by their wire names.
-fn property_lines(p: &BasicProperties) -> Vec<(&'static str, String)> {
+pub(crate) fn property_lines(p: &BasicProperties) -> Vec<(&'static str, String)> {
     let mut lines = Vec::new();
     let mut text = |name, value: Option<String>| {
         if let Some(value) = value {

@@ -19,7 +19,7 @@
 
 mod commands;
 mod filter;
-mod format;
+pub(crate) mod format;
 mod message;
 mod progress;
 mod summary;

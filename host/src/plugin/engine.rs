@@ -8,13 +8,14 @@ mod cache;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use self::cache::PluginCache;
+pub use self::cache::default_key_file as default_cache_key_file;
 use super::limiter::{MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_TABLES};
 use super::{Contract, PluginError};
 
@@ -32,10 +33,10 @@ pub struct EngineSettings {
     /// Largest per-instance memory budget of any plugin (consumer or codec),
     /// in bytes: the size of each pooled memory slot.
     pub max_memory_bytes: u64,
-    /// Where compiled plugins are cached; `None` compiles at every start.
-    pub cache_dir: Option<PathBuf>,
+    /// Whether and where compiled plugins are cached.
+    pub cache: CacheChoice,
     /// The key that authenticates cache entries; `None` puts it beside the
-    /// cache folder (`<cache_dir>.key`). Unused without `cache_dir`.
+    /// cache folder (`<folder>.key`). Unused without a cache.
     pub cache_key_file: Option<PathBuf>,
     /// Count fuel (instructions, roughly) so it can be reported per call.
     pub fuel_metering: bool,
@@ -46,11 +47,27 @@ impl Default for EngineSettings {
         Self {
             max_instances: 256,
             max_memory_bytes: 64 << 20,
-            cache_dir: None,
+            cache: CacheChoice::Off,
             cache_key_file: None,
             fuel_metering: false,
         }
     }
+}
+
+/// Whether and where compiled plugins are kept between processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheChoice {
+    /// Compile every plugin at every start: for tests and benchmarks that
+    /// must not share compiled code with anything else.
+    Off,
+    /// The user's cache folder ([`crate::user_cache::compiled_plugins`]),
+    /// the host's default. A folder that cannot be used (no home, refused
+    /// by the trust rules) is logged, and plugins are compiled without it:
+    /// a cache nobody asked for never stops a host.
+    UserDefault,
+    /// A folder the configuration names: one that cannot be used refuses
+    /// the start, naming it and why.
+    Folder(PathBuf),
 }
 
 /// A plugin file read from disk: its bytes' identity and its compiled code.
@@ -113,14 +130,7 @@ impl PluginEngine {
                 (engine, false)
             }
         };
-        let cache = match &settings.cache_dir {
-            Some(dir) => Some(PluginCache::open(
-                &engine,
-                dir,
-                settings.cache_key_file.as_deref(),
-            )?),
-            None => None,
-        };
+        let cache = open_cache(&engine, &settings)?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.clone(), ticker_stop.clone());
         Ok(Self {
@@ -142,6 +152,11 @@ impl PluginEngine {
 
     pub fn fuel_metering(&self) -> bool {
         self.settings.fuel_metering
+    }
+
+    /// The folder compiled plugins are cached in, when there is a cache.
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.cache.as_ref().map(PluginCache::dir)
     }
 
     /// Reads a plugin file and compiles it, through the disk cache when one is
@@ -167,23 +182,23 @@ impl PluginEngine {
     fn compile_component(&self, path: &Path, bytes: &[u8]) -> Result<CompiledPlugin, PluginError> {
         check_is_component(path, bytes)?;
         let source: [u8; 32] = Sha256::digest(bytes).into();
+        let started = Instant::now();
         let cached = self
             .cache
             .as_ref()
             .and_then(|cache| cache.load(&self.engine, path, &source));
         let from_cache = cached.is_some();
         let component = match cached {
-            Some(component) => component,
-            None => {
-                let component = Component::new(&self.engine, bytes)
-                    .map_err(|e| PluginError::new(path, format!("does not compile: {e:#}")))?;
-                if let Some(cache) = &self.cache
-                    && let Err(e) = cache.store(&source, &component)
-                {
-                    tracing::warn!(plugin = %path.display(), error = %e, "cannot cache the compiled plugin");
-                }
+            Some(component) => {
+                tracing::info!(
+                    plugin = %path.display(),
+                    size = %megabytes(bytes.len()),
+                    seconds = %seconds(started.elapsed()),
+                    "plugin taken from the compiled-plugin cache"
+                );
                 component
             }
+            None => self.compile_and_cache(path, bytes, &source)?,
         };
         Ok(CompiledPlugin {
             path: path.to_path_buf(),
@@ -196,6 +211,88 @@ impl PluginEngine {
             contract: Contract::V0_4,
         })
     }
+}
+
+impl PluginEngine {
+    /// Compiles a plugin the cache does not hold, saying when it starts and
+    /// how long it took: a large plugin (a Python or JavaScript one carries
+    /// its interpreter, 12 to 20 MB) takes seconds, and a host that says
+    /// nothing meanwhile looks stuck.
+    fn compile_and_cache(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        source: &[u8; 32],
+    ) -> Result<Component, PluginError> {
+        tracing::info!(
+            plugin = %path.display(),
+            size = %megabytes(bytes.len()),
+            "compiling the plugin"
+        );
+        let started = Instant::now();
+        let component = Component::new(&self.engine, bytes)
+            .map_err(|e| PluginError::new(path, format!("does not compile: {e:#}")))?;
+        let compiled_in = started.elapsed();
+        let cached = match &self.cache {
+            Some(cache) => match cache.store(source, &component) {
+                Ok(_entry) => "cached",
+                Err(e) => {
+                    tracing::warn!(plugin = %path.display(), error = %e, "cannot cache the compiled plugin");
+                    "not cached"
+                }
+            },
+            None => "no cache",
+        };
+        tracing::info!(
+            plugin = %path.display(),
+            size = %megabytes(bytes.len()),
+            seconds = %seconds(compiled_in),
+            cache = cached,
+            "plugin compiled"
+        );
+        Ok(component)
+    }
+}
+
+/// Opens the cache `settings` ask for. Only a configured folder's refusal
+/// is an error; the user's default folder is a convenience, and without it
+/// the host compiles at every start, as it says.
+fn open_cache(engine: &Engine, settings: &EngineSettings) -> anyhow::Result<Option<PluginCache>> {
+    let key_file = settings.cache_key_file.as_deref();
+    match &settings.cache {
+        CacheChoice::Off => Ok(None),
+        CacheChoice::Folder(dir) => Ok(Some(PluginCache::open(engine, dir, key_file)?)),
+        CacheChoice::UserDefault => {
+            let Some(dir) = crate::user_cache::compiled_plugins() else {
+                tracing::warn!(
+                    "compiled plugins are not cached: neither XDG_CACHE_HOME nor HOME is an \
+                     absolute path (set [host] plugin_cache_dir to cache them)"
+                );
+                return Ok(None);
+            };
+            match PluginCache::open(engine, &dir, key_file) {
+                Ok(cache) => Ok(Some(cache)),
+                Err(refused) => {
+                    tracing::warn!(
+                        error = %refused,
+                        "compiled plugins are not cached in the user's cache folder; every start \
+                         compiles them (set [host] plugin_cache_dir, or plugin_cache = false)"
+                    );
+                    Ok(None)
+                }
+            }
+        }
+    }
+}
+
+/// A size in MB with one decimal, as log lines show it.
+fn megabytes(bytes: usize) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+/// A duration in seconds with two decimals, as log lines show it.
+fn seconds(duration: Duration) -> String {
+    format!("{:.2} s", duration.as_secs_f64())
 }
 
 impl Drop for PluginEngine {
@@ -303,6 +400,32 @@ fn check_is_component(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `plugin build` precompiles with an engine sized for one instance;
+    /// a host sizes its pool from its config. The machine code must be
+    /// the same (so the cache entry is found), and fuel metering, which
+    /// changes the code, must give another entry.
+    #[test]
+    fn the_pool_size_does_not_change_the_cache_entry_and_fuel_metering_does() {
+        let fingerprint = |settings: EngineSettings| {
+            cache::engine_fingerprint(PluginEngine::new(settings).unwrap().engine())
+        };
+        let precompiling = fingerprint(EngineSettings {
+            max_instances: 1,
+            ..EngineSettings::default()
+        });
+        let host = fingerprint(EngineSettings {
+            max_instances: 40,
+            max_memory_bytes: 256 << 20,
+            ..EngineSettings::default()
+        });
+        assert_eq!(precompiling, host);
+        let metered = fingerprint(EngineSettings {
+            fuel_metering: true,
+            ..EngineSettings::default()
+        });
+        assert_ne!(precompiling, metered);
+    }
 
     #[test]
     fn garbage_and_core_modules_are_named_as_such() {

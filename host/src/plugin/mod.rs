@@ -73,7 +73,9 @@ use bytes::Bytes;
 
 pub use codec::{CodecSet, CodecVersion, Conversion};
 pub use contract::Contract;
-pub use engine::{CompiledPlugin, EPOCH_TICK, EngineSettings, PluginEngine};
+pub use engine::{
+    CacheChoice, CompiledPlugin, EPOCH_TICK, EngineSettings, PluginEngine, default_cache_key_file,
+};
 pub use fault::{Fault, FaultKind};
 pub use handler::{HandlerSlot, HandlerVersion, Invocation};
 pub use host::state::StateEnd;

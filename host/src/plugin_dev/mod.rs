@@ -5,7 +5,9 @@
 //! without either.
 
 pub mod build;
+pub mod captured;
 pub mod new;
+pub mod precompile;
 pub mod run;
 
 use std::path::{Path, PathBuf};

@@ -21,19 +21,24 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, anyhow};
 use bytes::Bytes;
 use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::AMQPValue;
 
 use super::Failure;
+use super::captured::{self, CapturedDelivery};
 use crate::delivery::{self, PluginRun};
-use crate::envelope::{self, Envelope, HeaderValue};
+use crate::dlq;
+use crate::envelope::{self, Envelope};
 use crate::plugin::{
-    CodecSet, ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits, Outcome,
-    Outgoing, PluginEngine,
+    CacheChoice, CodecSet, ConsumerContext, EngineSettings, HandlerSlot, HandlerVersion, Limits,
+    Outcome, Outgoing, PluginEngine,
 };
 
 /// The queue the message seems to come from (the consumer's queue, as the
 /// plugin sees it in `delivery().queue` and the host tags logs with).
 pub const QUEUE: &str = "plugin-run";
+/// The routing key a message seems to have been published with when
+/// neither a flag nor a captured message says.
+pub const DEFAULT_ROUTING_KEY: &str = "plugin.run";
 /// Body bytes shown per output.
 const BODY_PREVIEW: usize = 200;
 
@@ -41,13 +46,20 @@ const BODY_PREVIEW: usize = 200;
 #[derive(Debug, Clone)]
 pub struct RunRequest {
     pub plugin: PathBuf,
-    /// `@FILE` (`@-`: standard input) or the text itself.
-    pub body: String,
+    /// A captured delivery (see [`captured`]): its properties, payload and
+    /// route, which the flags below override one by one.
+    pub message: Option<PathBuf>,
+    /// `@FILE` (`@-`: standard input) or the text itself; required
+    /// unless `message` carries a payload.
+    pub body: Option<String>,
     pub headers: Vec<(String, String)>,
     pub config: Vec<(String, String)>,
     pub content_type: Option<String>,
-    pub exchange: String,
-    pub routing_key: String,
+    /// Default: the captured message's, else `""` (the default exchange).
+    pub exchange: Option<String>,
+    /// Default: the captured message's, else [`DEFAULT_ROUTING_KEY`].
+    pub routing_key: Option<String>,
+    /// Default: the captured message's, else a random one.
     pub message_id: Option<String>,
     /// The exchanges the handler may publish to (`publish_to`).
     pub publish_to: Vec<String>,
@@ -81,9 +93,60 @@ pub fn read_body(arg: &str) -> anyhow::Result<Vec<u8>> {
     }
 }
 
-/// The AMQP properties of the message, as a publisher would send them.
-fn properties(request: &RunRequest) -> BasicProperties {
-    let mut headers = FieldTable::default();
+/// The message to run: its body, properties and route, from the captured
+/// delivery when there is one, each overridden by its flag.
+#[derive(Debug)]
+struct Message {
+    body: Vec<u8>,
+    properties: BasicProperties,
+    exchange: String,
+    routing_key: String,
+}
+
+fn message(request: &RunRequest) -> anyhow::Result<Message> {
+    let captured = match &request.message {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the message file {}", path.display()))?;
+            captured::parse(&text).map_err(|why| anyhow!("{}: {why}", path.display()))?
+        }
+        None => CapturedDelivery::default(),
+    };
+    let body = match (&request.body, captured.body) {
+        (Some(arg), _) => read_body(arg)?,
+        (None, Some(body)) => body,
+        (None, None) => {
+            return Err(anyhow!(match &request.message {
+                Some(path) => format!(
+                    "no body: {} has no payload, and there is no --body",
+                    path.display()
+                ),
+                None => "no body: give --body (or --message with a captured delivery)".into(),
+            }));
+        }
+    };
+    Ok(Message {
+        body,
+        properties: with_flags(captured.properties, request),
+        exchange: request
+            .exchange
+            .clone()
+            .or(captured.exchange)
+            .unwrap_or_default(),
+        routing_key: request
+            .routing_key
+            .clone()
+            .or(captured.routing_key)
+            .unwrap_or_else(|| DEFAULT_ROUTING_KEY.to_string()),
+    })
+}
+
+/// `properties` (a captured message's, or none) with what the flags say on
+/// top: `--header` adds or replaces a header, `--content-type` and
+/// `--message-id` replace theirs. A message without an id gets a random
+/// one, as a publisher's library would give it.
+fn with_flags(properties: BasicProperties, request: &RunRequest) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
     for (key, value) in &request.headers {
         headers.insert(
             key.as_str().into(),
@@ -93,8 +156,9 @@ fn properties(request: &RunRequest) -> BasicProperties {
     let message_id = request
         .message_id
         .clone()
+        .or_else(|| properties.message_id().as_ref().map(|id| id.to_string()))
         .unwrap_or_else(|| format!("plugin-run-{}", uuid::Uuid::new_v4().simple()));
-    let mut properties = BasicProperties::default()
+    let mut properties = properties
         .with_headers(headers)
         .with_message_id(message_id.into());
     if let Some(content_type) = &request.content_type {
@@ -110,13 +174,40 @@ pub struct LogLine {
     pub text: String,
 }
 
+/// Where a run's compiled plugin came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    FromCache,
+    /// Compiled, and kept in the cache for the next run.
+    Compiled,
+    /// Compiled; there is no cache to keep it in (the log says why).
+    CompiledUncached,
+}
+
+impl Load {
+    fn describe(self) -> &'static str {
+        match self {
+            Load::FromCache => "from the compiled-plugin cache",
+            Load::Compiled => "compiled, and cached for the next run",
+            Load::CompiledUncached => "compiled; no cache to keep it in",
+        }
+    }
+}
+
 /// What one run came to.
 #[derive(Debug)]
 pub struct RunReport {
     pub run: PluginRun,
     pub logs: Vec<LogLine>,
     pub load_time: Duration,
+    /// Where the plugin's machine code came from.
+    pub load: Load,
     pub call_time: Duration,
+    /// The message's envelope as the host read it: the parent of every
+    /// output's.
+    pub envelope: Arc<Envelope>,
+    /// When the outputs would be published (their envelopes' time).
+    pub at_ms: u64,
 }
 
 impl RunReport {
@@ -128,9 +219,14 @@ impl RunReport {
 
 /// Loads the plugin and runs the message through it.
 pub fn run(request: &RunRequest) -> Result<RunReport, Failure> {
-    let body = read_body(&request.body).map_err(Failure::input)?;
+    let message = message(request).map_err(Failure::input)?;
     let engine = PluginEngine::new(EngineSettings {
         max_instances: 4,
+        // The user's cache, as a host's: a Python or JavaScript plugin
+        // compiles for seconds, the call takes milliseconds. Fuel metering
+        // makes other machine code than a host's default, so the first run
+        // after `plugin build` compiles once more.
+        cache: CacheChoice::UserDefault,
         fuel_metering: true,
         ..EngineSettings::default()
     })
@@ -160,38 +256,51 @@ pub fn run(request: &RunRequest) -> Result<RunReport, Failure> {
     // The plugin logs through `tracing` (target "plugin"), on this thread:
     // loading warms an instance here, and the call runs on this thread's
     // runtime, so a thread-local subscriber sees every line.
-    let (slot, load_time, run, call_time) =
+    let (slot, load_time, load, envelope, run, call_time) =
         tracing::subscriber::with_default(subscriber, || -> Result<_, Failure> {
             let started = Instant::now();
             let version = HandlerVersion::load(&engine, &request.plugin, context)
                 .map_err(|e| Failure::input(anyhow!(e)))?;
+            let load = match (version.from_cache, engine.cache_dir()) {
+                (true, _) => Load::FromCache,
+                (false, Some(_)) => Load::Compiled,
+                (false, None) => Load::CompiledUncached,
+            };
             let slot = HandlerSlot::new(version);
             let load_time = started.elapsed();
-            let properties = properties(request);
+            let Message {
+                body,
+                properties,
+                exchange,
+                routing_key,
+            } = message;
             let envelope = Arc::new(Envelope::read(
                 &properties,
-                &request.routing_key,
+                &routing_key,
                 envelope::now_ms(),
             ));
             let input = delivery::handler_input(
-                envelope,
+                envelope.clone(),
                 &properties,
-                &request.exchange,
-                &request.routing_key,
+                &exchange,
+                &routing_key,
                 false,
                 Bytes::from(body),
             );
             let codecs = CodecSet::new();
             let started = Instant::now();
             let run = runtime.block_on(delivery::run_plugins(&slot, &codecs, input));
-            Ok((slot, load_time, run, started.elapsed()))
+            Ok((slot, load_time, load, envelope, run, started.elapsed()))
         })?;
     drop(slot);
     Ok(RunReport {
         run,
         logs: logs.lines(),
         load_time,
+        load,
         call_time,
+        envelope,
+        at_ms: envelope::now_ms(),
     })
 }
 
@@ -242,7 +351,12 @@ pub fn render(report: &RunReport) -> String {
     out.push_str(&format!("outcome: {outcome}\n"));
     out.push_str(&format!("outputs: {}\n", outputs.len()));
     for (n, output) in outputs.iter().enumerate() {
-        out.push_str(&render_output(n + 1, output));
+        out.push_str(&render_output(
+            n + 1,
+            output,
+            &report.envelope,
+            report.at_ms,
+        ));
     }
     if let PluginRun::Decided {
         reply: Some(reply), ..
@@ -255,9 +369,10 @@ pub fn render(report: &RunReport) -> String {
         out.push_str(&format!("  {:<5} {}\n", line.level, line.text));
     }
     out.push_str(&format!(
-        "time: {:.3} ms for the call ({:.1} ms to load the plugin)\n",
+        "time: {:.3} ms for the call ({:.1} ms to load the plugin, {})\n",
         report.call_time.as_secs_f64() * 1e3,
-        report.load_time.as_secs_f64() * 1e3
+        report.load_time.as_secs_f64() * 1e3,
+        report.load.describe()
     ));
     match report.run.fuel() {
         Some(fuel) => out.push_str(&format!("fuel: {fuel}\n")),
@@ -292,7 +407,7 @@ fn render_reply(reply: &crate::envelope::Reply) -> String {
     out
 }
 
-fn render_output(n: usize, output: &Outgoing) -> String {
+fn render_output(n: usize, output: &Outgoing, parent: &Envelope, at_ms: u64) -> String {
     let mut out = format!(
         "  {n}. exchange '{}', routing key '{}', {} bytes{}\n",
         output.exchange,
@@ -305,27 +420,26 @@ fn render_output(n: usize, output: &Outgoing) -> String {
             .unwrap_or_default()
     );
     if let Some(due_at_ms) = output.deliver_at_ms {
-        out.push_str(&format!(
-            "     {}\n",
-            due_line(due_at_ms, crate::envelope::now_ms())
-        ));
+        out.push_str(&format!("     {}\n", due_line(due_at_ms, at_ms)));
     }
-    let fields = &output.envelope;
-    out.push_str(&format!("     id: {}\n", fields.id));
-    if let Some(message_type) = &fields.message_type {
-        out.push_str(&format!("     type: {message_type}\n"));
-    }
-    if let Some(version) = fields.version {
-        out.push_str(&format!("     version: {version}\n"));
-    }
-    if let Some(correlation) = &fields.correlation_id {
-        out.push_str(&format!("     correlation: {correlation}\n"));
-    }
-    if let Some(causation) = &fields.causation_id {
-        out.push_str(&format!("     causation: {causation}\n"));
-    }
-    for (key, value) in &output.headers {
-        out.push_str(&format!("     header {key}: {}\n", header_text(value)));
+    // What a host publishes: the properties and headers come from the
+    // function the host's settlement uses, the envelope's `x-acemq-*`
+    // headers after the plugin's own.
+    match delivery::settle::output_properties(parent, output, at_ms) {
+        Ok(properties) => {
+            for (name, value) in dlq::format::property_lines(&properties) {
+                out.push_str(&format!("     {name}: {value}\n"));
+            }
+            if let Some(headers) = properties.headers() {
+                for (name, value) in headers.inner() {
+                    out.push_str(&format!(
+                        "     header {name}: {}\n",
+                        dlq::format::header_value(value)
+                    ));
+                }
+            }
+        }
+        Err(refused) => out.push_str(&format!("     not publishable: {refused}\n")),
     }
     out.push_str(&format!("     body: {}\n", body_preview(&output.body)));
     out
@@ -341,16 +455,6 @@ fn due_line(due_at_ms: u64, now_ms: u64) -> String {
         "already due".to_string()
     };
     format!("delivered at: {when} ({relative}, through the scheduler)")
-}
-
-fn header_text(value: &HeaderValue) -> String {
-    match value {
-        HeaderValue::Text(text) => format!("{text:?}"),
-        HeaderValue::Int(i) => i.to_string(),
-        HeaderValue::Float(f) => f.to_string(),
-        HeaderValue::Bool(b) => b.to_string(),
-        HeaderValue::Bytes(bytes) => format!("{} bytes", bytes.len()),
-    }
 }
 
 /// The start of a body: as text when it is UTF-8, else in hex.
@@ -415,6 +519,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::envelope::HeaderValue;
     use crate::plugin::{Fault, FaultKind};
 
     #[test]
@@ -470,6 +575,69 @@ mod tests {
         );
     }
 
+    fn request(message: Option<PathBuf>, body: Option<&str>) -> RunRequest {
+        RunRequest {
+            plugin: PathBuf::from("p.wasm"),
+            message,
+            body: body.map(str::to_string),
+            headers: vec![("tenant".into(), "globex".into())],
+            config: Vec::new(),
+            content_type: None,
+            exchange: None,
+            routing_key: Some("flagged.key".into()),
+            message_id: None,
+            publish_to: Vec::new(),
+            deadline: Duration::from_secs(2),
+        }
+    }
+
+    #[test]
+    fn a_captured_message_gives_what_the_flags_do_not_override() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("captured.json");
+        std::fs::write(
+            &file,
+            r#"{"exchange": "orders", "routing_key": "order.placed", "payload": "{}",
+                "properties": {"message_id": "m-7", "content_type": "application/json",
+                               "headers": {"tenant": "acme", "x-acemq-attempt": 3}}}"#,
+        )
+        .unwrap();
+        let m = message(&request(Some(file.clone()), None)).unwrap();
+        assert_eq!(m.body, b"{}");
+        assert_eq!(
+            (m.exchange.as_str(), m.routing_key.as_str()),
+            ("orders", "flagged.key")
+        );
+        assert_eq!(m.properties.message_id().as_ref().unwrap().as_str(), "m-7");
+        let headers = m.properties.headers().clone().unwrap();
+        // --header replaces the captured one; the rest stays as captured.
+        assert_eq!(
+            headers.inner().get("tenant"),
+            Some(&AMQPValue::LongString("globex".into()))
+        );
+        assert_eq!(
+            headers.inner().get("x-acemq-attempt"),
+            Some(&AMQPValue::LongLongInt(3))
+        );
+        let envelope = Envelope::read(&m.properties, &m.routing_key, 0);
+        assert_eq!(envelope.attempt, 3);
+
+        // --body wins over the payload.
+        let flagged = message(&request(Some(file), Some("text"))).unwrap();
+        assert_eq!(flagged.body, b"text");
+        // Without either, the error says what is missing.
+        let err = message(&request(None, None)).unwrap_err().to_string();
+        assert!(err.starts_with("no body: give --body"), "{err}");
+        let bare = dir.path().join("bare.json");
+        std::fs::write(&bare, "{}").unwrap();
+        let err = message(&request(Some(bare), None)).unwrap_err().to_string();
+        assert!(err.contains("bare.json has no payload"), "{err}");
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, "{\"payload\": 3}").unwrap();
+        let err = message(&request(Some(bad), None)).unwrap_err().to_string();
+        assert!(err.contains("bad.json: not a captured message"), "{err}");
+    }
+
     fn report(run: PluginRun) -> RunReport {
         RunReport {
             run,
@@ -478,7 +646,16 @@ mod tests {
                 text: "5 bytes".into(),
             }],
             load_time: Duration::from_millis(120),
+            load: Load::Compiled,
             call_time: Duration::from_micros(250),
+            envelope: Arc::new(Envelope::read(
+                &BasicProperties::default()
+                    .with_message_id("in-1".into())
+                    .with_type("order.placed".into()),
+                "k",
+                1_800_000_000_000,
+            )),
+            at_ms: 1_800_000_000_500,
         }
     }
 
@@ -510,9 +687,17 @@ mod tests {
             "outputs: 1",
             "1. exchange 'out', routing key 'k', 5 bytes, text/plain",
             "header tenant: \"acme\"",
+            // The envelope the host writes: the output's own id, caused by
+            // the message, in its conversation.
+            "message-id: 6f1c0c1e-3b5a-4c8e-9d2f-0a1b2c3d4e5f",
+            "delivery-mode: 2",
+            "header x-acemq-id: \"6f1c0c1e-3b5a-4c8e-9d2f-0a1b2c3d4e5f\"",
+            "header x-acemq-causation: \"in-1\"",
+            "header x-acemq-correlation: \"in-1\"",
+            "header x-acemq-attempt: 1",
             "body: HELLO",
             "INFO  5 bytes",
-            "time: 0.250 ms",
+            "time: 0.250 ms for the call (120.0 ms to load the plugin, compiled, and cached for the next run)",
             "fuel: 1234",
         ] {
             assert!(text.contains(expected), "{expected}: {text}");

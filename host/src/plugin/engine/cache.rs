@@ -290,6 +290,11 @@ impl PluginCache {
         })
     }
 
+    /// The folder the entries are in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn entry_path(&self, source: &[u8; 32]) -> PathBuf {
         self.dir.join(format!(
             "{}-{}.cwasm",
