@@ -1,7 +1,7 @@
 """The Rust plugin's tests, against app.py under plain CPython.
 
 `python3 -m unittest test_app` here (plugins/order-router-py). The `wit_world` bindings are faked in
-memory by plugins/python-testing/fake_wit.py (the real ones exist only inside the component), so this
+memory by guest-sdk/python/acemq_testing.py (the real ones exist only inside the component), so this
 tests the decisions and texts, not the build.
 """
 
@@ -11,19 +11,19 @@ import unittest
 from pathlib import Path
 
 here = Path(__file__).resolve().parent
-sys.path.insert(0, str(here.parent / "python-testing"))
-import fake_wit  # noqa: E402
+sys.path.insert(0, str(here.parents[1] / "guest-sdk" / "python"))
+import acemq_testing  # noqa: E402
 
-host, wtypes, Err = fake_wit.install()
+host, wtypes, Err = acemq_testing.install()
 sys.path.insert(0, str(here / "src"))
 import app  # noqa: E402
 
 
-class TestHost(fake_wit.FakeHost):
+class TestHost(acemq_testing.FakeHost):
     """What the host did for one handle call of the order router."""
 
     def route(self, body):
-        return self.handle(app.Handler(), fake_wit.message(body))
+        return self.handle(app.Handler(), acemq_testing.message(body))
 
 
 L = host.Level

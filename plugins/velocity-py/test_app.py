@@ -1,7 +1,7 @@
 """The velocity check's tests, against app.py under plain CPython.
 
 `python3 -m unittest test_app` here (plugins/velocity-py). The `wit_world` bindings, the state
-interface included, are faked in memory by plugins/python-testing/fake_wit.py (the real ones exist
+interface included, are faked in memory by guest-sdk/python/acemq_testing.py (the real ones exist
 only inside the component): its namespace outlives the calls and takes an order's writes only when
 the handler accepts, as the host's does. So this tests the decisions, texts and state, not the build.
 """
@@ -12,10 +12,10 @@ import unittest
 from pathlib import Path
 
 here = Path(__file__).resolve().parent
-sys.path.insert(0, str(here.parent / "python-testing"))
-import fake_wit  # noqa: E402
+sys.path.insert(0, str(here.parents[1] / "guest-sdk" / "python"))
+import acemq_testing  # noqa: E402
 
-host, wtypes, Err = fake_wit.install()
+host, wtypes, Err = acemq_testing.install()
 sys.path.insert(0, str(here / "src"))
 import app  # noqa: E402
 
@@ -25,7 +25,7 @@ MINUTE = 60_000
 ACCEPT = wtypes.Outcome_Accept()
 
 
-class TestHost(fake_wit.FakeHost):
+class TestHost(acemq_testing.FakeHost):
     """The host of one velocity consumer, its namespace kept across orders."""
 
     def __init__(self, now_ms=T0, **kw):
@@ -35,7 +35,7 @@ class TestHost(fake_wit.FakeHost):
         return self.send(json.dumps({"id": order_id, "customer": customer, "total": 1}), **kw)
 
     def send(self, body, **kw):
-        return self.handle(app.Handler(), fake_wit.message(body), **kw)
+        return self.handle(app.Handler(), acemq_testing.message(body), **kw)
 
     def times(self, customer="acme"):
         value = self.state.get(f"customer/{customer}")
@@ -232,7 +232,7 @@ class VelocityTest(unittest.TestCase):
         def refuse(*_):
             raise Err("a state value is at most 1048576 bytes; this one is 2000000")
 
-        fake_wit.state_module().set_if_version = refuse
+        acemq_testing.state_module().set_if_version = refuse
         self.assertEqual(h.order(), wtypes.Outcome_Retry(
             "state set_if_version of key `customer/acme` failed: a state value is at most "
             "1048576 bytes; this one is 2000000"))

@@ -5,79 +5,26 @@ import { register } from 'node:module';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
-register('./hooks.mjs', import.meta.url);
+// The test host acemq-host ships (guest-sdk/js): both WIT imports resolve to it.
+const TESTING = '../../../guest-sdk/js/acemq-testing.mjs';
+register(TESTING, import.meta.url);
+const { TestHost, message } = await import(TESTING);
 const { handler, f64Display, f64Json, serdeWording } = await import('../app.js');
-// The WIT import as app.js sees it (test/fake-host.mjs).
+// The WIT import as app.js sees it.
 const wit = await import('acemq:plugin/host@0.4.0');
 
-// The host's `[scheduler] max_delay` when its configuration sets none: 30 days.
-const DEFAULT_MAX_DELAY_MS = 30n * 24n * 3600n * 1000n;
-
-// `published` keeps each message as the handler handed it, so a delayed
-// one's due time is its `deliverAtMs` (epoch ms, a BigInt as every WIT u64).
-// As the host does, `publishDelayed: false` (the consumer's
-// `publish_delayed` unset) refuses a delayed message, and so does a due time
-// more than `maxDelayMs` after `nowMs`.
-class TestHost {
-  constructor({
-    config = {},
-    nowMs = 0n,
-    publishTo,
-    publishDelayed = true,
-    maxDelayMs = DEFAULT_MAX_DELAY_MS,
-  } = {}) {
-    Object.assign(this, { configs: config, now: nowMs, publishTo, publishDelayed, maxDelayMs });
-    Object.assign(this, { logs: [], published: [] });
-  }
-  log(level, text) {
-    this.logs.push([level, text]);
-  }
-  publish(msg) {
-    if (this.publishTo && !this.publishTo.includes(msg.exchange)) {
-      // How a WIT `result` error reaches JS: a thrown error with a payload.
-      const e = new Error('publish refused');
-      e.payload = `exchange \`${msg.exchange}\` is not in this consumer's publish_to`;
-      throw e;
-    }
-    if (msg.deliverAtMs !== undefined) this.checkDelay(msg.deliverAtMs);
-    this.published.push(msg);
-    // The WIT `sent` record: the id and correlation that go on the wire.
-    return { id: `output-${this.published.length - 1}`, correlationId: 'test-correlation-1' };
-  }
-  checkDelay(deliverAtMs) {
-    const refuse = (payload) => {
-      const e = new Error('publish refused');
-      e.payload = payload;
-      throw e;
-    };
-    if (!this.publishDelayed) {
-      refuse(
-        'delayed publishing (deliver-at-ms) is not allowed for this consumer: ' +
-          'set publish_delayed = true in its [[consumers]] entry',
-      );
-    }
-    const ahead = deliverAtMs - this.now;
-    if (ahead > this.maxDelayMs) {
-      refuse(
-        `deliver-at-ms ${deliverAtMs} is ${ahead} ms from now, beyond the longest delay ` +
-          `this host schedules ([scheduler] max_delay = ${this.maxDelayMs} ms)`,
-      );
-    }
-  }
-  config(key) {
-    return this.configs[key];
-  }
-  nowMs() {
-    return this.now;
+// The order router's host: `route(body)` is one call.
+class RouterHost extends TestHost {
+  constructor(options = {}) {
+    super({ nowMs: 0n, ...options });
   }
   route(body) {
-    globalThis.acemqTestHost = this;
-    return handler.handle({ body: () => new TextEncoder().encode(body) });
+    return this.handle(handler, message(body));
   }
 }
 
 test('a valid order publishes an event and accepts', () => {
-  const host = new TestHost({ nowMs: 42n });
+  const host = new RouterHost({ nowMs: 42n });
   const outcome = host.route('{"id":"o-1","customer":"acme","total":12.5,"lines":[]}');
   assert.deepEqual(outcome, { tag: 'accept' });
   assert.equal(host.published.length, 1);
@@ -98,7 +45,7 @@ test('a valid order publishes an event and accepts', () => {
 });
 
 test('the events exchange comes from config', () => {
-  const host = new TestHost({ config: { events_exchange: 'shop.events' } });
+  const host = new RouterHost({ config: { events_exchange: 'shop.events' } });
   assert.deepEqual(host.route('{"id":"o-1","customer":"acme","total":1}'), { tag: 'accept' });
   assert.equal(host.published[0].exchange, 'shop.events');
   // As serde_json writes an f64 read from `1`.
@@ -107,7 +54,7 @@ test('the events exchange comes from config', () => {
 });
 
 test('a missing field is rejected by name', () => {
-  const host = new TestHost();
+  const host = new RouterHost();
   assert.deepEqual(host.route('{"id":"o-1","total":3}'), {
     tag: 'reject',
     val: 'body is not a valid Order: missing field `customer` at line 1 column 22',
@@ -119,7 +66,7 @@ test('a missing field is rejected by name', () => {
 
 test('a non-positive total is rejected with the id', () => {
   for (const [total, shown] of [['0', '0'], ['-4.5', '-4.5'], ['-0.0', '-0']]) {
-    const host = new TestHost();
+    const host = new RouterHost();
     const reason = `order o-7: total must be positive, got ${shown}`;
     assert.deepEqual(host.route(`{"id":"o-7","customer":"acme","total":${total}}`), {
       tag: 'reject',
@@ -131,7 +78,7 @@ test('a non-positive total is rejected with the id', () => {
 });
 
 test('not JSON is rejected', () => {
-  const outcome = new TestHost().route('<order/>');
+  const outcome = new RouterHost().route('<order/>');
   assert.equal(outcome.tag, 'reject');
   // Node's wording here; inside the component SpiderMonkey's, which
   // serdeWording turns into serde_json's (tested below).
@@ -146,7 +93,7 @@ test('wrong types are rejected', () => {
     ['{"id":"o-1","customer":null,"total":1}', 'invalid type: null, expected a string'],
     ['"o-1"', 'invalid type: string "o-1", expected struct Order'],
   ]) {
-    assert.deepEqual(new TestHost().route(body), {
+    assert.deepEqual(new RouterHost().route(body), {
       tag: 'reject',
       val: `body is not a valid Order: ${problem}`,
     });
@@ -154,7 +101,7 @@ test('wrong types are rejected', () => {
 });
 
 test('a refused publish is retried', () => {
-  const host = new TestHost({ publishTo: ['elsewhere'] });
+  const host = new RouterHost({ publishTo: ['elsewhere'] });
   const outcome = host.route('{"id":"o-1","customer":"acme","total":1}');
   assert.equal(outcome.tag, 'retry');
   assert.ok(
@@ -180,12 +127,12 @@ test('a delayed publish keeps its due time, and is refused as by the host', () =
       mandatory: undefined,
       deliverAtMs: wit.nowMs() + 600_000n,
     });
-  const host = new TestHost({ nowMs: 1_000n });
+  const host = new RouterHost({ nowMs: 1_000n });
   globalThis.acemqTestHost = host;
   assert.equal(remind().id, 'output-0');
   assert.equal(host.published[0].deliverAtMs, 601_000n);
 
-  globalThis.acemqTestHost = new TestHost({ publishDelayed: false });
+  globalThis.acemqTestHost = new RouterHost({ publishDelayed: false });
   assert.throws(remind, {
     payload:
       'delayed publishing (deliver-at-ms) is not allowed for this consumer: ' +
@@ -193,9 +140,9 @@ test('a delayed publish keeps its due time, and is refused as by the host', () =
   });
   assert.deepEqual(globalThis.acemqTestHost.published, []);
 
-  globalThis.acemqTestHost = new TestHost({ maxDelayMs: 599_999n });
+  globalThis.acemqTestHost = new RouterHost({ maxDelayMs: 599_999n });
   assert.throws(remind, (e) => e.payload.includes('beyond the longest delay this host schedules'));
-  globalThis.acemqTestHost = new TestHost({ maxDelayMs: 600_000n });
+  globalThis.acemqTestHost = new RouterHost({ maxDelayMs: 600_000n });
   assert.equal(remind().id, 'output-0', 'the limit itself is allowed');
 });
 

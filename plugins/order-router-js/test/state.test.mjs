@@ -1,4 +1,4 @@
-// The state half of test/fake-host.mjs, as a plugin's tests rely on it:
+// The state half of guest-sdk/js/acemq-testing.mjs, as a plugin's tests rely on it:
 // `node --test test/` here (plugins/order-router-js). The handlers below call
 // the WIT import `acemq:plugin/state@0.4.0` as a plugin does; the fake keeps
 // a namespace across calls and commits a call's writes only when it accepts
@@ -7,9 +7,11 @@ import { register } from 'node:module';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
-// fake-host.mjs is its own resolve hook: both WIT imports resolve to it.
-register('./fake-host.mjs', import.meta.url);
-const fake = await import('./fake-host.mjs');
+// The test host acemq-host ships (guest-sdk/js) is its own resolve hook:
+// both WIT imports resolve to it.
+const TESTING = '../../../guest-sdk/js/acemq-testing.mjs';
+register(TESTING, import.meta.url);
+const fake = await import(TESTING);
 // As a plugin imports it.
 const state = await import('acemq:plugin/state@0.4.0');
 const { delete: del } = state;
@@ -19,29 +21,11 @@ const enc = (s) => new TextEncoder().encode(s);
 const dec = (b) => (b === undefined ? undefined : new TextDecoder().decode(b));
 const ACCEPT = { tag: 'accept' };
 
-// A TestHost with state: `state: null` is a consumer without `state`.
-class TestHost {
-  constructor({ nowMs = 1_700_000_000_000n, state = true } = {}) {
-    this.now = nowMs;
-    this.logs = [];
-    this.published = [];
-    this.state = state === true ? new fake.FakeNamespace({ clock: () => this.now }) : state;
-  }
-  log(level, text) {
-    this.logs.push([level, text]);
-  }
-  publish(msg) {
-    this.published.push(msg);
-    return { id: `output-${this.published.length - 1}`, correlationId: 'test-correlation-1' };
-  }
-  config() {
-    return undefined;
-  }
-  nowMs() {
-    return this.now;
-  }
-  // Runs `steps` as one call: [outcome, what steps returned]. A `{ tag }`
-  // it returns is the outcome, anything else means accept.
+// A TestHost with state (`state: null`: a consumer without `state`), which
+// runs `steps` as one call.
+class TestHost extends fake.TestHost {
+  // [outcome, what steps returned]. A `{ tag }` it returns is the outcome,
+  // anything else means accept.
   run(steps, options) {
     let result;
     const handler = {
@@ -50,7 +34,7 @@ class TestHost {
         return result && typeof result.tag === 'string' ? result : ACCEPT;
       },
     };
-    return [fake.handle(this, handler, {}, options), result];
+    return [this.handle(handler, fake.message(''), options), result];
   }
 }
 

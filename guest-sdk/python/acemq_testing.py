@@ -1,6 +1,7 @@
-"""In-memory stand-ins for the bindings componentize-py generates from
-wit/plugin.wit (acemq:plugin@0.4.0, world `handler-plugin`), so a Python
-plugin's `src/app.py` runs under plain CPython in its unit tests.
+"""The test host of a Python plugin: in-memory stand-ins for the bindings
+componentize-py generates from wit/plugin.wit (acemq:plugin@0.4.0, world
+`handler-plugin`), so a plugin's `src/app.py` runs under plain CPython in
+its unit tests, with no install.
 
 The real `wit_world` exists only inside the component. `install()` puts
 fakes of the modules a plugin imports (`wit_world.exports`,
@@ -16,13 +17,13 @@ derived UUIDs.
 plus the call's own writes, and the writes are committed only when the
 handler accepts (see `FakeHost` and `FakeNamespace`).
 
-Used by the tests of plugins/order-router-py, plugins/responder-py,
-plugins/slip-step-py and plugins/velocity-py (and its own, test_fake_wit.py
-here):
+It ships with acemq-host: `acemq-host plugin new NAME --lang python` writes
+this file into the new plugin's folder (it is built into the binary), and
+the Python plugins of the acemq-host repository (plugins/*-py) import it
+from guest-sdk/python. Its own tests are test_acemq_testing.py beside it.
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python-testing"))
-    import fake_wit
-    host, types, Err = fake_wit.install()
+    import acemq_testing
+    host, types, Err = acemq_testing.install()
     import app
 """
 

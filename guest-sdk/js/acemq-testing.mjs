@@ -1,12 +1,25 @@
-// Stands in for the WIT imports `acemq:plugin/host@0.4.0` and
-// `acemq:plugin/state@0.4.0` when a plugin runs under Node for its tests:
-// each `host` call goes to the test's current TestHost
-// (`globalThis.acemqTestHost`), each `state` call to the state call that
-// `handle` below opened on it.
+// The test host of a JavaScript plugin: it stands in for the WIT imports
+// `acemq:plugin/host@0.4.0` and `acemq:plugin/state@0.4.0` when a plugin
+// runs under Node for its tests (`node --test test/`), with no install.
+//
+// It is its own module hook: `register('<this file>', import.meta.url)` in a
+// test makes both imports resolve to it. Each `host` call then goes to the
+// test's current TestHost (`globalThis.acemqTestHost`, which `handle` below
+// sets), each `state` call to the state call that `handle` opened on it.
+// `TestHost` records what the handler logged and published, answers
+// `config` and `nowMs`, refuses publishes as the host does (`publishTo`,
+// `publishDelayed`, `maxDelayMs`), and keeps a state namespace across
+// calls; `message(body, ...)` is the WIT resource `message` a handler gets.
+//
+// It ships with acemq-host: `acemq-host plugin new NAME --lang js` writes
+// this file into the new plugin's folder (it is built into the binary), and
+// the JavaScript plugins of the acemq-host repository (plugins/*-js) import
+// it from guest-sdk/js.
 export const log = (level, text) => globalThis.acemqTestHost.log(level, text);
 export const publish = (msg) => globalThis.acemqTestHost.publish(msg);
 export const config = (key) => globalThis.acemqTestHost.config(key);
 export const nowMs = () => globalThis.acemqTestHost.nowMs();
+export const reply = (msg) => globalThis.acemqTestHost.reply(msg);
 
 // ---------------------------------------------------------------------------
 // State (docs/state.md), as jco and componentize-js hand it to JavaScript:
@@ -303,17 +316,18 @@ export class StateCall {
  * its `increment` or `setIfVersion` depended on changed: then nothing is
  * committed and `host.conflict` is the key (a Uint8Array), and up to
  * `reruns` more runs follow on fresh state (`msg` again, the outputs in
- * `host.published` of a conflicted run dropped), as the host runs the call
+ * `host.published` and `host.replies` of a conflicted run dropped), as the host runs the call
  * again. `host.committed`, `host.runs` say how it went. Returns the outcome
  * of the last run.
  */
 export function handle(host, handler, msg, { reruns = 0 } = {}) {
   host.runs = 0;
   for (;;) {
-    const published = host.published?.length;
+    const [published, replies] = [host.published?.length, host.replies?.length];
     const outcome = run(host, handler, msg);
     if (host.conflict === undefined || host.runs > reruns) return outcome;
     if (published !== undefined) host.published.length = published;
+    if (replies !== undefined) host.replies.length = replies;
   }
 }
 
@@ -346,9 +360,150 @@ export function concurrently(host, change) {
   (host.concurrent ??= []).push(change);
 }
 
-// Node module hooks: the WIT imports resolve to this file. test/hooks.mjs
-// maps `acemq:plugin/host@`; a test of a plugin that imports `state` too
-// registers this file instead (`register('./fake-host.mjs', import.meta.url)`).
+// ---------------------------------------------------------------------------
+// The message a handler gets, and the host it calls.
+// ---------------------------------------------------------------------------
+
+export const REPLY_TO_HEADER = 'acemq-reply-to';
+// The host's `[scheduler] max_delay` when its configuration sets none: 30 days.
+export const DEFAULT_MAX_DELAY_MS = 30n * 24n * 3600n * 1000n;
+
+/** The WIT record `envelope` of a test message, `fields` replacing the
+ * defaults (every `u64` a BigInt, an absent `option` undefined). */
+export const envelope = (fields = {}) => ({
+  id: 'test-message-1',
+  messageType: 'test',
+  version: 1,
+  correlationId: 'test-correlation-1',
+  causationId: undefined,
+  attempt: 1,
+  firstSeenMs: 1_700_000_000_000n,
+  origin: undefined,
+  route: undefined,
+  ...fields,
+});
+
+/** The WIT record `delivery` of a test message, `fields` replacing the defaults. */
+export const delivery = (fields = {}) => ({
+  queue: 'test.queue',
+  exchange: 'test.exchange',
+  routingKey: 'test',
+  redelivered: false,
+  streamOffset: undefined,
+  replyTo: undefined,
+  amqpCorrelationId: undefined,
+  ...fields,
+});
+
+/**
+ * The WIT resource `message`, as a handler gets it: `body` a string (as
+ * UTF-8) or a Uint8Array; `headers` an object of name -> string (a `text`
+ * header) or a `{ tag, val }` header value; `replyTo` makes it an AceMQ
+ * request (the `acemq-reply-to` header and the `reply-to` property).
+ */
+export function message(body, { headers = {}, contentType, envelope: env, delivery: del, replyTo } = {}) {
+  const bytes = typeof body === 'string' ? utf8.encode(body) : Uint8Array.from(body);
+  const list = Object.entries(headers).map(([name, value]) => [
+    name,
+    typeof value === 'string' ? { tag: 'text', val: value } : value,
+  ]);
+  const to = delivery(del);
+  if (replyTo !== undefined) {
+    list.push([REPLY_TO_HEADER, { tag: 'text', val: replyTo }]);
+    to.replyTo = replyTo;
+  }
+  const the = envelope(env);
+  return {
+    body: () => bytes.slice(),
+    headers: () => list.map(([name, value]) => [name, { ...value }]),
+    envelope: () => ({ ...the }),
+    delivery: () => ({ ...to }),
+    contentType: () => contentType,
+  };
+}
+
+/**
+ * Answers the `host` functions for one test and records what the handler
+ * did: `logs` [[level, text]], `published` [outgoing, as the handler handed
+ * it], `replies` [[outgoing-reply, reply queue or undefined]]. As the host
+ * does, a `publishTo` list refuses a publish to any other exchange,
+ * `publishDelayed: false` (the consumer's `publish_delayed` unset) refuses a
+ * delayed one, and so does a due time more than `maxDelayMs` after `nowMs`.
+ * `state` is the consumer's namespace, kept across calls: true (the default)
+ * makes one on this host's clock, a FakeNamespace shares one, null is a
+ * consumer without `state`. Run the handler with `host.handle(handler, msg)`.
+ * The ids it returns are stand-ins (`output-N`, `reply`), not the host's.
+ */
+export class TestHost {
+  constructor({
+    config = {},
+    nowMs = 1_700_000_000_000n,
+    publishTo,
+    publishDelayed = true,
+    maxDelayMs = DEFAULT_MAX_DELAY_MS,
+    state = true,
+  } = {}) {
+    Object.assign(this, { configs: { ...config }, now: nowMs, publishTo, publishDelayed, maxDelayMs });
+    Object.assign(this, { logs: [], published: [], replies: [] });
+    this.state = state === true ? new FakeNamespace({ clock: () => this.now }) : state;
+    this.input = { envelope: envelope(), replyTo: undefined };
+  }
+  log(level, text) {
+    this.logs.push([level, text]);
+  }
+  config(key) {
+    return this.configs[key];
+  }
+  nowMs() {
+    return this.now;
+  }
+  publish(msg) {
+    if (this.publishTo && !this.publishTo.includes(msg.exchange)) {
+      refuse(`exchange \`${msg.exchange}\` is not in this consumer's publish_to`);
+    }
+    if (msg.deliverAtMs !== undefined) this.checkDelay(msg.deliverAtMs);
+    this.published.push(msg);
+    // The WIT `sent` record: the id and correlation that go on the wire.
+    return {
+      id: msg.envelope?.id ?? `output-${this.published.length - 1}`,
+      correlationId: msg.envelope?.correlationId ?? this.input.envelope.correlationId,
+    };
+  }
+  checkDelay(deliverAtMs) {
+    if (!this.publishDelayed) {
+      refuse(
+        'delayed publishing (deliver-at-ms) is not allowed for this consumer: ' +
+          'set publish_delayed = true in its [[consumers]] entry',
+      );
+    }
+    const ahead = deliverAtMs - this.now;
+    if (ahead > this.maxDelayMs) {
+      refuse(
+        `deliver-at-ms ${deliverAtMs} is ${ahead} ms from now, beyond the longest delay ` +
+          `this host schedules ([scheduler] max_delay = ${this.maxDelayMs} ms)`,
+      );
+    }
+  }
+  reply(msg) {
+    if (this.replies.length) refuse('this call has already replied: a request gets one answer');
+    if (msg.envelope?.correlationId !== undefined || msg.envelope?.causationId !== undefined) {
+      refuse("a reply's correlation and causation are the request's; they cannot be set");
+    }
+    this.replies.push([msg, this.input.replyTo]);
+    return { id: msg.envelope?.id ?? 'reply', correlationId: this.input.envelope.correlationId };
+  }
+  /** Runs `handler.handle(msg)` on this host: see `handle` above. */
+  handle(handler, msg, options) {
+    const header = msg.headers?.().find(([name]) => name === REPLY_TO_HEADER)?.[1];
+    this.input = {
+      envelope: msg.envelope?.() ?? envelope(),
+      replyTo: (header?.tag === 'text' && header.val) || msg.delivery?.().replyTo || undefined,
+    };
+    return handle(this, handler, msg, options);
+  }
+}
+
+// Node module hooks: the WIT imports resolve to this file.
 export async function resolve(specifier, context, next) {
   if (specifier.startsWith('acemq:plugin/host@') || specifier.startsWith('acemq:plugin/state@')) {
     return { url: import.meta.url, shortCircuit: true };

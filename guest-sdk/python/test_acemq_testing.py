@@ -1,14 +1,14 @@
 """The shared fake bindings' own tests: what a plugin's tests rely on them for
 (delayed publishing, and the state interface as docs/state.md describes it).
 
-`python3 -m unittest test_fake_wit` here (plugins/python-testing).
+`python3 -m unittest test_acemq_testing` here (guest-sdk/python).
 """
 
 import unittest
 
-import fake_wit
+import acemq_testing
 
-host, wtypes, Err = fake_wit.install()
+host, wtypes, Err = acemq_testing.install()
 # As a plugin imports it: `from wit_world.imports import state`.
 from wit_world.imports import state  # noqa: E402
 
@@ -38,35 +38,35 @@ class Reminder:
 
 class DelayedPublishingTest(unittest.TestCase):
     def test_a_delayed_output_keeps_its_due_time(self):
-        h = fake_wit.FakeHost(now_ms=1_000)
-        self.assertEqual(h.handle(Reminder(delay=True), fake_wit.message("call")),
+        h = acemq_testing.FakeHost(now_ms=1_000)
+        self.assertEqual(h.handle(Reminder(delay=True), acemq_testing.message("call")),
                          wtypes.Outcome_Accept())
         [out] = h.published
         self.assertEqual(out.deliver_at_ms, 601_000)
-        h = fake_wit.FakeHost()
-        h.handle(Reminder(delay=False), fake_wit.message("call"))
+        h = acemq_testing.FakeHost()
+        h.handle(Reminder(delay=False), acemq_testing.message("call"))
         self.assertIsNone(h.published[0].deliver_at_ms)
 
     def test_a_consumer_without_publish_delayed_is_refused_as_by_the_host(self):
-        h = fake_wit.FakeHost(publish_delayed=False)
-        self.assertEqual(h.handle(Reminder(delay=True), fake_wit.message("call")),
+        h = acemq_testing.FakeHost(publish_delayed=False)
+        self.assertEqual(h.handle(Reminder(delay=True), acemq_testing.message("call")),
                          wtypes.Outcome_Retry(
                              "delayed publishing (deliver-at-ms) is not allowed for this consumer: "
                              "set publish_delayed = true in its [[consumers]] entry"))
         self.assertEqual(h.published, [])
         # Publishing now needs no scheduler.
-        self.assertEqual(h.handle(Reminder(delay=False), fake_wit.message("call")),
+        self.assertEqual(h.handle(Reminder(delay=False), acemq_testing.message("call")),
                          wtypes.Outcome_Accept())
 
     def test_a_due_time_beyond_max_delay_is_refused(self):
-        h = fake_wit.FakeHost(max_delay_ms=599_999)
-        outcome = h.handle(Reminder(delay=True), fake_wit.message("call"))
+        h = acemq_testing.FakeHost(max_delay_ms=599_999)
+        outcome = h.handle(Reminder(delay=True), acemq_testing.message("call"))
         self.assertIsInstance(outcome, wtypes.Outcome_Retry)
         self.assertIn("beyond the longest delay this host schedules", outcome.value)
         self.assertEqual(h.published, [])
         # The limit itself is allowed.
-        h = fake_wit.FakeHost(max_delay_ms=600_000)
-        self.assertEqual(h.handle(Reminder(delay=True), fake_wit.message("call")),
+        h = acemq_testing.FakeHost(max_delay_ms=600_000)
+        self.assertEqual(h.handle(Reminder(delay=True), acemq_testing.message("call")),
                          wtypes.Outcome_Accept())
 
 
@@ -90,7 +90,7 @@ class Script:
 def run(h, steps, **kw):
     """Runs `steps` as one call on `h`: (outcome, what steps returned)."""
     script = Script(steps)
-    outcome = h.handle(script, fake_wit.message("x"), **kw)
+    outcome = h.handle(script, acemq_testing.message("x"), **kw)
     return outcome, script.result
 
 
@@ -105,7 +105,7 @@ def raised(f, *args):
 
 class StateCallsTest(unittest.TestCase):
     def test_reads_see_the_calls_own_writes_and_commit_on_accept(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
 
         def steps():
             before = state.get(b"k")
@@ -124,7 +124,7 @@ class StateCallsTest(unittest.TestCase):
     def test_an_input_not_accepted_leaves_no_write(self):
         for outcome in (wtypes.Outcome_Retry("later"), wtypes.Outcome_Reject("bad"),
                         wtypes.Outcome_Park("aside")):
-            h = fake_wit.FakeHost()
+            h = acemq_testing.FakeHost()
             h.state.seed("kept", "old")
 
             def steps():
@@ -140,7 +140,7 @@ class StateCallsTest(unittest.TestCase):
             self.assertEqual(sorted(h.last_call.writes), [b"fresh", b"kept", b"n"])
 
     def test_a_handler_that_raises_commits_nothing(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
 
         def steps():
             state.set(b"k", b"v", None)
@@ -151,24 +151,24 @@ class StateCallsTest(unittest.TestCase):
         self.assertEqual(h.state.items(), {})
 
     def test_a_consumer_without_state_gets_the_error_from_every_call(self):
-        h = fake_wit.FakeHost(state=None)
+        h = acemq_testing.FakeHost(state=None)
         self.assertIsNone(h.state)
         calls = ((state.get, b"k"), (state.set, b"k", b"v", None), (state.delete, b"k"),
                  (state.increment, b"k", 1, None), (state.get_versioned, b"k"),
                  (state.set_if_version, b"k", b"v", 0, None))
         reasons = run(h, lambda: [raised(*c) for c in calls])[1]
-        self.assertEqual(reasons, [fake_wit.NO_STATE_STORE] * 6)
-        self.assertEqual(fake_wit.NO_STATE_STORE,
+        self.assertEqual(reasons, [acemq_testing.NO_STATE_STORE] * 6)
+        self.assertEqual(acemq_testing.NO_STATE_STORE,
                          'this consumer has no state store: set state = "NAME" in its '
                          '[[consumers]] entry')
 
     def test_state_calls_outside_handle_are_a_test_mistake(self):
-        fake_wit.FakeHost()
+        acemq_testing.FakeHost()
         with self.assertRaisesRegex(RuntimeError, "outside FakeHost.handle"):
             state.get(b"k")
 
     def test_keys_and_values_are_bytes(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         with self.assertRaises(TypeError):
             run(h, lambda: state.get("k"))
         with self.assertRaises(TypeError):
@@ -182,7 +182,7 @@ class StateCallsTest(unittest.TestCase):
 
 class StateExpiryTest(unittest.TestCase):
     def test_ttl_is_on_the_fake_clock_and_none_never_expires(self):
-        h = fake_wit.FakeHost(now_ms=1_000)
+        h = acemq_testing.FakeHost(now_ms=1_000)
 
         def steps():
             state.set(b"brief", b"1", 500)
@@ -201,7 +201,7 @@ class StateExpiryTest(unittest.TestCase):
         self.assertEqual(run(h, lambda: state.get(b"forever"))[1], b"2")
 
     def test_a_zero_ttl_is_refused_as_by_the_host(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         reason = "ttl-ms must be at least 1 (none: the key never expires)"
         self.assertEqual(run(h, lambda: [raised(state.set, b"k", b"v", 0),
                                          raised(state.increment, b"n", 1, 0),
@@ -210,7 +210,7 @@ class StateExpiryTest(unittest.TestCase):
         self.assertEqual((h.last_call.writes, h.state.items()), ({}, {}))
 
     def test_seeded_entries_expire_too(self):
-        h = fake_wit.FakeHost(now_ms=0)
+        h = acemq_testing.FakeHost(now_ms=0)
         h.state.seed(b"k", b"v", ttl_ms=10)
         self.assertEqual(h.state.get(b"k"), b"v")
         h.now = 10
@@ -220,7 +220,7 @@ class StateExpiryTest(unittest.TestCase):
 
 class IncrementTest(unittest.TestCase):
     def test_counts_from_zero_and_stores_ascii_decimal(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         self.assertEqual(run(h, lambda: (state.increment(b"n", 5, None),
                                          state.increment(b"n", 1, None),
                                          state.get(b"n")))[1], (5, 6, b"6"))
@@ -229,7 +229,7 @@ class IncrementTest(unittest.TestCase):
         self.assertEqual(h.state.get(b"n"), b"-4")
 
     def test_reads_a_value_set_as_text(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         h.state.seed(b"n", b"41")
         self.assertEqual(run(h, lambda: state.increment(b"n", 1, None))[1], 42)
         # As Rust's i64 parses it, a sign may lead.
@@ -238,7 +238,7 @@ class IncrementTest(unittest.TestCase):
 
     def test_a_non_integer_value_is_an_error(self):
         for value in (b"six", b"6.0", b" 6", b"", b"99999999999999999999", "\u0666".encode()):
-            h = fake_wit.FakeHost()
+            h = acemq_testing.FakeHost()
             h.state.seed(b"n", value)
             reason = run(h, lambda: raised(state.increment, b"n", 1, None))[1]
             self.assertEqual(reason, 'the key "n" does not hold an integer (increment keeps '
@@ -247,17 +247,17 @@ class IncrementTest(unittest.TestCase):
             self.assertEqual(h.last_call.writes, {})
 
     def test_overflow_is_an_error(self):
-        h = fake_wit.FakeHost()
-        h.state.seed(b"n", str(fake_wit.I64_MAX).encode())
+        h = acemq_testing.FakeHost()
+        h.state.seed(b"n", str(acemq_testing.I64_MAX).encode())
         self.assertEqual(run(h, lambda: raised(state.increment, b"n", 1, None))[1],
                          f'incrementing the key "n" by 1 overflows a 64-bit integer '
-                         f'(it holds {fake_wit.I64_MAX})')
-        h.state.seed(b"n", str(fake_wit.I64_MIN).encode())
+                         f'(it holds {acemq_testing.I64_MAX})')
+        h.state.seed(b"n", str(acemq_testing.I64_MIN).encode())
         self.assertIn("overflows", run(h, lambda: raised(state.increment, b"n", -1, None))[1])
-        self.assertEqual(run(h, lambda: state.increment(b"n", 0, None))[1], fake_wit.I64_MIN)
+        self.assertEqual(run(h, lambda: state.increment(b"n", 0, None))[1], acemq_testing.I64_MIN)
 
     def test_no_ttl_keeps_the_keys_own_expiry_and_a_ttl_sets_a_new_one(self):
-        h = fake_wit.FakeHost(now_ms=0)
+        h = acemq_testing.FakeHost(now_ms=0)
         h.state.seed(b"n", b"1", ttl_ms=1_000)
         h.state.seed(b"m", b"1")
         h.now = 400
@@ -267,13 +267,13 @@ class IncrementTest(unittest.TestCase):
         self.assertIsNone(h.state.entry(b"m").expires_at_ms)
         self.assertIsNone(h.state.entry(b"new").expires_at_ms)
         run(h, lambda: state.increment(b"n", 1, 5_000))
-        self.assertEqual(h.state.entry(b"n"), fake_wit.StateEntry(b"3", h.state.version(b"n"), 5_400))
+        self.assertEqual(h.state.entry(b"n"), acemq_testing.StateEntry(b"3", h.state.version(b"n"), 5_400))
         # Within one call, a key's own expiry is the one the call set.
         run(h, lambda: (state.set(b"t", b"0", 100), state.increment(b"t", 1, None)))
         self.assertEqual(h.state.entry(b"t").expires_at_ms, 500)
 
     def test_an_increment_conflicts_when_its_key_changed_before_the_commit(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         h.state.seed(b"n", b"1")
         h.concurrently(lambda ns: ns.seed(b"n", b"10"))
         self.assertEqual(run(h, lambda: state.increment(b"n", 1, None))[1], 2)
@@ -286,7 +286,7 @@ class IncrementTest(unittest.TestCase):
         self.assertEqual((h.runs, h.conflict, h.state.get(b"n")), (2, None, b"21"))
 
     def test_an_increment_of_the_calls_own_write_checks_nothing(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         h.state.seed(b"n", b"1")
         h.concurrently(lambda ns: ns.seed(b"n", b"10"))
         run(h, lambda: (state.set(b"n", b"5", None), state.increment(b"n", 1, None)))
@@ -295,7 +295,7 @@ class IncrementTest(unittest.TestCase):
 
 class VersionsTest(unittest.TestCase):
     def test_versions_are_unique_and_never_reused(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         v1 = h.state.seed(b"a", b"1")
         run(h, lambda: (state.set(b"b", b"1", None), state.set(b"a", b"2", None)))
         va, vb = h.state.version(b"a"), h.state.version(b"b")
@@ -309,7 +309,7 @@ class VersionsTest(unittest.TestCase):
                          (b"1", h.state.version(b"a")))
 
     def test_set_if_version_commits_when_the_version_held(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         v = h.state.seed(b"k", b"old")
 
         def steps():
@@ -324,14 +324,14 @@ class VersionsTest(unittest.TestCase):
         self.assertGreater(h.state.version(b"k"), v)
 
     def test_version_zero_means_only_if_absent(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         run(h, lambda: state.set_if_version(b"k", b"first", 0, None))
         self.assertEqual((h.committed, h.state.get(b"k")), (True, b"first"))
         run(h, lambda: state.set_if_version(b"k", b"second", 0, None))
         self.assertEqual((h.committed, h.conflict, h.state.get(b"k")), (False, b"k", b"first"))
 
     def test_a_stale_version_conflicts_at_the_commit(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         v = h.state.seed(b"k", b"1")
         h.state.seed(b"k", b"2")
         # The call is not refused; its commit is.
@@ -341,7 +341,7 @@ class VersionsTest(unittest.TestCase):
         self.assertEqual((h.conflict, h.state.get(b"k")), (b"k", b"2"))
 
     def test_a_concurrent_change_makes_the_commit_conflict_and_leaves_nothing(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         h.state.seed(b"k", b"1")
 
         def steps():
@@ -361,7 +361,7 @@ class VersionsTest(unittest.TestCase):
         self.assertEqual(len(h.published), 1, "kept for the test; the host publishes none")
 
     def test_reruns_run_the_call_again_on_fresh_state(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         h.state.seed(b"k", b"a")
         h.concurrently(lambda ns: ns.seed(b"k", b"b"))
         published = []
@@ -382,7 +382,7 @@ class VersionsTest(unittest.TestCase):
         self.assertEqual([o.body for o in h.published], [b"b"])
 
     def test_the_first_check_of_a_key_is_kept(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         v = h.state.seed(b"k", b"1")
 
         def steps():
@@ -395,7 +395,7 @@ class VersionsTest(unittest.TestCase):
         self.assertEqual(h.last_call.checks, {b"k": v})
 
     def test_a_plain_set_or_delete_never_conflicts(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         h.state.seed(b"k", b"1")
         h.concurrently(lambda ns: ns.seed(b"k", b"2"))
         run(h, lambda: (state.get_versioned(b"k"), state.set(b"k", b"mine", None)))
@@ -407,7 +407,7 @@ class VersionsTest(unittest.TestCase):
 
 class StateLimitsTest(unittest.TestCase):
     def test_keys_are_1_to_1024_bytes(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
         reasons = run(h, lambda: [raised(state.get, b""), raised(state.set, b"k" * 1025, b"", None),
                                   state.set(b"k" * 1024, b"v", None)])[1]
         self.assertEqual(reasons, ["a state key must not be empty",
@@ -415,8 +415,8 @@ class StateLimitsTest(unittest.TestCase):
         self.assertEqual(h.state.keys(), [b"k" * 1024])
 
     def test_values_are_at_most_1_mib(self):
-        h = fake_wit.FakeHost()
-        mib = fake_wit.STATE_MAX_VALUE_BYTES
+        h = acemq_testing.FakeHost()
+        mib = acemq_testing.STATE_MAX_VALUE_BYTES
         self.assertEqual(mib, 1 << 20)
         reasons = run(h, lambda: [raised(state.set, b"k", b"x" * (mib + 1), None),
                                   raised(state.set_if_version, b"k", b"x" * (mib + 1), 0, None),
@@ -426,7 +426,7 @@ class StateLimitsTest(unittest.TestCase):
         self.assertEqual(len(h.state.get(b"k")), mib)
 
     def test_a_call_makes_at_most_1000_writes(self):
-        h = fake_wit.FakeHost()
+        h = acemq_testing.FakeHost()
 
         def steps():
             for i in range(999):
@@ -447,21 +447,21 @@ class StateLimitsTest(unittest.TestCase):
 
 class SharedNamespaceTest(unittest.TestCase):
     def test_two_consumers_naming_one_namespace_share_it(self):
-        a = fake_wit.FakeHost(now_ms=5)
-        b = fake_wit.FakeHost(now_ms=5, state=a.state)
+        a = acemq_testing.FakeHost(now_ms=5)
+        b = acemq_testing.FakeHost(now_ms=5, state=a.state)
         run(a, lambda: state.increment(b"n", 1, None))
         self.assertEqual(run(b, lambda: state.increment(b"n", 1, None))[1], 2)
         self.assertEqual(a.state.items(), {b"n": b"2"})
 
     def test_helpers_take_text_and_show_keys_as_the_host_does(self):
-        ns = fake_wit.FakeNamespace()
+        ns = acemq_testing.FakeNamespace()
         ns.seed("customer/acme", "[1]")
         self.assertEqual(ns.get(b"customer/acme"), b"[1]")
         ns.remove("customer/acme")
         self.assertEqual(ns.items(), {})
-        self.assertEqual(fake_wit.show_key(b"customer/acme"), 'the key "customer/acme"')
-        self.assertEqual(fake_wit.show_key('a"\n\u00e9'.encode()), 'the key "a\\"\\né"')
-        self.assertEqual(fake_wit.show_key(b"\xff\x00"), "the key 0xff00")
+        self.assertEqual(acemq_testing.show_key(b"customer/acme"), 'the key "customer/acme"')
+        self.assertEqual(acemq_testing.show_key('a"\n\u00e9'.encode()), 'the key "a\\"\\né"')
+        self.assertEqual(acemq_testing.show_key(b"\xff\x00"), "the key 0xff00")
 
 
 if __name__ == "__main__":
