@@ -18,17 +18,21 @@ pub enum PluginCommand {
     Componentize { input: PathBuf, output: PathBuf },
     /// Show what a plugin file is: world, imports, exports, size, hash.
     Inspect { file: PathBuf },
-    /// Create a plugin crate that builds and passes its tests as it is.
+    /// Create a plugin (a Rust crate, or a Python or JavaScript folder) that
+    /// builds and passes its tests as it is.
     #[command(after_help = PLUGIN_NEW_HELP)]
     New {
-        /// The crate's name (and its folder's): lowercase letters, digits,
+        /// The plugin's name (and its folder's): lowercase letters, digits,
         /// `-` and `_`, starting with a letter.
         name: String,
+        /// The language it is written in.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: new::Lang,
         /// A codec (converts bodies between the wire and handlers) instead
-        /// of a handler.
+        /// of a handler. Rust only.
         #[arg(long)]
         codec: bool,
-        /// The folder to create the crate's folder in.
+        /// The folder to create the plugin's folder in.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
         /// The guest SDK (the `guest-sdk` folder of an acemq-host checkout)
@@ -37,19 +41,21 @@ pub enum PluginCommand {
         #[arg(long)]
         sdk: Option<PathBuf>,
     },
-    /// Build a plugin crate, or every plugin crate of a workspace, into
-    /// WebAssembly components.
+    /// Build a plugin (a Rust crate, every plugin crate of a workspace, or
+    /// a Python or JavaScript plugin folder) into WebAssembly components.
     #[command(after_help = PLUGIN_BUILD_HELP)]
     Build {
-        /// The crate or workspace folder (or its Cargo.toml).
+        /// The plugin's folder: a crate or workspace (or its Cargo.toml), or
+        /// a Python (`src/app.py`) or JavaScript (`package.json`, `app.js`) one.
         #[arg(default_value = ".")]
         dir: PathBuf,
         /// Cargo's target directory for the wasm build (core modules go in
         /// `wasm/` or `wasm-rustup/` under it). Default: the workspace's
-        /// `[workspace.metadata.acemq] target-dir`, else cargo's.
+        /// `[workspace.metadata.acemq] target-dir`, else cargo's. Rust only.
         #[arg(long)]
         target_dir: Option<PathBuf>,
-        /// Where the components go. Default: `plugins/` in the target directory.
+        /// Where the components go. Default: `plugins/` in the target
+        /// directory (Rust), `target/plugins/` in the folder (Python, JavaScript).
         #[arg(long)]
         out_dir: Option<PathBuf>,
     },
@@ -102,27 +108,52 @@ pub enum PluginCommand {
 }
 
 const PLUGIN_NEW_HELP: &str = "\
-Inside a workspace that takes every folder as a member and provides the SDK
-(this repository's plugins/), the crate joins it; anywhere else it is a
-workspace of its own depending on the guest SDK by path.
+Rust (the default): inside a workspace that takes every folder as a member
+and provides the SDK (this repository's plugins/), the crate joins it;
+anywhere else it is a workspace of its own depending on the guest SDK by path.
 
-Example:
+Python and JavaScript: a folder with the handler (src/app.py, or app.js), its
+tests, the test host they import (acemq_testing.py, or acemq-testing.mjs),
+the WIT it is built against (wit/plugin.wit) and a README of what follows,
+including what runs at build time and what at call time. Its tests need no
+install (unittest, node --test). --codec and --sdk are Rust only.
+
+Examples:
   acemq-host plugin new order-audit
   cd order-audit && cargo test && acemq-host plugin build
+  acemq-host plugin new order-audit --lang python
+  cd order-audit && python3 -m unittest && acemq-host plugin build
+  acemq-host plugin new order-audit --lang js
+  cd order-audit && node --test test/ && acemq-host plugin build
 
-Exit codes: 0 created, 2 unusable name or folder, 1 could not write.";
+Exit codes: 0 created, 2 unusable name, folder or option, 1 could not write.";
 
 const PLUGIN_BUILD_HELP: &str = "\
-Uses rustup's toolchain when it has the wasm32-unknown-unknown target,
+The language is what the folder holds: Cargo.toml (Rust), src/app.py
+(Python), package.json with app.js (JavaScript).
+
+Rust: uses rustup's toolchain when it has the wasm32-unknown-unknown target,
 otherwise Debian's rustc-web (installed with apt when missing and allowed;
-otherwise the command to run is printed). Prints where each component is.
-Only what changed is rebuilt.
+otherwise the command to run is printed). Only what changed is rebuilt.
+
+Python and JavaScript: against the folder's wit/plugin.wit (else the WIT
+built into acemq-host), with componentize-py 0.25.1 (from PyPI, with this
+machine's python3) or the componentize-js and jco of the folder's
+package-lock.json (from npm, with node and npm), installed on first use into
+the user's cache ($XDG_CACHE_HOME/acemq-host/toolchains, else
+~/.cache/acemq-host/toolchains) and reused offline by every later build. A
+component newer than every source (src/ or the .js files, package.json, the
+lock, the WIT) is up to date and not rebuilt.
+
+Prints where each component is, its size, and the build's time.
 
 Examples:
   acemq-host plugin build order-audit
-  acemq-host plugin build plugins          # every plugin of this repository
+  acemq-host plugin build plugins          # every Rust plugin of this repository
+  acemq-host plugin build plugins/order-router-py --out-dir /tmp/components
 
-Exit codes: 0 built, 2 not a plugin crate or workspace, 1 build failed.";
+Exit codes: 0 built, 2 not a plugin folder (or an option of another
+language), 1 build failed (or its toolchain could not be installed).";
 
 const PLUGIN_RUN_HELP: &str = "\
 Example:
@@ -157,11 +188,13 @@ pub fn run(command: PluginCommand) -> ExitCode {
         }
         PluginCommand::New {
             name,
+            lang,
             codec,
             dir,
             sdk,
         } => create(new::NewRequest {
             name,
+            lang,
             codec,
             parent: dir,
             sdk,

@@ -1,6 +1,9 @@
 //! `acemq-host plugin build [DIR]`: the plugin crate (or every plugin crate
-//! of the workspace) at DIR, compiled for wasm32 and made into components.
+//! of the workspace) at DIR, compiled for wasm32 and made into components;
+//! or the Python or JavaScript plugin folder at DIR made into one
+//! ([`interpreted`]). What DIR holds says which ([`Language::detect`]).
 //!
+//! A Rust crate or workspace:
 //! 1. The guest toolchain: rustup's when it has the wasm32 target, otherwise
 //!    Debian's rustc-web building std from source (`-Zbuild-std`), installed
 //!    first if missing by `scripts/ensure-wasm-toolchain.sh`, which is built
@@ -25,11 +28,15 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, anyhow};
 
 use super::{Failure, shown};
+
+mod interpreted;
+
+pub use interpreted::{LOOKED_FOR, Language};
 
 /// The wasm target plugins are built for.
 pub const TARGET: &str = "wasm32-unknown-unknown";
@@ -315,10 +322,36 @@ pub struct Built {
     pub path: PathBuf,
     pub bytes: u64,
     pub rewritten: bool,
+    /// How long making it took, when it was made on its own (a Python or
+    /// JavaScript build; cargo builds a workspace's crates together).
+    pub took: Option<Duration>,
+}
+
+/// Builds the plugin at `dir`: a Rust crate or workspace (or its
+/// Cargo.toml), or a Python or JavaScript plugin folder.
+pub fn build(dir: &Path, overrides: &Overrides) -> Result<Vec<Built>, Failure> {
+    if dir.is_dir() {
+        let folder = dir.canonicalize().map_err(|e| {
+            Failure::input(anyhow!("{}: cannot read the folder: {e}", dir.display()))
+        })?;
+        match Language::detect(|relative| folder.join(relative).is_file()) {
+            Some(Language::Rust) => {}
+            Some(language) => {
+                return interpreted::build(&folder, language, overrides).map(|built| vec![built]);
+            }
+            None => {
+                return Err(Failure::input(anyhow!(
+                    "{}: not a plugin folder: looked for {LOOKED_FOR}",
+                    shown(&folder)
+                )));
+            }
+        }
+    }
+    build_crates(dir, overrides)
 }
 
 /// Builds the plugin crate or workspace at `dir`.
-pub fn build(dir: &Path, overrides: &Overrides) -> Result<Vec<Built>, Failure> {
+fn build_crates(dir: &Path, overrides: &Overrides) -> Result<Vec<Built>, Failure> {
     let manifest = if dir.is_file() {
         dir.to_path_buf()
     } else {
@@ -405,6 +438,7 @@ pub fn build(dir: &Path, overrides: &Overrides) -> Result<Vec<Built>, Failure> {
             path: out,
             bytes,
             rewritten,
+            took: None,
         });
     }
     if plan.prune {
@@ -479,12 +513,12 @@ pub fn summary(built: &[Built]) -> String {
     built
         .iter()
         .map(|b| {
-            format!(
-                "{:<44} {:>9} bytes  {}\n",
-                shown(&b.path),
-                b.bytes,
-                if b.rewritten { "written" } else { "up to date" }
-            )
+            let state = match (b.rewritten, b.took) {
+                (false, _) => "up to date".to_string(),
+                (true, None) => "written".to_string(),
+                (true, Some(took)) => format!("written in {:.1} s", took.as_secs_f64()),
+            };
+            format!("{:<44} {:>9} bytes  {state}\n", shown(&b.path), b.bytes)
         })
         .collect()
 }
@@ -604,6 +638,25 @@ mod tests {
         assert!(is_stale(Some(t), Some(t)));
         assert!(is_stale(Some(t), None));
         assert!(is_stale(None, Some(t)));
+    }
+
+    #[test]
+    fn the_summary_says_where_each_component_is_its_size_and_what_was_done() {
+        let built = |rewritten, took| Built {
+            path: PathBuf::from("/o/x.wasm"),
+            bytes: 18_581_043,
+            rewritten,
+            took,
+        };
+        assert_eq!(
+            summary(&[built(true, Some(Duration::from_millis(16_240)))]),
+            format!(
+                "{:<44} {:>9} bytes  written in 16.2 s\n",
+                "/o/x.wasm", 18_581_043
+            )
+        );
+        assert!(summary(&[built(true, None)]).ends_with("bytes  written\n"));
+        assert!(summary(&[built(false, None)]).ends_with("bytes  up to date\n"));
     }
 
     #[test]

@@ -1,7 +1,10 @@
-//! `acemq-host plugin new NAME [--codec]`: a plugin crate that builds and
-//! passes its tests as it is, from the templates in `host/templates/plugin`.
+//! `acemq-host plugin new NAME [--lang rust|python|js] [--codec]`: a plugin
+//! that builds and passes its tests as it is. A Rust one is a crate from the
+//! templates in `host/templates/plugin`; a Python or JavaScript one a folder
+//! from `host/templates/plugin-python` or `plugin-js` ([`langs`]), with the
+//! WIT and the test host of its language, and no dependency on a checkout.
 //!
-//! Where the crate lands decides how it depends on the SDK:
+//! Where a Rust crate lands decides how it depends on the SDK:
 //! - in a folder whose `Cargo.toml` is a workspace that takes every folder
 //!   as a member and provides `acemq-guest` (this repository's `plugins/`),
 //!   it joins that workspace and inherits its SDK, profile and lockfile;
@@ -16,6 +19,8 @@ use anyhow::{Context as _, anyhow};
 
 use super::{Failure, shown};
 
+mod langs;
+
 const HANDLER: &str = include_str!("../../templates/plugin/handler.rs");
 const CODEC: &str = include_str!("../../templates/plugin/codec.rs");
 const MEMBER_MANIFEST: &str = include_str!("../../templates/plugin/member.Cargo.toml");
@@ -24,10 +29,41 @@ const GITIGNORE: &str = include_str!("../../templates/plugin/gitignore");
 /// The versions the SDK and the example plugins are built and tested with.
 const LOCKFILE: &str = include_str!("../../../plugins/Cargo.lock");
 
+/// The language of the new plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lang {
+    /// A crate depending on the guest SDK (acemq-guest).
+    Rust,
+    /// A Python module built with componentize-py.
+    Python,
+    /// A JavaScript module built with componentize-js.
+    Js,
+}
+
+impl Lang {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Rust => "Rust",
+            Self::Python => "Python",
+            Self::Js => "JavaScript",
+        }
+    }
+
+    /// The `--lang` value that names it.
+    fn flag(self) -> &'static str {
+        match self {
+            Self::Rust => "rust",
+            Self::Python => "python",
+            Self::Js => "js",
+        }
+    }
+}
+
 /// What `plugin new` was asked for.
 #[derive(Debug, Clone)]
 pub struct NewRequest {
     pub name: String,
+    pub lang: Lang,
     pub codec: bool,
     /// The folder the crate's folder is created in.
     pub parent: PathBuf,
@@ -42,6 +78,25 @@ pub enum Placement {
     Member,
     /// A workspace of its own, the SDK at this path.
     Standalone { sdk: PathBuf },
+}
+
+/// Checks that the options go with the language: `--codec` and `--sdk` are
+/// the Rust crate's (a codec is Rust-only; only a crate has an SDK).
+pub fn check_options(lang: Lang, codec: bool, sdk: bool) -> Result<(), String> {
+    let rust_only = match (codec, sdk) {
+        (true, _) => "--codec",
+        (false, true) => "--sdk",
+        (false, false) => return Ok(()),
+    };
+    match lang {
+        Lang::Rust => Ok(()),
+        other => Err(format!(
+            "{rust_only} is for Rust plugins only, not with --lang {}: codecs are written in \
+             Rust, and only a Rust crate depends on the guest SDK (drop {rust_only}, or use \
+             --lang rust)",
+            other.flag()
+        )),
+    }
 }
 
 /// Checks that `name` can be a package name, a library name and a file
@@ -182,12 +237,16 @@ pub fn files(name: &str, codec: bool, placement: &Placement) -> Vec<(&'static st
 #[derive(Debug)]
 pub struct Created {
     pub dir: PathBuf,
-    pub placement: Placement,
+    pub lang: Lang,
+    /// How a Rust crate gets the SDK (`None` for the other languages).
+    pub placement: Option<Placement>,
     pub files: Vec<PathBuf>,
 }
 
-/// Creates the crate: `request.parent/request.name`.
+/// Creates the plugin's folder: `request.parent/request.name`.
 pub fn create(request: &NewRequest) -> Result<Created, Failure> {
+    check_options(request.lang, request.codec, request.sdk.is_some())
+        .map_err(|e| Failure::input(anyhow!(e)))?;
     validate_name(&request.name).map_err(|e| Failure::input(anyhow!(e)))?;
     let parent = request.parent.canonicalize().map_err(|e| {
         Failure::input(anyhow!(
@@ -202,6 +261,42 @@ pub fn create(request: &NewRequest) -> Result<Created, Failure> {
             dir.display()
         )));
     }
+    let (files, placement) = match request.lang {
+        Lang::Rust => {
+            let placement = rust_placement(request, &parent)?;
+            (
+                files(&request.name, request.codec, &placement),
+                Some(placement),
+            )
+        }
+        Lang::Python => (langs::python_files(&request.name), None),
+        Lang::Js => (langs::js_files(&request.name), None),
+    };
+    let mut written = Vec::new();
+    for (relative, text) in files {
+        let path = dir.join(relative);
+        let write = || -> anyhow::Result<()> {
+            if let Some(folder) = path.parent() {
+                std::fs::create_dir_all(folder)?;
+            }
+            std::fs::write(&path, text)?;
+            Ok(())
+        };
+        write()
+            .with_context(|| format!("cannot write {}", path.display()))
+            .map_err(Failure::failed)?;
+        written.push(path);
+    }
+    Ok(Created {
+        dir,
+        lang: request.lang,
+        placement,
+        files: written,
+    })
+}
+
+/// How a Rust crate created in `parent` gets the SDK.
+fn rust_placement(request: &NewRequest, parent: &std::path::Path) -> Result<Placement, Failure> {
     let parent_manifest = std::fs::read_to_string(parent.join("Cargo.toml")).ok();
     let placement = if joins_workspace(parent_manifest.as_deref(), &request.name) {
         Placement::Member
@@ -223,50 +318,39 @@ pub fn create(request: &NewRequest) -> Result<Created, Failure> {
             })?;
         Placement::Standalone { sdk }
     };
-    let mut written = Vec::new();
-    for (relative, text) in files(&request.name, request.codec, &placement) {
-        let path = dir.join(relative);
-        let write = || -> anyhow::Result<()> {
-            if let Some(folder) = path.parent() {
-                std::fs::create_dir_all(folder)?;
-            }
-            std::fs::write(&path, text)?;
-            Ok(())
-        };
-        write()
-            .with_context(|| format!("cannot write {}", path.display()))
-            .map_err(Failure::failed)?;
-        written.push(path);
-    }
-    Ok(Created {
-        dir,
-        placement,
-        files: written,
-    })
+    Ok(placement)
 }
 
 /// What `plugin new` prints: what it made and the commands that follow.
 pub fn next_steps(created: &Created, name: &str, codec: bool) -> String {
     let dir = shown(&created.dir);
     let kind = if codec { "codec" } else { "handler" };
-    let mut out = format!("created the {kind} plugin {name} in {dir}/\n");
+    let lang = match created.lang {
+        Lang::Rust => String::new(),
+        other => format!("{} ", other.describe()),
+    };
+    let mut out = format!("created the {lang}{kind} plugin {name} in {dir}/\n");
     for file in &created.files {
         out.push_str(&format!("  {}\n", shown(file)));
     }
-    out.push_str(
-        match &created.placement {
-            Placement::Member => {
-                "a member of the workspace around it (the SDK comes from there)\n".to_string()
-            }
-            Placement::Standalone { sdk } => {
-                format!("its own workspace; the guest SDK is {}\n", sdk.display())
-            }
+    match &created.placement {
+        Some(Placement::Member) => {
+            out.push_str("a member of the workspace around it (the SDK comes from there)\n")
         }
-        .as_str(),
-    );
+        Some(Placement::Standalone { sdk }) => out.push_str(&format!(
+            "its own workspace; the guest SDK is {}\n",
+            sdk.display()
+        )),
+        None => {}
+    }
+    let test = match created.lang {
+        Lang::Rust => "cargo test",
+        Lang::Python => "python3 -m unittest",
+        Lang::Js => "node --test test/",
+    };
     out.push_str("\nnext:\n");
     out.push_str(&format!(
-        "  (cd {dir} && cargo test)          # its tests, natively\n"
+        "  (cd {dir} && {test})          # its tests, natively\n"
     ));
     out.push_str(&format!(
         "  acemq-host plugin build {dir}     # the component; prints where it is\n"
@@ -276,9 +360,15 @@ pub fn next_steps(created: &Created, name: &str, codec: bool) -> String {
             "  acemq-host plugin run <component> --body 'hello' --config forward_to=out --publish-to out\n",
         );
     }
-    out.push_str(
-        "  then point a consumer's `plugin` at the component (see the README, \"Writing a plugin\")\n",
-    );
+    match created.lang {
+        Lang::Rust => out.push_str(
+            "  then point a consumer's `plugin` at the component (see the README, \"Writing a plugin\")\n",
+        ),
+        _ => out.push_str(&format!(
+            "  then point a consumer's `plugin` at the component; {dir}/README.md says how, and \
+             what runs at build time and what at call time\n"
+        )),
+    }
     out
 }
 
@@ -309,6 +399,62 @@ mod tests {
         );
         for name in ["order-audit", "echo2", "my_codec", "a"] {
             validate_name(name).unwrap();
+        }
+    }
+
+    #[test]
+    fn codec_and_sdk_are_refused_outside_rust_naming_the_option_and_the_language() {
+        for lang in [Lang::Python, Lang::Js] {
+            let error = check_options(lang, true, false).unwrap_err();
+            assert!(
+                error.starts_with("--codec is for Rust plugins only"),
+                "{error}"
+            );
+            assert!(
+                error.contains(&format!("--lang {}", lang.flag())),
+                "{error}"
+            );
+            let error = check_options(lang, false, true).unwrap_err();
+            assert!(
+                error.starts_with("--sdk is for Rust plugins only"),
+                "{error}"
+            );
+            check_options(lang, false, false).unwrap();
+        }
+        check_options(Lang::Rust, true, true).unwrap();
+    }
+
+    #[test]
+    fn the_next_steps_are_the_languages_commands() {
+        for (lang, test) in [
+            (Lang::Rust, "cargo test"),
+            (Lang::Python, "python3 -m unittest"),
+            (Lang::Js, "node --test test/"),
+        ] {
+            let created = Created {
+                dir: PathBuf::from("/elsewhere/audit"),
+                lang,
+                placement: None,
+                files: vec![PathBuf::from("/elsewhere/audit/README.md")],
+            };
+            let steps = next_steps(&created, "audit", false);
+            assert!(
+                steps.contains(&format!("(cd /elsewhere/audit && {test})")),
+                "{steps}"
+            );
+            assert!(
+                steps.contains("acemq-host plugin build /elsewhere/audit "),
+                "{steps}"
+            );
+            assert!(steps.contains("  /elsewhere/audit/README.md\n"), "{steps}");
+            let said = format!(
+                "created the {}handler",
+                match lang {
+                    Lang::Rust => String::new(),
+                    other => format!("{} ", other.describe()),
+                }
+            );
+            assert!(steps.starts_with(&said), "{steps}");
         }
     }
 
