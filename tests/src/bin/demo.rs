@@ -4,6 +4,9 @@
 //! builds the plugins and the host first. With `--keep` the broker is left
 //! running at the end (the one `scripts/broker` starts, url and stops), with
 //! the demo's exchanges and queues, to go on trying things against.
+//!
+//! The host's own log goes to a file (`target/demo/host.log`), not between
+//! the lines of the report: the report says where it is.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -61,11 +64,14 @@ async fn main() -> Result<()> {
     let options = HostOptions {
         consumers: 1,
         url: Some(broker.amqp_url().to_string()),
-        echo: Some("   host | ".to_string()),
         ..HostOptions::default()
     };
+    let host_started = Instant::now();
     let host = HostProcess::start_with(&config, tempfile::tempdir()?, &options)?;
-    println!();
+    println!(
+        "   the host is consuming (in {:.1} s; its log goes to a file, shown at the end)\n",
+        host_started.elapsed().as_secs_f64()
+    );
 
     println!(
         "3. publishing {} orders to exchange 'orders' with routing key 'order.created'",
@@ -94,9 +100,6 @@ async fn main() -> Result<()> {
             Duration::from_secs(30),
         )
         .await?;
-    // Give the host's last log lines a moment to show before the summary.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-
     let mut fate = BTreeMap::new();
     for event in &events {
         let cause = text(event.header("x-acemq-causation")).unwrap_or_default();
@@ -127,8 +130,19 @@ async fn main() -> Result<()> {
     println!();
 
     println!("5. stopping: SIGTERM to the host");
-    let status = host.terminate(Duration::from_secs(30))?;
+    let (status, log) = host.terminate_with_log(Duration::from_secs(30))?;
     println!("   the host exited with {status}");
+    let log_file = workspace_root().join("target/demo/host.log");
+    std::fs::create_dir_all(log_file.parent().expect("a folder"))?;
+    std::fs::write(&log_file, log.join("\n") + "\n")?;
+    let warnings = log
+        .iter()
+        .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+        .count();
+    println!(
+        "   its log: target/demo/host.log ({} lines, {warnings} warnings or errors; a refused order is a warning)",
+        log.len()
+    );
     if keep {
         let kept = broker.leave_running()?;
         println!("   RabbitMQ left running (--keep):");
