@@ -57,12 +57,19 @@ fn python_frame(at: &str) -> Option<String> {
     })
 }
 
-/// A JavaScript engine's report of an uncaught error: its `Name: message`
-/// line and the head of its stack (`handle@app.js:12:5`, or V8's
-/// `at handle (app.js:12:5)`).
+/// A JavaScript engine's report of an uncaught error and the head of its
+/// stack. componentize-js (SpiderMonkey) prints the message alone, then
+/// `Stack:` and one `function@file:line:col` frame a line, innermost first
+/// (`undefinedName is not defined` / `Stack:` / `  decide@app.js:4:3`);
+/// V8-style engines print `Name: message` and `at function (file:line:col)`
+/// frames.
 fn javascript_error(stderr: &str) -> Option<String> {
     let lines: Vec<&str> = stderr.lines().map(str::trim).collect();
-    let position = lines.iter().rposition(|line| is_js_error_line(line))?;
+    let position = match lines.iter().rposition(|line| *line == "Stack:") {
+        // The message is what comes before the stack, back to the margin.
+        Some(stack) => lines[..stack].iter().rposition(|line| !line.is_empty())?,
+        None => lines.iter().rposition(|line| is_js_error_line(line))?,
+    };
     let error = without_engine_prefix(lines[position]);
     let at = lines[position + 1..]
         .iter()
@@ -196,6 +203,12 @@ ValueError: invalid literal for int() with base 10: 'x'
             Some(
                 "uncaught exception: TypeError: order.total is undefined (at route (app.js:14:9))"
             )
+        );
+        // As componentize-js 0.23 prints it, seen on a real component.
+        let starling = "undefinedName is not defined\nStack:\n  decide@app.js:4:3\n  handle@app.js:9:12\n  export_handler_0_4_0$handle@/tmp/4a11f7db15d9/sources/initializer.js:1584:15\nRedirecting call to abort() to mozalloc_abort\n";
+        assert_eq!(
+            cause(starling).as_deref(),
+            Some("uncaught exception: undefinedName is not defined (at decide (app.js:4:3))")
         );
         let v8 = "Uncaught ReferenceError: x is not defined\n    at handle (file:///plugin/app.js:7:3)\n";
         assert_eq!(
