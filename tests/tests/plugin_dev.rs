@@ -182,9 +182,14 @@ async fn forwards_on_the_broker(component: &Path, start: Duration) {
         unique_name("probe.out"),
         unique_name("probe.x"),
     );
+    // The cache `plugin build` precompiled into (the user's, under this
+    // test's XDG_CACHE_HOME): the host finds the component compiled.
     let config = format!(
         r#"[broker]
 url = "{url}"
+
+[host]
+plugin_cache_dir = "{cache}"
 
 [[exchanges]]
 name = "{exchange}"
@@ -212,8 +217,16 @@ forward_to = "{exchange}"
 "#,
         url = broker.amqp_url(),
         plugin = component.display(),
+        cache = cache_home().join("acemq-host/plugins").display(),
     );
     let host = HostProcess::start_within(&config, 1, start).unwrap();
+    let log = host.log_text();
+    assert!(
+        log.contains("plugin taken from the compiled-plugin cache")
+            && log.contains("from_cache=true")
+            && !log.contains("compiling the plugin"),
+        "the host compiled what plugin build had precompiled: {log}"
+    );
     broker
         .publish("", &input, b"hello broker", BasicProperties::default())
         .await
@@ -323,7 +336,8 @@ async fn a_new_plugin_in(language: &Language) {
     let stdout = String::from_utf8_lossy(&built.stdout);
     assert!(
         stdout.contains("probe/target/plugins/probe.wasm")
-            && stdout.contains(" bytes  written in "),
+            && stdout.contains(" bytes  written in ")
+            && stdout.contains("probe.wasm: precompiled in "),
         "{stdout}"
     );
     let rebuilt = acemq_host(&["plugin", "build", "probe"], dir);
