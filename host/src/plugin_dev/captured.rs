@@ -28,6 +28,8 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
+use crate::envelope::MAX_SHORT_STRING;
+
 /// What the file says about the message.
 #[derive(Debug, Clone, Default)]
 pub struct CapturedDelivery {
@@ -123,9 +125,9 @@ fn properties(p: Properties) -> Result<BasicProperties, String> {
     }
     let mut properties = BasicProperties::default().with_headers(headers);
     let text = |name: &str, value: String| -> Result<lapin::types::ShortString, String> {
-        if value.len() > 255 {
+        if value.len() > MAX_SHORT_STRING {
             return Err(format!(
-                "properties.{name}: {} bytes, longer than the 255 an AMQP property holds",
+                "properties.{name}: {} bytes, longer than the {MAX_SHORT_STRING} an AMQP property holds",
                 value.len()
             ));
         }
