@@ -62,8 +62,10 @@ pub fn plugin_path(name: &str) -> PathBuf {
 pub fn host_binary() -> PathBuf {
     // ACEMQ_HOST_BINARY runs the tests against another build (a release
     // build, or a copy kept while the sources change).
+    // A relative path is the workspace's (cargo runs tests and benches in
+    // their package's folder).
     if let Some(path) = std::env::var_os("ACEMQ_HOST_BINARY") {
-        return PathBuf::from(path);
+        return workspace_root().join(path);
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -261,7 +263,8 @@ impl HostProcess {
                     self.log_text()
                 );
             }
-            std::thread::sleep(Duration::from_millis(50));
+            // Fine enough for the benches that time a log line.
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 

@@ -4,6 +4,7 @@
 //! and ends it at its deadline (see `pool.rs`).
 
 mod cache;
+mod functions;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,6 +17,8 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use self::cache::PluginCache;
 pub use self::cache::default_key_file as default_cache_key_file;
+pub use self::functions::Counts as FunctionCounts;
+use self::functions::FunctionCache;
 use super::limiter::{MAX_CORE_INSTANCES, MAX_MEMORIES, MAX_TABLES};
 use super::{Contract, PluginError};
 
@@ -110,6 +113,8 @@ pub struct PluginEngine {
     pooling: bool,
     /// The compiled-plugin cache, when one is configured.
     cache: Option<PluginCache>,
+    /// The functions compiled, kept in the cache's folder (inert without one).
+    functions: Arc<FunctionCache>,
     ticker_stop: Arc<AtomicBool>,
 }
 
@@ -118,19 +123,23 @@ impl PluginEngine {
     /// configured: a cache folder or key file others could change is refused
     /// here, before any plugin loads.
     pub fn new(settings: EngineSettings) -> anyhow::Result<Self> {
-        let (engine, pooling) = match Engine::new(&engine_config(&settings, true)) {
+        let functions = Arc::new(FunctionCache::default());
+        let (engine, pooling) = match Engine::new(&engine_config(&settings, true, &functions)) {
             Ok(engine) => (engine, true),
             Err(pooling_error) => {
                 tracing::warn!(
                     error = %pooling_error,
                     "the pooling instance allocator is not available here; allocating plugin instances on demand"
                 );
-                let engine = Engine::new(&engine_config(&settings, false))
+                let engine = Engine::new(&engine_config(&settings, false, &functions))
                     .map_err(|e| anyhow::anyhow!("cannot create the WebAssembly engine: {e:#}"))?;
                 (engine, false)
             }
         };
         let cache = open_cache(&engine, &settings)?;
+        if let Some(cache) = &cache {
+            cache.arm(&functions);
+        }
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.clone(), ticker_stop.clone());
         Ok(Self {
@@ -138,8 +147,15 @@ impl PluginEngine {
             settings,
             pooling,
             cache,
+            functions,
             ticker_stop,
         })
+    }
+
+    /// How many functions this engine's compilations took from the
+    /// compiled-function cache, and how many they compiled.
+    pub fn function_counts(&self) -> FunctionCounts {
+        self.functions.counts()
     }
 
     pub fn engine(&self) -> &Engine {
@@ -230,9 +246,14 @@ impl PluginEngine {
             "compiling the plugin"
         );
         let started = Instant::now();
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| PluginError::new(path, format!("does not compile: {e:#}")))?;
+        let before = self.functions.counts();
+        let component = {
+            let _compiling = self.functions.compiling();
+            Component::new(&self.engine, bytes)
+                .map_err(|e| PluginError::new(path, format!("does not compile: {e:#}")))?
+        };
         let compiled_in = started.elapsed();
+        let after = self.functions.counts();
         let cached = match &self.cache {
             Some(cache) => match cache.store(source, &component) {
                 Ok(_entry) => "cached",
@@ -248,6 +269,8 @@ impl PluginEngine {
             size = %megabytes(bytes.len()),
             seconds = %seconds(compiled_in),
             cache = cached,
+            functions_reused = after.reused - before.reused,
+            functions_compiled = after.compiled - before.compiled,
             "plugin compiled"
         );
         Ok(component)
@@ -306,9 +329,18 @@ impl Drop for PluginEngine {
 /// start of its heap.
 const KEEP_RESIDENT_BYTES: usize = 2 << 20;
 
-fn engine_config(settings: &EngineSettings, pooling: bool) -> Config {
+fn engine_config(
+    settings: &EngineSettings,
+    pooling: bool,
+    functions: &Arc<FunctionCache>,
+) -> Config {
     let mut config = Config::new();
     config.wasm_component_model(true);
+    // Each function's compilation is looked up by its content first
+    // (functions.rs): a new version of a plugin compiles only what changed.
+    config
+        .enable_incremental_compilation(functions.clone())
+        .expect("wasmtime is built with its incremental-cache feature");
     // Deadlines and yielding: every store's epoch callback decides at each
     // tick whether its running call yields or ends (pool.rs).
     config.epoch_interruption(true);
@@ -425,6 +457,81 @@ mod tests {
             ..EngineSettings::default()
         });
         assert_ne!(precompiling, metered);
+    }
+
+    /// A component of one core module whose functions return `values`.
+    fn component_returning(values: &[i32]) -> Vec<u8> {
+        let functions: String = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                format!("(func (export \"f{i}\") (result i32) i32.const {v} i32.const 3 i32.mul)")
+            })
+            .collect();
+        wat::parse_str(format!(
+            "(component (core module {functions}) (core instance (instantiate 0)))"
+        ))
+        .unwrap()
+    }
+
+    fn engine_caching_in(folder: &Path, key_file: &Path) -> PluginEngine {
+        PluginEngine::new(EngineSettings {
+            cache: CacheChoice::Folder(folder.to_path_buf()),
+            cache_key_file: Some(key_file.to_path_buf()),
+            ..EngineSettings::default()
+        })
+        .unwrap()
+    }
+
+    /// A new version shares most functions with the last: only the
+    /// changed ones are compiled, in another engine (another process) too.
+    #[test]
+    fn a_new_version_compiles_only_the_functions_it_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (folder, key) = (dir.path().join("plugins"), dir.path().join("plugins.key"));
+        let first = engine_caching_in(&folder, &key);
+        first
+            .compile_component(Path::new("v1.wasm"), &component_returning(&[1, 2, 3, 4]))
+            .unwrap();
+        let counts = first.function_counts();
+        assert_eq!(counts.reused, 0, "{counts:?}");
+        assert!(counts.compiled >= 4, "{counts:?}");
+        assert!(folder.join(functions::FILE_NAME).is_file());
+
+        let second = engine_caching_in(&folder, &key);
+        let v2 = component_returning(&[1, 2, 3, 5]);
+        let compiled = second.compile_component(Path::new("v2.wasm"), &v2).unwrap();
+        assert!(
+            !compiled.from_cache,
+            "a new version is not in the plugin cache"
+        );
+        let counts = second.function_counts();
+        assert!(
+            counts.reused >= 3,
+            "the three unchanged functions: {counts:?}"
+        );
+        assert_eq!(counts.untrusted, 0, "{counts:?}");
+        // The reused code runs as compiled code does.
+        let mut store = wasmtime::Store::new(second.engine(), ());
+        let linker = wasmtime::component::Linker::<()>::new(second.engine());
+        assert!(linker.instantiate(&mut store, &compiled.component).is_ok());
+    }
+
+    /// Values sealed under another key (another host's cache key, or a
+    /// file someone else wrote) are never used: the functions compile.
+    #[test]
+    fn functions_sealed_under_another_key_are_compiled_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("plugins");
+        let wasm = component_returning(&[7, 8]);
+        engine_caching_in(&folder, &dir.path().join("plugins.key"))
+            .compile_component(Path::new("a.wasm"), &wasm)
+            .unwrap();
+        let other = engine_caching_in(&folder, &dir.path().join("other.key"));
+        other.compile_component(Path::new("a.wasm"), &wasm).unwrap();
+        let counts = other.function_counts();
+        assert_eq!(counts.reused, 0, "{counts:?}");
+        assert!(counts.untrusted >= 2, "{counts:?}");
     }
 
     #[test]

@@ -187,6 +187,14 @@ impl CacheKey {
     pub fn from_bytes(bytes: [u8; KEY_LEN]) -> Self {
         Self(bytes)
     }
+
+    /// A key for another kind of entry, derived from this one: what is
+    /// sealed for one purpose never opens for another.
+    pub fn derive(&self, purpose: &[u8]) -> CacheKey {
+        let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC accepts keys of any length");
+        mac.update(purpose);
+        CacheKey(mac.finalize().into_bytes().into())
+    }
 }
 
 /// Creates the key file with 32 random bytes, exclusively: the bytes are
@@ -293,6 +301,16 @@ impl PluginCache {
     /// The folder the entries are in.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Lets `functions` keep compiled functions in this folder, sealed
+    /// under a key of their own.
+    pub fn arm(&self, functions: &super::functions::FunctionCache) {
+        functions.arm(
+            &self.dir,
+            self.key.derive(b"acemq-host compiled functions"),
+            self.engine,
+        );
     }
 
     fn entry_path(&self, source: &[u8; 32]) -> PathBuf {
