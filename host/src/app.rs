@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::health::Readiness;
 use crate::broker::checkpoint::{BrokerCheckpoint, Cadence, Checkpoint, FileCheckpoint};
 use crate::broker::stream::{StreamOffset, StreamPosition};
 use crate::broker::{
@@ -28,6 +29,8 @@ use crate::plugin::{
 };
 use crate::retry::RetryPolicy;
 use crate::scheduler::control::Control;
+use crate::service::liveness::{Heartbeat, Watchdog};
+use crate::service::notify::Notifier;
 use crate::state::consumer::{Claims, ConsumerState};
 use crate::state::embedded::Opener;
 use crate::state::{Backend, NamespaceAccess, Store, StoreHealth};
@@ -658,6 +661,19 @@ pub async fn run(
         tracer,
         store,
     } = prepared;
+    // Liveness first: the runtime's heartbeat and the thread that watches
+    // it (and feeds systemd's watchdog) cover the whole run.
+    let notifier = Arc::new(Notifier::new());
+    let heartbeat = Heartbeat::new();
+    let beat_stop = CancellationToken::new();
+    heartbeat.spawn_beat(beat_stop.clone());
+    let _watchdog = Watchdog::spawn(
+        heartbeat.clone(),
+        notifier.clone(),
+        Notifier::watchdog_interval(),
+    )
+    .inspect_err(|e| tracing::warn!(error = %e, "cannot start the liveness watchdog thread"))
+    .ok();
     if let Some((store, health)) = &store {
         spawn_store_upkeep(
             store.clone(),
@@ -699,6 +715,7 @@ pub async fn run(
             board: board.clone(),
             links: vec![links.consume.clone(), links.publish.clone()],
             store: store.as_ref().map(|(_, health)| health.clone()),
+            heartbeat: heartbeat.clone(),
         },
     );
     if let Err(e) = links.start(&shutdown).await {
@@ -735,6 +752,12 @@ pub async fn run(
             shutdown.clone(),
         ))
     });
+    let announcing = tokio::spawn(announce_to_service_manager(
+        notifier.clone(),
+        env.board.clone(),
+        vec![links.consume.clone(), links.publish.clone()],
+        shutdown.clone(),
+    ));
     let (mut running, savers) =
         start_consumers(consumers, &links, &shared, env.clone(), &links_stop);
     if let Some(control) = scheduler {
@@ -751,7 +774,42 @@ pub async fn run(
     let reloads = serve(running, &reloader, &config, &shutdown).await;
     let background = supervisors.into_iter().chain(savers).collect();
     shut_down(reloads, admin, &links, links_stop, background, &tracer).await;
+    announcing.abort();
+    beat_stop.cancel();
     Ok(())
+}
+
+/// Tells a service manager (systemd's `Type=notify`) that the host is
+/// ready once it would answer `/health/ready` so (both connections up,
+/// every consumer reading or standing by), and that it is stopping once
+/// shutdown begins. Without `NOTIFY_SOCKET` it only logs that it is ready.
+async fn announce_to_service_manager(
+    notifier: Arc<Notifier>,
+    board: Arc<Board>,
+    links: Vec<Arc<Link>>,
+    shutdown: CancellationToken,
+) {
+    let ready = async {
+        loop {
+            let phases: Vec<(&str, crate::broker::Phase)> =
+                links.iter().map(|l| (l.role(), l.phase())).collect();
+            let consumers = board.snapshot();
+            if crate::admin::health::readiness(false, &phases, &consumers) == Readiness::Ready {
+                return consumers.len();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => {}
+        consumers = ready => {
+            tracing::info!(consumers, "ready: every consumer reads");
+            notifier.ready(&format!("ready: {consumers} consumers reading"));
+            shutdown.cancelled().await;
+        }
+    }
+    notifier.stopping("stopping: finishing the deliveries in progress");
 }
 
 /// The host's two broker links. Two connections: a broker alarm blocks

@@ -31,15 +31,19 @@ pub mod topology;
 // which knows wasm and nothing of AMQP), the message path between them
 // (`delivery`), the AceMQ scheduler's control consumer (`scheduler`), plugin state and
 // idempotency (`state`), what an operator watches (`admin`, `telemetry`, `trace`,
-// `logging`), and `app`, which starts and stops it all.
+// `logging`), what a service manager or an orchestrator is told (`service`),
+// and `app`, which starts and stops it all.
 pub mod admin;
 pub mod app;
 pub mod broker;
 pub mod config_watch;
 pub mod delivery;
 pub(crate) mod logging;
+// Its `contract_version!` macros name the contract in `build_info` too.
+#[macro_use]
 pub mod plugin;
 pub mod scheduler;
+pub mod service;
 pub mod state;
 pub mod telemetry;
 pub mod trace;
@@ -47,6 +51,7 @@ pub mod trace;
 // The operator tools: the command line (`cli`, with one file per command
 // group) and the commands' own logic. They use the host and the model;
 // nothing uses them but `main.rs`.
+pub mod build_info;
 pub mod cli;
 pub(crate) mod dlq;
 pub(crate) mod plugin_dev;

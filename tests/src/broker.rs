@@ -225,6 +225,21 @@ impl Broker {
         self.amqp_port
     }
 
+    /// The AMQP listener's address: what a proxy in front of it forwards to.
+    pub fn amqp_addr(&self) -> std::net::SocketAddr {
+        format!("{}:{}", self.amqp_host, self.amqp_port)
+            .parse()
+            .or_else(|_| format!("127.0.0.1:{}", self.amqp_port).parse())
+            .expect("a loopback address")
+    }
+
+    /// [`amqp_url`](Self::amqp_url) with `port` (a proxy's) in place of
+    /// the broker's own.
+    pub fn amqp_url_via(&self, port: u16) -> String {
+        self.amqp_url
+            .replacen(&format!(":{}", self.amqp_port), &format!(":{port}"), 1)
+    }
+
     /// Base URL of the management API, without credentials or trailing slash.
     pub fn mgmt_url(&self) -> &str {
         &self.mgmt_url

@@ -565,3 +565,50 @@ fn a_token_written_in_the_config_is_refused_with_where_it_goes() {
     );
     assert!(!log.contains(TOKEN), "{log}");
 }
+
+/// An orchestrator's probes reach `/health/live` and `/health/ready` with
+/// neither the token nor a Host the config knows (a kubelet names the pod's
+/// address), and learn a status word and nothing else; every other route
+/// still needs both.
+#[test]
+fn probes_answer_any_host_without_the_token_with_a_status_word_only() {
+    let (host, admin) = Setup::new("").start(Some(TOKEN));
+    let kubelet = [("Host", "10.244.1.7:9090")];
+    let live = call(&admin, "GET", "/health/live", &kubelet);
+    assert_eq!(live.status, 200, "{live:?}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&live.body).unwrap(),
+        serde_json::json!({"status": "LIVE"})
+    );
+    let ready = call(&admin, "GET", "/health/ready", &kubelet);
+    assert_eq!(ready.status, 200, "{ready:?}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&ready.body).unwrap(),
+        serde_json::json!({"status": "READY"})
+    );
+    let head = call(&admin, "HEAD", "/health/ready", &kubelet);
+    assert_eq!(head.status, 200, "{head:?}");
+    assert_eq!(head.body, "", "HEAD has no body");
+    let health = call(&admin, "GET", "/health", &kubelet);
+    assert_eq!(health.status, 421, "{health:?}");
+    let health = call(&admin, "GET", "/health", &[]);
+    assert_eq!(health.status, 401, "{health:?}");
+    let posted = call(
+        &admin,
+        "POST",
+        "/health/ready",
+        &[("Content-Length", "0"), ("Authorization", &bearer(TOKEN))],
+    );
+    assert_eq!(posted.status, 405, "{posted:?}");
+    // With the token, /health says the same in its own words.
+    let health = call(
+        &admin,
+        "GET",
+        "/health",
+        &[("Authorization", &bearer(TOKEN))],
+    );
+    let body: serde_json::Value = serde_json::from_str(&health.body).unwrap();
+    assert_eq!(body["readiness"]["status"], "READY", "{body}");
+    assert_eq!(body["liveness"]["status"], "LIVE", "{body}");
+    host.terminate(Duration::from_secs(30)).unwrap();
+}

@@ -682,3 +682,50 @@ async fn state_get_list_and_delete_work_beside_a_host_holding_the_store() {
         stderr(&bad)
     );
 }
+
+/// `--version` says what a deployed binary is: the commit it was built
+/// from (this checkout's), the wasmtime it links (the lockfile's) and the
+/// plugin contract (the WIT's), each read here from its own source.
+#[test]
+fn version_names_the_commit_the_wasmtime_and_the_contract() {
+    let (output, _dir) = acemq_host(&["--version"], None);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let root = workspace_root();
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(&root)
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    // The binary may predate the newest commit; it must name a commit of
+    // this checkout, abbreviated as git does.
+    let commit = text
+        .lines()
+        .find_map(|l| l.strip_prefix("commit: "))
+        .unwrap_or_else(|| panic!("no commit line: {text}"));
+    assert_eq!(commit.len(), head.len(), "{text}");
+    let known = Command::new("git")
+        .args(["cat-file", "-e", &format!("{commit}^{{commit}}")])
+        .current_dir(&root)
+        .status()
+        .unwrap();
+    assert!(known.success(), "{commit} is no commit of this checkout");
+    let lock = std::fs::read_to_string(root.join("Cargo.lock")).unwrap();
+    let wasmtime = lock
+        .split("name = \"wasmtime\"\nversion = \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap();
+    assert!(text.contains(&format!("wasmtime: {wasmtime}\n")), "{text}");
+    let wit = std::fs::read_to_string(root.join("wit/plugin.wit")).unwrap();
+    let contract = wit
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("package "))
+        .unwrap()
+        .trim_end_matches(';');
+    assert!(
+        text.contains(&format!("plugin contract: {contract} ")),
+        "{text}"
+    );
+}

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use acemq_tests::host::{HostOptions, HostProcess, InProcessHost, host_binary, plugin_path};
-use acemq_tests::{Broker, FaultProxy, ReceivedMessage, shared_broker, unique_name};
+use acemq_tests::{FaultProxy, ReceivedMessage, shared_broker, unique_name};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
@@ -182,22 +182,6 @@ async fn chosen_envelope_fields_reach_a_plain_client_with_the_contracts_header_t
     host.stop().await.unwrap();
 }
 
-/// The broker's URL with the proxy's port instead of its own.
-fn through(broker: &Broker, proxy: &FaultProxy) -> String {
-    broker.amqp_url().replacen(
-        &format!(":{}", broker.amqp_port()),
-        &format!(":{}", proxy.port()),
-        1,
-    )
-}
-
-fn upstream(broker: &Broker) -> std::net::SocketAddr {
-    format!("{}:{}", broker.amqp_host(), broker.amqp_port())
-        .parse()
-        .or_else(|_| format!("127.0.0.1:{}", broker.amqp_port()).parse())
-        .unwrap()
-}
-
 /// Handles one input (with envelope id `id`, or none) with a host that is
 /// killed after its output is confirmed and before its ack reaches the
 /// broker; a second host handles the redelivered input. Returns the ids of
@@ -205,11 +189,11 @@ fn upstream(broker: &Broker) -> std::net::SocketAddr {
 async fn output_ids_across_a_crash(prefix: &str, id: Option<&str>) -> Vec<(String, String)> {
     let broker = shared_broker();
     let names = Names::new(prefix);
-    let proxy = FaultProxy::start(upstream(broker)).unwrap();
+    let proxy = FaultProxy::start(broker.amqp_addr()).unwrap();
     // A quorum queue: its redelivery carries an x-delivery-count the first
     // delivery had not, which a derived id must not depend on.
     let config = names.config(
-        &through(broker, &proxy),
+        &broker.amqp_url_via(proxy.port()),
         "envelope-fields",
         "quorum",
         "network_recovery_interval = \"300ms\"",

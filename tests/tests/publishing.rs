@@ -249,18 +249,6 @@ async fn a_batch_larger_than_max_unconfirmed_is_refused_unsent() {
     broker.delete_queue(&queue).await.unwrap();
 }
 
-fn upstream(broker: &Broker) -> std::net::SocketAddr {
-    format!("127.0.0.1:{}", broker.amqp_port()).parse().unwrap()
-}
-
-fn proxy_url(broker: &Broker, proxy: &FaultProxy) -> String {
-    broker.amqp_url().replacen(
-        &format!(":{}", broker.amqp_port()),
-        &format!(":{}", proxy.port()),
-        1,
-    )
-}
-
 /// A confirm that does not come within `confirm_timeout` (the broker is
 /// slow: here, every byte to and from it is delayed past the timeout) is
 /// broker trouble: the message most likely arrives, and its input must be
@@ -270,12 +258,13 @@ async fn a_confirm_that_times_out_is_broker_trouble_and_the_message_still_arrive
     let broker = shared_broker();
     let queue = unique_name("publishing.slow");
     declare_queue(broker, &queue).await;
-    let proxy = FaultProxy::start(upstream(broker)).unwrap();
+    let proxy = FaultProxy::start(broker.amqp_addr()).unwrap();
     let settings = PublishSettings {
         confirm_timeout: Duration::from_millis(500),
         ..PublishSettings::default()
     };
-    let publisher = Publisher::new(publish_link_to(&proxy_url(broker, &proxy), settings).await);
+    let publisher =
+        Publisher::new(publish_link_to(&broker.amqp_url_via(proxy.port()), settings).await);
     // Opens and pools the publishing channel while the broker is quick.
     publisher
         .publish(&to_queue(&queue, "quick".into()))
@@ -454,9 +443,9 @@ async fn an_input_whose_confirm_times_out_is_held_not_dead_lettered() {
     let queue = unique_name("publishing.timeout");
     let out = unique_name("publishing.timeout.out");
     let sink = unique_name("publishing.timeout.sink");
-    let proxy = FaultProxy::start(upstream(broker)).unwrap();
+    let proxy = FaultProxy::start(broker.amqp_addr()).unwrap();
     let config = outcomes_host(
-        &proxy_url(broker, &proxy),
+        &broker.amqp_url_via(proxy.port()),
         &queue,
         &out,
         &sink,

@@ -78,7 +78,7 @@ pub fn assess(
     }
     let stopped: Vec<&str> = consumers
         .iter()
-        .filter(|(_, r)| *r != Reading::Consuming)
+        .filter(|(_, r)| !r.is_settled())
         .map(|(q, _)| q.as_str())
         .collect();
     if !stopped.is_empty() {
@@ -113,6 +113,56 @@ pub fn with_troubles(
         assessment.status = Status::Degraded;
     }
     assessment
+}
+
+/// What `/health/ready` says: whether this host should count as one of the
+/// service's serving instances (an orchestrator's readiness, a rolling
+/// update's progress).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    Ready,
+    /// Why not, one sentence each.
+    NotReady(Vec<String>),
+}
+
+/// Ready when both connections are up (a connection the broker blocked is
+/// up: every other instance is blocked as well, and a new one would be
+/// too) and every consumer holds its subscription or stands by for another
+/// host; not while starting, draining, or recovering a connection or a
+/// consumer. A part in trouble that the host works around (a state store,
+/// a faulting plugin) leaves it ready: another instance would fare no
+/// better.
+pub fn readiness(
+    shutting_down: bool,
+    links: &[(&str, Phase)],
+    consumers: &[(String, Reading)],
+) -> Readiness {
+    if shutting_down {
+        return Readiness::NotReady(vec![
+            "the host is shutting down: draining its deliveries".to_string(),
+        ]);
+    }
+    let mut why: Vec<String> = links
+        .iter()
+        .filter(|(_, phase)| !matches!(phase, Phase::Up | Phase::Blocked { .. }))
+        .filter_map(|(role, phase)| phase.detail().map(|d| format!("{role} connection: {d}")))
+        .collect();
+    why.extend(
+        consumers
+            .iter()
+            .filter(|(_, reading)| !reading.is_settled())
+            .map(|(queue, reading)| {
+                format!(
+                    "consumer {queue} is not reading: {}",
+                    reading.reason().unwrap_or("not subscribed yet")
+                )
+            }),
+    );
+    if why.is_empty() {
+        Readiness::Ready
+    } else {
+        Readiness::NotReady(why)
+    }
 }
 
 #[cfg(test)]
@@ -231,5 +281,84 @@ mod tests {
         );
         let a = assess(true, &[("consume", lost)], &consumers(&[("a", false)]));
         assert_eq!(a.status, Status::Down);
+    }
+
+    #[test]
+    fn ready_once_both_connections_are_up_and_every_consumer_reads() {
+        let up = [("consume", Phase::Up), ("publish", Phase::Up)];
+        assert_eq!(
+            readiness(false, &up, &consumers(&[("a", true), ("b", true)])),
+            Readiness::Ready
+        );
+        let starting = [
+            (
+                "consume",
+                Phase::Starting {
+                    waiting_for: "the consume connection to amqp://h".into(),
+                },
+            ),
+            ("publish", Phase::Up),
+        ];
+        assert_eq!(
+            readiness(false, &starting, &consumers(&[("a", false)])),
+            Readiness::NotReady(vec![
+                "consume connection: waiting for the consume connection to amqp://h".into(),
+                "consumer a is not reading: the broker cancelled the consumer".into(),
+            ])
+        );
+        assert_eq!(
+            readiness(true, &up, &consumers(&[("a", true)])),
+            Readiness::NotReady(vec![
+                "the host is shutting down: draining its deliveries".into()
+            ])
+        );
+    }
+
+    #[test]
+    fn a_recovering_connection_is_not_ready_and_a_blocked_one_is() {
+        let lost = [
+            ("consume", Phase::Up),
+            (
+                "publish",
+                Phase::Lost {
+                    reason: "connection reset".into(),
+                },
+            ),
+        ];
+        let Readiness::NotReady(why) = readiness(false, &lost, &consumers(&[("a", true)])) else {
+            panic!("a lost connection is not ready")
+        };
+        assert_eq!(
+            why,
+            [
+                "publish connection: the connection was lost (connection reset) and is waiting to be recovered"
+            ]
+        );
+        let blocked = [
+            ("consume", Phase::Up),
+            ("publish", Phase::Blocked { reason: None }),
+        ];
+        assert_eq!(
+            readiness(false, &blocked, &consumers(&[("a", true)])),
+            Readiness::Ready
+        );
+    }
+
+    #[test]
+    fn a_consumer_standing_by_for_another_host_is_neither_trouble_nor_unready() {
+        let up = [("consume", Phase::Up), ("publish", Phase::Up)];
+        let standing_by = vec![
+            ("a".to_string(), Reading::Consuming),
+            (
+                "s".to_string(),
+                Reading::StandingBy {
+                    reason: "another host holds the lease".into(),
+                },
+            ),
+        ];
+        assert_eq!(readiness(false, &up, &standing_by), Readiness::Ready);
+        let assessment = assess(false, &up, &standing_by);
+        assert_eq!(assessment.status, Status::Up, "{assessment:?}");
+        assert_eq!(assessment.consuming, (1, 2));
     }
 }

@@ -48,10 +48,12 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{Board, Link, Phase, Reading};
+use crate::broker::{Board, Link, Phase};
 use crate::config::{ConfigError, LoadedConfig};
 use crate::plugin::swap::{Cause, Reloader, Trigger};
+use crate::service::liveness::Liveness;
 use crate::telemetry::Metrics;
+use health::Readiness;
 use policy::{Policy, Refusal, TOKEN_ENV, Token};
 
 /// A client must send a request head within this time, on a new connection
@@ -171,6 +173,8 @@ pub struct Admin {
     pub links: Vec<Arc<Link>>,
     /// The state store's health, when the host has one.
     pub store: Option<Arc<crate::state::StoreHealth>>,
+    /// The runtime's heartbeat: `/health/live`.
+    pub heartbeat: Arc<crate::service::liveness::Heartbeat>,
 }
 
 /// A bound endpoint and the policy for its address.
@@ -413,6 +417,8 @@ impl Admin {
         let method = &head.method;
         match (path, method) {
             ("/health", &Method::GET) => self.health(),
+            ("/health/live", &Method::GET | &Method::HEAD) => self.live(),
+            ("/health/ready", &Method::GET | &Method::HEAD) => self.ready(),
             ("/metrics", &Method::GET) => {
                 // Ages are measured now, not when something last changed.
                 let scheduler = &self.metrics.scheduler;
@@ -493,15 +499,44 @@ impl Admin {
                 self.reload(queue.as_deref()).await
             }
             ("/health" | "/metrics" | "/plugins", _) => not_allowed("GET"),
+            ("/health/live" | "/health/ready", _) => not_allowed("GET, HEAD"),
             ("/plugins/reload", _) => not_allowed("POST"),
             _ => json(
                 StatusCode::NOT_FOUND,
                 &serde_json::json!({
                     "error": format!("no such endpoint: {path}"),
-                    "endpoints": ["GET /health", "GET /metrics", "GET /plugins", "POST /plugins/reload[?queue=NAME]"],
+                    "endpoints": ["GET /health", "GET /health/live", "GET /health/ready", "GET /metrics", "GET /plugins", "POST /plugins/reload[?queue=NAME]"],
                 }),
             ),
         }
+    }
+
+    /// `/health/live`: the status word only (the probe is open to all).
+    fn live(&self) -> Response<Full<Bytes>> {
+        match self.heartbeat.liveness() {
+            Liveness::Live => json(StatusCode::OK, &serde_json::json!({"status": "LIVE"})),
+            Liveness::Stalled { .. } => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &serde_json::json!({"status": "STALLED"}),
+            ),
+        }
+    }
+
+    /// `/health/ready`: the status word only (the probe is open to all;
+    /// `/health` says why).
+    fn ready(&self) -> Response<Full<Bytes>> {
+        match self.readiness() {
+            Readiness::Ready => json(StatusCode::OK, &serde_json::json!({"status": "READY"})),
+            Readiness::NotReady(_) => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &serde_json::json!({"status": "NOT_READY"}),
+            ),
+        }
+    }
+
+    fn readiness(&self) -> Readiness {
+        let links: Vec<(&str, Phase)> = self.links.iter().map(|l| (l.role(), l.phase())).collect();
+        health::readiness(self.shutdown.is_cancelled(), &links, &self.board.snapshot())
     }
 
     fn health(&self) -> Response<Full<Bytes>> {
@@ -527,11 +562,7 @@ impl Admin {
         let consumers: Vec<_> = board
             .iter()
             .map(|(queue, reading)| {
-                let (word, reason) = match reading {
-                    Reading::Consuming => ("consuming", None),
-                    Reading::Stopped { reason } => ("stopped", Some(reason)),
-                };
-                serde_json::json!({"queue": queue, "sha256": plugins.get(queue), "reading": word, "reason": reason})
+                serde_json::json!({"queue": queue, "sha256": plugins.get(queue), "reading": reading.word(), "reason": reading.reason()})
             })
             .collect();
         let connections: serde_json::Map<String, serde_json::Value> = links
@@ -564,6 +595,14 @@ impl Admin {
                 "consuming": format!("{reading}/{all}"),
                 "consumers": consumers,
                 "connections": connections,
+                "readiness": match self.readiness() {
+                    Readiness::Ready => serde_json::json!({"status": "READY", "details": []}),
+                    Readiness::NotReady(why) => serde_json::json!({"status": "NOT_READY", "details": why}),
+                },
+                "liveness": match self.heartbeat.liveness() {
+                    live @ Liveness::Live => serde_json::json!({"status": "LIVE", "details": live.sentence()}),
+                    stalled => serde_json::json!({"status": "STALLED", "details": stalled.sentence()}),
+                },
             }),
         )
     }

@@ -193,9 +193,25 @@ impl Refusal {
 /// Longest refused host or origin quoted back, so a refusal stays small.
 const QUOTE_MAX: usize = 100;
 
+/// The paths an orchestrator's probes ask: liveness and readiness.
+pub const PROBES: [&str; 2] = ["/health/live", "/health/ready"];
+
+/// Whether `head` is a probe: `GET` or `HEAD` of one of [`PROBES`]. Their
+/// answer is one status word and its HTTP status, nothing a reader could
+/// use, so they are open to anyone who can connect: no token (a kubelet
+/// cannot take one from a Secret) and any `Host` (a kubelet names the pod's
+/// address, which no config can know). Every other route keeps every check.
+pub fn is_probe(head: &Parts) -> bool {
+    matches!(head.method, Method::GET | Method::HEAD) && PROBES.contains(&head.uri.path())
+}
+
 /// Lets a request through or says why not. Checks, in order: the host it
 /// names, its body, where it comes from (state-changing methods), the token.
+/// A probe ([`is_probe`]) is checked for its body only.
 pub fn authorize(head: &Parts, policy: &Policy) -> Result<(), Refusal> {
+    if is_probe(head) {
+        return check_body(&head.headers);
+    }
     check_host(head, policy)?;
     check_body(&head.headers)?;
     let changes_state = !head.method.is_safe();
@@ -328,6 +344,42 @@ mod tests {
 
     fn bearer(token: &str) -> String {
         format!("Bearer {token}")
+    }
+
+    fn at(method: Method, path: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut request = hyper::Request::builder().method(method).uri(path);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn probes_are_open_to_any_host_without_the_token_and_nothing_else_is() {
+        let p = policy(Some(TOKEN));
+        for path in PROBES {
+            for method in [Method::GET, Method::HEAD] {
+                let kubelet = at(method, path, &[("host", "10.1.2.3:9090")]);
+                assert_eq!(authorize(&kubelet, &p), Ok(()), "{path}");
+            }
+            let post = at(Method::POST, path, &[("host", BOUND)]);
+            assert_eq!(authorize(&post, &p), Err(Refusal::MissingToken));
+            let big = at(
+                Method::GET,
+                path,
+                &[("host", BOUND), ("content-length", "5000")],
+            );
+            assert_eq!(authorize(&big, &p), Err(Refusal::BodyTooLarge(5000)));
+        }
+        for path in ["/health", "/health/", "/health/live/x", "/", "/metrics"] {
+            let other = at(Method::GET, path, &[("host", BOUND)]);
+            assert_eq!(authorize(&other, &p), Err(Refusal::MissingToken), "{path}");
+            let elsewhere = at(Method::GET, path, &[("host", "10.1.2.3:9090")]);
+            assert!(
+                matches!(authorize(&elsewhere, &p), Err(Refusal::UnknownHost(_))),
+                "{path}"
+            );
+        }
     }
 
     #[test]

@@ -94,6 +94,35 @@ pub enum Reading {
     /// Not reading now; why (waiting for the connection, restarting after
     /// a failure).
     Stopped { reason: String },
+    /// A stream consumer that another host reads under the same consumer
+    /// name (it holds the lease): this one takes over when that one stops.
+    /// Nothing is wrong with it.
+    StandingBy { reason: String },
+}
+
+impl Reading {
+    /// The word `/health` and the status page show.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Reading::Consuming => "consuming",
+            Reading::Stopped { .. } => "stopped",
+            Reading::StandingBy { .. } => "standing_by",
+        }
+    }
+
+    /// Why it is not reading, when it is not.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Reading::Consuming => None,
+            Reading::Stopped { reason } | Reading::StandingBy { reason } => Some(reason),
+        }
+    }
+
+    /// Settled: reading, or standing by for another host (what a start
+    /// waits for before it says it is ready).
+    pub fn is_settled(&self) -> bool {
+        !matches!(self, Reading::Stopped { .. })
+    }
 }
 
 impl Board {
@@ -360,12 +389,12 @@ where
     let (start, reading) = match position.start(connection).await {
         Ok(started) => started,
         Err(e) => {
-            env.board.set(
-                queue,
-                Reading::Stopped {
-                    reason: e.to_string(),
-                },
-            );
+            let reason = e.to_string();
+            let reading = match &e {
+                super::stream::StartError::StandBy(_) => Reading::StandingBy { reason },
+                super::stream::StartError::Failed(_) => Reading::Stopped { reason },
+            };
+            env.board.set(queue, reading);
             return Err(e.into());
         }
     };

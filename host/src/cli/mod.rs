@@ -32,6 +32,7 @@ use crate::logging::{self, LogFormat};
 #[command(
     name = "acemq-host",
     version,
+    long_version = crate::build_info::LONG_VERSION,
     about = "Runs RabbitMQ consumers whose logic is WebAssembly components",
     after_help = EXIT_HELP
 )]

@@ -32,6 +32,12 @@ pub fn run(config_path: &Path, log_format: Option<LogFormat>) -> ExitCode {
             .or(config.config.host.log_format)
             .unwrap_or_default(),
     );
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        commit = crate::build_info::COMMIT,
+        wasmtime = crate::build_info::WASMTIME,
+        "acemq-host starting"
+    );
     let metrics = Arc::new(Metrics::new());
     let prepared = match app::prepare(config, &metrics) {
         Ok(prepared) => prepared,
