@@ -667,6 +667,7 @@ pub async fn run(
     let heartbeat = Heartbeat::new();
     let beat_stop = CancellationToken::new();
     heartbeat.spawn_beat(beat_stop.clone());
+    tokio::spawn(sample_activity(metrics.clone(), beat_stop.clone()));
     let _watchdog = Watchdog::spawn(
         heartbeat.clone(),
         notifier.clone(),
@@ -716,6 +717,7 @@ pub async fn run(
             links: vec![links.consume.clone(), links.publish.clone()],
             store: store.as_ref().map(|(_, health)| health.clone()),
             heartbeat: heartbeat.clone(),
+            started: std::time::SystemTime::now(),
         },
     );
     if let Err(e) = links.start(&shutdown).await {
@@ -777,6 +779,19 @@ pub async fn run(
     announcing.abort();
     beat_stop.cancel();
     Ok(())
+}
+
+/// Samples every consumer's counts for the status page's rates, until
+/// `stop`.
+async fn sample_activity(metrics: Arc<Metrics>, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(crate::telemetry::activity::SAMPLE_EVERY);
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => metrics.activity.sample(std::time::Instant::now()),
+        }
+    }
 }
 
 /// Tells a service manager (systemd's `Type=notify`) that the host is

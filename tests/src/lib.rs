@@ -17,6 +17,7 @@
 
 pub mod broker;
 pub mod broker_faults;
+pub mod browser;
 pub mod collector;
 pub mod fault_proxy;
 pub mod host;

@@ -1,14 +1,17 @@
-//! What a service manager and an orchestrator see of a real `acemq-host
-//! run`: systemd's notifications on a socket this test listens on, and the
-//! liveness and readiness probes through a start, a lost connection and a
-//! drain.
+//! What a service manager, an orchestrator and an operator's browser see
+//! of a real `acemq-host run`: systemd's notifications on a socket this
+//! test listens on, the liveness and readiness probes through a start, a
+//! lost connection and a drain, and the status page in headless Chromium.
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use acemq_tests::host::{HostOptions, HostProcess, free_port, http_get, plugin_path};
+use acemq_tests::browser::{self, Browser};
+use acemq_tests::host::{
+    HostOptions, HostProcess, free_port, http_get, plugin_path, workspace_root,
+};
 use acemq_tests::{FaultProxy, shared_broker, unique_name};
 
 /// What the host sent to its `NOTIFY_SOCKET`, in order, with when.
@@ -239,5 +242,141 @@ async fn readiness_falls_while_a_connection_recovers_and_liveness_holds() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    tokio::task::block_in_place(|| host.terminate(Duration::from_secs(30))).unwrap();
+}
+
+const TOKEN: &str = "status-page-test-token-0123456789";
+
+/// The page in a real browser, against a host on the broker whose admin
+/// endpoint has a token: the page asks for it, then shows the consumer's
+/// acked rate moving while messages flow (redrawn in place, never
+/// reloaded), and the reason of a message the plugin rejected, as text.
+/// Leaves a screenshot in `target/test-artifacts/status-page.png`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_status_page_shows_rates_moving_and_a_rejected_messages_reason() {
+    if let Some(why) = browser::missing() {
+        eprintln!(
+            "SKIPPED the_status_page_shows_rates_moving_and_a_rejected_messages_reason: {why}"
+        );
+        return;
+    }
+    let broker = shared_broker();
+    let admin = format!("127.0.0.1:{}", free_port());
+    let queue = unique_name("deploying.page");
+    let config = format!(
+        "[broker]\nurl = \"{url}\"\n\n[host]\nadmin_listen = \"{admin}\"\n\n[[queues]]\nname = \"{queue}\"\ndead_letter = true\n\n[[consumers]]\nqueue = \"{queue}\"\nplugin = \"{plugin}\"\n",
+        url = broker.amqp_url(),
+        plugin = plugin_path("outcomes").display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host.toml");
+    std::fs::write(&path, config).unwrap();
+    let host = tokio::task::block_in_place(|| {
+        HostProcess::start_with(
+            &path,
+            dir,
+            &HostOptions {
+                admin_token: Some(TOKEN.into()),
+                ..HostOptions::default()
+            },
+        )
+    })
+    .unwrap();
+    let page = tokio::task::block_in_place(Browser::start).unwrap();
+    let root = format!("http://{admin}/");
+    tokio::task::block_in_place(|| -> anyhow::Result<()> {
+        page.goto(&root)?;
+        page.wait_for(
+            "return !document.getElementById('token').hidden",
+            Duration::from_secs(15),
+        )?;
+        page.script(
+            "document.getElementById('token-input').value = arguments[0]; \
+             document.getElementById('token-use').click(); window.acemqMarker = 'same page';",
+            vec![TOKEN.into()],
+        )?;
+        page.wait_for(
+            "return document.body.dataset.loaded === 'true' && document.getElementById('token').hidden",
+            Duration::from_secs(15),
+        )?;
+        Ok(())
+    })
+    .unwrap();
+
+    // Messages flow: 300 accepted over about six seconds, one rejected.
+    let acked_cell = format!(
+        "const row = document.querySelector('#consumers tr[data-queue=\"{queue}\"]'); \
+         if (!row) return null; const cell = row.querySelector('td.rate[data-outcome=\"acked\"]'); \
+         const rejected = row.querySelector('td.rate[data-outcome=\"rejected\"] .one').textContent; \
+         return {{ rate: cell.querySelector('.one').textContent, totals: cell.title, rejected, marker: window.acemqMarker }};"
+    );
+    let mut seen = Vec::new();
+    for round in 0..6 {
+        let batch = (0..50).map(|_| (b"accept".to_vec(), Default::default()));
+        broker.publish_many("", &queue, batch).await.unwrap();
+        if round == 2 {
+            broker
+                .publish_many(
+                    "",
+                    &queue,
+                    [(
+                        b"reject:customer 42 has <b>no</b> account".to_vec(),
+                        Default::default(),
+                    )],
+                )
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        seen.push(tokio::task::block_in_place(|| page.script(&acked_cell, vec![])).unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let last = tokio::task::block_in_place(|| page.script(&acked_cell, vec![])).unwrap();
+    let rate = |v: &serde_json::Value| {
+        v["rate"]
+            .as_str()
+            .unwrap_or("–")
+            .parse::<f64>()
+            .unwrap_or(0.0)
+    };
+    assert!(rate(&last) > 0.0, "no acked rate shown: {seen:?} {last}");
+    let rejected = last["rejected"].as_str().unwrap().parse::<f64>().unwrap();
+    assert!(rejected > 0.0, "no rejected rate shown: {last}");
+    let totals: std::collections::BTreeSet<String> = seen
+        .iter()
+        .chain([&last])
+        .filter_map(|v| v["totals"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        totals.len() >= 3,
+        "the counts did not move on the page: {seen:?}"
+    );
+    assert_eq!(last["marker"], "same page", "the page was reloaded");
+    assert!(
+        last["totals"].as_str().unwrap().starts_with("300 "),
+        "{last}"
+    );
+
+    let reason = tokio::task::block_in_place(|| {
+        page.wait_for(
+            &format!(
+                "const block = document.querySelector('#set-aside .set-aside[data-queue=\"{queue}\"]'); \
+                 return block && block.querySelector('.reason').textContent;"
+            ),
+            Duration::from_secs(10),
+        )
+    })
+    .unwrap();
+    assert_eq!(
+        reason, "the handler rejected it: customer 42 has <b>no</b> account",
+        "shown as text, not markup"
+    );
+    let shot = workspace_root().join("target/test-artifacts/status-page.png");
+    tokio::task::block_in_place(|| page.screenshot(&shot)).unwrap();
+    assert!(
+        std::fs::metadata(&shot).unwrap().len() > 10_000,
+        "a screenshot of a page"
+    );
+    drop(page);
     tokio::task::block_in_place(|| host.terminate(Duration::from_secs(30))).unwrap();
 }

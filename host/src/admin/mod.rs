@@ -30,6 +30,7 @@
 pub mod health;
 pub mod places;
 pub mod policy;
+pub mod status;
 pub mod write_deadline;
 
 use std::convert::Infallible;
@@ -40,7 +41,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
+use hyper::header::{
+    ALLOW, CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, HeaderValue, REFERRER_POLICY,
+    WWW_AUTHENTICATE, X_CONTENT_TYPE_OPTIONS,
+};
 use hyper::http::request::Parts;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -175,6 +179,8 @@ pub struct Admin {
     pub store: Option<Arc<crate::state::StoreHealth>>,
     /// The runtime's heartbeat: `/health/live`.
     pub heartbeat: Arc<crate::service::liveness::Heartbeat>,
+    /// When the host started (the status page's uptime).
+    pub started: std::time::SystemTime,
 }
 
 /// A bound endpoint and the policy for its address.
@@ -417,6 +423,10 @@ impl Admin {
         let method = &head.method;
         match (path, method) {
             ("/health", &Method::GET) => self.health(),
+            ("/", &Method::GET) => page(status::PAGE, "text/html; charset=utf-8"),
+            ("/status.js", &Method::GET) => page(status::SCRIPT, "text/javascript; charset=utf-8"),
+            ("/status.css", &Method::GET) => page(status::STYLE, "text/css; charset=utf-8"),
+            ("/status", &Method::GET) => self.status(),
             ("/health/live", &Method::GET | &Method::HEAD) => self.live(),
             ("/health/ready", &Method::GET | &Method::HEAD) => self.ready(),
             ("/metrics", &Method::GET) => {
@@ -498,14 +508,18 @@ impl Admin {
                 });
                 self.reload(queue.as_deref()).await
             }
-            ("/health" | "/metrics" | "/plugins", _) => not_allowed("GET"),
+            (
+                "/health" | "/metrics" | "/plugins" | "/status" | "/" | "/status.js"
+                | "/status.css",
+                _,
+            ) => not_allowed("GET"),
             ("/health/live" | "/health/ready", _) => not_allowed("GET, HEAD"),
             ("/plugins/reload", _) => not_allowed("POST"),
             _ => json(
                 StatusCode::NOT_FOUND,
                 &serde_json::json!({
                     "error": format!("no such endpoint: {path}"),
-                    "endpoints": ["GET /health", "GET /health/live", "GET /health/ready", "GET /metrics", "GET /plugins", "POST /plugins/reload[?queue=NAME]"],
+                    "endpoints": ["GET /", "GET /status", "GET /health", "GET /health/live", "GET /health/ready", "GET /metrics", "GET /plugins", "POST /plugins/reload[?queue=NAME]"],
                 }),
             ),
         }
@@ -539,24 +553,71 @@ impl Admin {
         health::readiness(self.shutdown.is_cancelled(), &links, &self.board.snapshot())
     }
 
-    fn health(&self) -> Response<Full<Bytes>> {
-        let links: Vec<(&str, Phase)> = self.links.iter().map(|l| (l.role(), l.phase())).collect();
-        let board = self.board.snapshot();
-        let status = self.reloader.status();
-        let faulting = status.iter().filter_map(|plugin| {
-            let faulting = plugin.faulting.as_ref()?;
-            Some(faulting.sentence(&plugin.queue))
-        });
+    /// The assessment `/health` answers with.
+    fn assessment(
+        &self,
+        links: &[(&str, Phase)],
+        board: &[(String, crate::broker::Reading)],
+    ) -> health::Assessment {
+        let faulting: Vec<String> = self
+            .reloader
+            .status()
+            .iter()
+            .filter_map(|plugin| Some(plugin.faulting.as_ref()?.sentence(&plugin.queue)))
+            .collect();
         let troubles = self
             .store
             .as_ref()
             .and_then(|store| store.trouble())
             .into_iter()
             .chain(faulting);
-        let assessment = health::with_troubles(
-            health::assess(self.shutdown.is_cancelled(), &links, &board),
+        health::with_troubles(
+            health::assess(self.shutdown.is_cancelled(), links, board),
             troubles,
-        );
+        )
+    }
+
+    /// `/status`: the status page's data.
+    fn status(&self) -> Response<Full<Bytes>> {
+        let links: Vec<(&str, Phase)> = self.links.iter().map(|l| (l.role(), l.phase())).collect();
+        let board = self.board.snapshot();
+        let health = self.assessment(&links, &board);
+        let plugins = self.reloader.status();
+        let activity = self.metrics.activity.report(Instant::now());
+        let in_flight = board
+            .iter()
+            .map(|(queue, _)| {
+                let label = crate::telemetry::QueueLabel {
+                    queue: queue.clone(),
+                };
+                (
+                    queue.clone(),
+                    self.metrics.in_flight.get_or_create(&label).get(),
+                )
+            })
+            .collect();
+        let document = status::document(&status::Parts {
+            version: env!("CARGO_PKG_VERSION"),
+            commit: crate::build_info::COMMIT,
+            started: self.started,
+            now: std::time::SystemTime::now(),
+            health: &health,
+            links: &links,
+            board: &board,
+            plugins: &plugins,
+            activity: &activity,
+            in_flight: &in_flight,
+            oldest_unacked: &self.board.oldest_unsettled(),
+            streams: &self.board.stream_progress(),
+        });
+        json(StatusCode::OK, &document)
+    }
+
+    fn health(&self) -> Response<Full<Bytes>> {
+        let links: Vec<(&str, Phase)> = self.links.iter().map(|l| (l.role(), l.phase())).collect();
+        let board = self.board.snapshot();
+        let assessment = self.assessment(&links, &board);
+        let status = self.reloader.status();
         let plugins: std::collections::BTreeMap<String, String> =
             status.into_iter().map(|s| (s.queue, s.sha256)).collect();
         let consumers: Vec<_> = board
@@ -568,17 +629,9 @@ impl Admin {
         let connections: serde_json::Map<String, serde_json::Value> = links
             .iter()
             .map(|(role, phase)| {
-                let state = match phase {
-                    Phase::Up => "up",
-                    Phase::Blocked { .. } => "blocked",
-                    Phase::Starting { .. } => "starting",
-                    Phase::Lost { .. } => "lost",
-                    Phase::Reconnecting { .. } => "reconnecting",
-                    Phase::Stopped => "stopped",
-                };
                 (
                     role.to_string(),
-                    serde_json::json!({"state": state, "detail": phase.detail()}),
+                    serde_json::json!({"state": phase.word(), "detail": phase.detail()}),
                 )
             })
             .collect();
@@ -640,6 +693,21 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// The status page or one of its files, with the page's security headers.
+fn page(body: &'static str, content_type: &'static str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(status::CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
 

@@ -207,13 +207,20 @@ pub fn is_probe(head: &Parts) -> bool {
 
 /// Lets a request through or says why not. Checks, in order: the host it
 /// names, its body, where it comes from (state-changing methods), the token.
-/// A probe ([`is_probe`]) is checked for its body only.
+/// A probe ([`is_probe`]) is checked for its body only, the status page's
+/// files for all but the token.
 pub fn authorize(head: &Parts, policy: &Policy) -> Result<(), Refusal> {
     if is_probe(head) {
         return check_body(&head.headers);
     }
     check_host(head, policy)?;
     check_body(&head.headers)?;
+    // The status page and its script and style hold no data (the page reads
+    // `/status`, which needs the token, with the token it asks for), and a
+    // browser's address bar cannot send a token.
+    if head.method == Method::GET && super::status::ASSETS.contains(&head.uri.path()) {
+        return Ok(());
+    }
     let changes_state = !head.method.is_safe();
     if changes_state {
         check_origin(head)?;
@@ -355,6 +362,24 @@ mod tests {
     }
 
     #[test]
+    fn the_status_page_files_need_no_token_but_their_data_and_host_do() {
+        let p = policy(Some(TOKEN));
+        for path in ["/", "/status.js", "/status.css"] {
+            assert_eq!(
+                authorize(&at(Method::GET, path, &[("host", BOUND)]), &p),
+                Ok(())
+            );
+            let rebound = at(Method::GET, path, &[("host", "evil.example:9090")]);
+            assert!(matches!(
+                authorize(&rebound, &p),
+                Err(Refusal::UnknownHost(_))
+            ));
+        }
+        let data = at(Method::GET, "/status", &[("host", BOUND)]);
+        assert_eq!(authorize(&data, &p), Err(Refusal::MissingToken));
+    }
+
+    #[test]
     fn probes_are_open_to_any_host_without_the_token_and_nothing_else_is() {
         let p = policy(Some(TOKEN));
         for path in PROBES {
@@ -371,7 +396,13 @@ mod tests {
             );
             assert_eq!(authorize(&big, &p), Err(Refusal::BodyTooLarge(5000)));
         }
-        for path in ["/health", "/health/", "/health/live/x", "/", "/metrics"] {
+        for path in [
+            "/health",
+            "/health/",
+            "/health/live/x",
+            "/status",
+            "/metrics",
+        ] {
             let other = at(Method::GET, path, &[("host", BOUND)]);
             assert_eq!(authorize(&other, &p), Err(Refusal::MissingToken), "{path}");
             let elsewhere = at(Method::GET, path, &[("host", "10.1.2.3:9090")]);

@@ -50,6 +50,18 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// The word `/health` and the status page show for it.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Phase::Up => "up",
+            Phase::Blocked { .. } => "blocked",
+            Phase::Starting { .. } => "starting",
+            Phase::Lost { .. } => "lost",
+            Phase::Reconnecting { .. } => "reconnecting",
+            Phase::Stopped => "stopped",
+        }
+    }
+
     /// The sentence `/health` shows for a link that is not simply up.
     pub fn detail(&self) -> Option<String> {
         match self {

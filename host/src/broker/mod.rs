@@ -34,5 +34,7 @@ pub use connection::{Addresses, ConnectError};
 pub use link::{Link, LinkObserver, OnConnected, Phase, Recovery};
 pub use oneoff::OneOff;
 pub use publisher::{PublishError, PublishLink, PublishObserver, PublishSettings, Publisher};
-pub use subscription::{Board, Reading, Receipt, Received, SubscriptionEnv, SubscriptionSpec};
+pub use subscription::{
+    Board, Reading, Receipt, Received, StreamProgress, SubscriptionEnv, SubscriptionSpec,
+};
 pub use tls::{Tls, TlsSettings};

@@ -98,6 +98,10 @@ impl ConsumeOutcome {
         ConsumeOutcome::Parked,
     ];
 
+    /// The words of [`ALL`](Self::ALL), in its order.
+    pub const WORDS: [&'static str; 5] =
+        ["acked", "retried", "dead_lettered", "rejected", "parked"];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ConsumeOutcome::Acked => "acked",
@@ -514,6 +518,12 @@ fn or_no_reason(reason: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_outcome_words_are_those_of_all_in_its_order() {
+        let words: Vec<&str> = ConsumeOutcome::ALL.iter().map(|o| o.as_str()).collect();
+        assert_eq!(words, ConsumeOutcome::WORDS);
+    }
     use crate::plugin::{Fault, FaultKind};
 
     fn envelope(attempt: u32, first_seen_ms: u64) -> Envelope {

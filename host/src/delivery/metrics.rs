@@ -17,6 +17,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use super::decide::ConsumeOutcome;
 use super::settle::{Report, RetryPlace};
 use crate::plugin::FaultKind;
+use crate::telemetry::activity::QueueActivity;
 use crate::telemetry::{
     Metrics, Place, PluginFaultLabels, PluginVersionLabels, QueueLabel, QueueOutcome, QueueRung,
     QueueTarget, QueueWhere,
@@ -36,6 +37,16 @@ pub struct ConsumerMetrics {
     /// The series of the plugin version that made the last call: a swap
     /// changes it once, every other call finds it here.
     calls: Mutex<Option<VersionSeries>>,
+    /// What the status page shows of this consumer.
+    activity: Arc<QueueActivity>,
+}
+
+/// Where `outcome` is in [`ConsumeOutcome::ALL`] (and its words).
+fn outcome_index(outcome: ConsumeOutcome) -> usize {
+    ConsumeOutcome::ALL
+        .iter()
+        .position(|o| *o == outcome)
+        .expect("every outcome is in ALL")
 }
 
 /// `acemq.messages.dead.lettered.total`'s series, one per place a copy
@@ -79,9 +90,11 @@ impl ConsumerMetrics {
                 queue: queue.to_string(),
             })
             .clone();
+        let activity = metrics.activity.queue(queue, &ConsumeOutcome::WORDS);
         Self {
             queue: queue.to_string(),
             metrics,
+            activity,
             in_flight,
             consumed: Default::default(),
             attempts: OnceLock::new(),
@@ -102,6 +115,7 @@ impl ConsumerMetrics {
     /// Counts one settled delivery: everything its report says, once; it
     /// arrived with `attempt` and was settled `took` after it arrived.
     pub fn count(&self, report: &Report, attempt: u32, took: Duration) {
+        self.activity.settled(outcome_index(report.outcome));
         let settled = self.consumed(report.outcome);
         settled.total.inc();
         settled.duration.observe(took.as_secs_f64());
@@ -226,12 +240,14 @@ impl ConsumerMetrics {
         }
     }
 
+    /// Notes why a delivery was set aside, for the status page.
+    pub fn note_set_aside(&self, outcome: ConsumeOutcome, reason: &str, message_id: &str) {
+        self.activity
+            .set_aside(outcome.as_str(), reason, message_id);
+    }
+
     fn consumed(&self, outcome: ConsumeOutcome) -> &Settled {
-        let index = ConsumeOutcome::ALL
-            .iter()
-            .position(|o| *o == outcome)
-            .expect("every outcome is in ALL");
-        self.consumed[index].get_or_init(|| {
+        self.consumed[outcome_index(outcome)].get_or_init(|| {
             let labels = QueueOutcome {
                 queue: self.queue.clone(),
                 outcome: outcome.as_str().to_string(),

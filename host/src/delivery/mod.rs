@@ -578,13 +578,14 @@ impl Pipeline {
             arrived,
         } = delivery;
         let from_stream = from_stream(properties);
+        // Read before the settlement is consumed: for the status page, should
+        // it be set aside (only a settlement other than an accept has one).
+        let reason = settlement.reason().map(str::to_owned);
         // Read before the settlement is consumed, and only for a span.
-        let span_facts = self.tracer.exporting().then(|| {
-            (
-                settlement.reason().map(str::to_owned),
-                settlement.retry_delay(),
-            )
-        });
+        let span_facts = self
+            .tracer
+            .exporting()
+            .then(|| (reason.clone(), settlement.retry_delay()));
         let port = OnBroker {
             publisher: &self.publisher,
             receipt,
@@ -617,6 +618,12 @@ impl Pipeline {
         .await;
         self.metrics
             .count(&report, envelope.attempt, arrived.elapsed());
+        if report.set_aside
+            && let Some(reason) = &reason
+        {
+            self.metrics
+                .note_set_aside(report.outcome, reason, &envelope.id);
+        }
         if let Some((reason, retry_delay)) = span_facts {
             trace.processed(Processed {
                 queue: &self.queue,

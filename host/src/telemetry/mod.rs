@@ -6,6 +6,11 @@
 //! Prometheus names cannot hold dots, so `acemq.consume.total` is exposed as
 //! `acemq_consume_total` (the renderer adds `_total` to counters), as every
 //! AceMQ library's Prometheus renderer does.
+//!
+//! [`activity`] keeps what the status page shows beside them: recent rates
+//! and set-aside reasons per consumer.
+
+pub mod activity;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -248,6 +253,8 @@ type PublishOutcomeSeries = [Option<PublishSeries>; 4];
 /// Every metric the host keeps.
 pub struct Metrics {
     registry: Mutex<Registry>,
+    /// Recent rates and set-aside reasons, for the status page.
+    pub activity: activity::Activity,
     /// `acemq.consume.total{queue,outcome}`: exactly one per delivery.
     pub consume_total: Family<QueueOutcome, Counter>,
     /// `acemq.consume.duration{queue,outcome}`: from the delivery to its
@@ -440,6 +447,7 @@ impl Metrics {
     fn unregistered() -> Self {
         Self {
             registry: Mutex::new(Registry::default()),
+            activity: activity::Activity::default(),
             consume_total: Family::default(),
             consume_duration: Family::new_with_constructor(seconds_histogram),
             consume_attempts: Family::new_with_constructor(attempts_histogram),
