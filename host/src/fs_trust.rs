@@ -132,6 +132,40 @@ pub fn judge_ancestor(found: Ownership, next_uid: u32, euid: u32) -> Result<(), 
     ))
 }
 
+/// Whether a folder that [`judge`] or [`judge_ancestor`] refused for its
+/// write bits is a Kubernetes ConfigMap, Secret or projected volume, which
+/// may be trusted whatever its mode: the kubelet mounts such a volume
+/// read-only in the container (so its write bits, 0777 by the kubelet's
+/// convention, let nobody in it write), gives it to root, and publishes new
+/// contents by swapping its `..data` link (which is how the host's file
+/// watcher sees them, `plugin/swap.rs`). Only the kubelet changes it, on
+/// behalf of whoever may edit the ConfigMap: that person chooses the
+/// plugin, as whoever runs the deploy tool does elsewhere.
+pub fn is_kubelet_volume(read_only_mount: bool, has_data_link: bool, owner_uid: u32) -> bool {
+    read_only_mount && has_data_link && owner_uid == 0
+}
+
+/// The facts [`is_kubelet_volume`] judges, read from `folder`.
+fn kubelet_volume_at(folder: &Path, owner_uid: u32) -> bool {
+    let has_data_link = std::fs::symlink_metadata(folder.join("..data"))
+        .is_ok_and(|link| link.file_type().is_symlink());
+    has_data_link && is_kubelet_volume(read_only_mount(folder), has_data_link, owner_uid)
+}
+
+/// Whether the file system `path` is on is mounted read-only.
+fn read_only_mount(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(name) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut facts = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: statvfs(3) reads the NUL-terminated name and fills `facts`,
+    // which is read only when it succeeded.
+    let filled = unsafe { libc::statvfs(name.as_ptr(), facts.as_mut_ptr()) } == 0;
+    // SAFETY: filled by the successful call above.
+    filled && unsafe { facts.assume_init() }.f_flag & libc::ST_RDONLY != 0
+}
+
 /// A path refused by [`judge`], or whose metadata could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("{what} {}: {reason}", path.display())]
@@ -160,6 +194,19 @@ pub fn check_folder(what: &'static str, path: &Path) -> Result<(), Refused> {
         return Err(Refused::new(what, path, "is not a folder"));
     }
     check_metadata(what, path, &metadata, Rule::OwnerWritesOnly)
+}
+
+/// [`check_folder`] for a plugin's folder, which may also be a Kubernetes
+/// volume ([`is_kubelet_volume`]).
+fn check_plugin_folder(path: &Path) -> Result<(), Refused> {
+    check_folder("plugin folder", path).or_else(|refused| {
+        let owner = std::fs::metadata(path).map_or(u32::MAX, |m| m.uid());
+        if kubelet_volume_at(path, owner) {
+            Ok(())
+        } else {
+            Err(refused)
+        }
+    })
 }
 
 /// Checks metadata already read (from a path, or from an open file, so that
@@ -200,7 +247,7 @@ pub fn check_plugin(path: &Path) -> Result<(), Refused> {
     }
     for folder in &folders {
         if folder.exists() {
-            check_folder("plugin folder", folder)?;
+            check_plugin_folder(folder)?;
         }
     }
     match std::fs::metadata(&named) {
@@ -231,8 +278,11 @@ fn check_ancestors(
         let Ok(next_metadata) = std::fs::symlink_metadata(next) else {
             continue;
         };
-        judge_ancestor(Ownership::of(&metadata), next_metadata.uid(), euid())
-            .map_err(|reason| Refused::new("folder above a plugin", ancestor, reason))?;
+        let judged = judge_ancestor(Ownership::of(&metadata), next_metadata.uid(), euid());
+        if judged.is_err() && kubelet_volume_at(ancestor, metadata.uid()) {
+            continue;
+        }
+        judged.map_err(|reason| Refused::new("folder above a plugin", ancestor, reason))?;
     }
     Ok(())
 }
@@ -267,6 +317,34 @@ mod tests {
 
     fn owned(mode: u32, uid: u32) -> Ownership {
         Ownership { mode, uid }
+    }
+
+    #[test]
+    fn only_a_read_only_root_owned_folder_with_the_data_link_is_a_kubelet_volume() {
+        assert!(is_kubelet_volume(true, true, 0));
+        // Writable: someone in the container could put a plugin there.
+        assert!(!is_kubelet_volume(false, true, 0));
+        // No `..data` link: a read-only mount of anything else.
+        assert!(!is_kubelet_volume(true, false, 0));
+        // The kubelet gives its volumes to root.
+        assert!(!is_kubelet_volume(true, true, HOST));
+    }
+
+    /// A plain folder with a `..data` link is no volume: it is writable.
+    #[test]
+    fn a_writable_folder_with_a_data_link_is_still_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("volume");
+        std::fs::create_dir(&folder).unwrap();
+        std::os::unix::fs::symlink(".", folder.join("..data")).unwrap();
+        std::fs::write(folder.join("p.wasm"), b"x").unwrap();
+        chmod(&folder, 0o777);
+        let refused = check_plugin(&folder.join("p.wasm")).unwrap_err();
+        assert!(
+            refused.reason.contains("writable by its group and others"),
+            "{refused}"
+        );
+        assert!(!read_only_mount(&folder));
     }
 
     #[test]

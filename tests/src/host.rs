@@ -109,6 +109,9 @@ pub struct HostOptions {
     /// More environment variables (the crash point `ACEMQ_CRASH_AT` of the
     /// state tests).
     pub env: Vec<(String, String)>,
+    /// The binary to run instead of [`host_binary`]'s (the memory bench's
+    /// release build).
+    pub binary: Option<PathBuf>,
 }
 
 impl Default for HostOptions {
@@ -124,6 +127,7 @@ impl Default for HostOptions {
             admin_token: None,
             log_format: None,
             env: Vec::new(),
+            binary: None,
         }
     }
 }
@@ -200,7 +204,7 @@ impl HostProcess {
     }
 
     fn spawn(path: &Path, dir: tempfile::TempDir, options: &HostOptions) -> Result<Self> {
-        let mut command = Command::new(host_binary());
+        let mut command = Command::new(options.binary.clone().unwrap_or_else(host_binary));
         command
             .args(["run", "--config"])
             .arg(path)

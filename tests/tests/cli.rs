@@ -729,3 +729,66 @@ fn version_names_the_commit_the_wasmtime_and_the_contract() {
         "{text}"
     );
 }
+
+/// A Kubernetes ConfigMap volume as the kubelet mounts it: a folder of mode
+/// 0777 owned by root, read-only in the container, whose plugin is a link
+/// through `..data`. Read-only, the host trusts it (nobody in the container
+/// can write it); the same folder writable is refused. Built in a mount
+/// namespace of its own (`unshare --mount`, as root), with a tmpfs.
+#[test]
+fn a_configmap_style_volume_is_trusted_read_only_and_refused_writable() {
+    let dir = tempfile::tempdir().unwrap();
+    let volume = dir.path().join("plugins");
+    std::fs::create_dir(&volume).unwrap();
+    let config = dir.path().join("host.toml");
+    std::fs::write(&config, consumer_config(&volume.join("handler.wasm"))).unwrap();
+    let script = r#"set -e
+mount -t tmpfs -o mode=0777 acemq-test "$1"
+mkdir "$1/..2026_12_04_18_00_00.1"
+cp "$2" "$1/..2026_12_04_18_00_00.1/handler.wasm"
+ln -s ..2026_12_04_18_00_00.1 "$1/..data"
+ln -s ..data/handler.wasm "$1/handler.wasm"
+if [ "$3" = ro ]; then mount -o remount,ro "$1"; fi
+exec "$4" validate --config "$5""#;
+    let run = |mode: &str| {
+        Command::new("unshare")
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+                "sh",
+            ])
+            .arg(&volume)
+            .arg(plugin_path("echo"))
+            .arg(mode)
+            .arg(host_binary())
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    let read_only = run("ro");
+    if String::from_utf8_lossy(&read_only.stderr).contains("unshare failed") {
+        eprintln!(
+            "SKIPPED a_configmap_style_volume_is_trusted_read_only_and_refused_writable: \
+             no mount namespace here (it needs root): {}",
+            stderr(&read_only)
+        );
+        return;
+    }
+    assert!(
+        read_only.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&read_only.stdout),
+        stderr(&read_only)
+    );
+    let writable = run("rw");
+    assert_eq!(writable.status.code(), Some(2), "{}", stderr(&writable));
+    assert!(
+        stderr(&writable).contains("is writable by its group and others (mode 0777"),
+        "{}",
+        stderr(&writable)
+    );
+}

@@ -829,3 +829,36 @@ async fn a_reload_checks_every_folder_above_the_plugin_again() {
     let status = host.terminate(Duration::from_secs(30)).unwrap();
     assert!(status.success(), "{status}");
 }
+
+/// A plugin folder as the kubelet writes a ConfigMap volume: each file is a
+/// link through `..data`, which links to a folder of the contents, and an
+/// update writes a new contents folder and renames a new `..data` link over
+/// the old one. The host watches the folder, sees only that rename, and
+/// swaps to the new version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_configmap_style_link_swap_deploys_the_new_version() {
+    use std::os::unix::fs::symlink;
+    let _one_host = ONE_HOST_AT_A_TIME.lock().await;
+    let s = Scenario::new();
+    let volume = s.dir.path();
+    let contents = |name: &str, plugin: &str| {
+        let folder = volume.join(name);
+        std::fs::create_dir(&folder).unwrap();
+        std::fs::copy(plugin_path(plugin), folder.join("handler.wasm")).unwrap();
+    };
+    contents("..2026_12_04_18_00_00.1", "stamp-v1");
+    symlink("..2026_12_04_18_00_00.1", volume.join("..data")).unwrap();
+    symlink("..data/handler.wasm", s.handler()).unwrap();
+    let mut host = tokio::task::block_in_place(|| HostProcess::start(&s.config(), 1)).unwrap();
+    assert_eq!(versions_of(&s, 0..3, &host).await, ["v1"; 3]);
+
+    contents("..2026_12_04_18_05_00.2", "stamp-v2");
+    symlink("..2026_12_04_18_05_00.2", volume.join("..data_tmp")).unwrap();
+    std::fs::rename(volume.join("..data_tmp"), volume.join("..data")).unwrap();
+    std::fs::remove_dir_all(volume.join("..2026_12_04_18_00_00.1")).unwrap();
+    wait_for_log(&mut host, "plugin swapped", 1);
+    assert_eq!(versions_of(&s, 3..6, &host).await, ["v2"; 3]);
+    assert_eq!(s.swaps("swapped"), 1.0);
+    let status = host.terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status}");
+}

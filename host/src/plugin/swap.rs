@@ -30,7 +30,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -502,6 +502,9 @@ impl Reloader {
         // Watched file path -> the consumers it serves. Keys are built from
         // the watched folder exactly as the watcher builds event paths.
         let mut files: HashMap<PathBuf, Vec<usize>> = HashMap::new();
+        // Watched folder -> the consumers whose file is named in it: a
+        // swap of its `..data` link changes all of them at once.
+        let mut by_folder: HashMap<PathBuf, Vec<usize>> = HashMap::new();
         let mut folders = BTreeSet::new();
         for (index, entry) in self.entries.iter().enumerate() {
             let Some(name) = entry.path.file_name() else {
@@ -513,6 +516,7 @@ impl Reloader {
             };
             let folder = std::fs::canonicalize(&folder).unwrap_or(folder);
             files.entry(folder.join(name)).or_default().push(index);
+            by_folder.entry(folder.clone()).or_default().push(index);
             folders.insert(folder);
         }
         let handler = move |event: notify::Result<notify::Event>| {
@@ -530,8 +534,7 @@ impl Reloader {
                 event
                     .paths
                     .iter()
-                    .filter_map(|p| files.get(p))
-                    .flatten()
+                    .flat_map(|p| touched(p, &files, &by_folder))
                     .copied()
                     .collect()
             } else {
@@ -611,6 +614,31 @@ struct FileEvent {
 /// Changes worth a reload: anything that can change the bytes at the path
 /// (written, created, renamed over or away, removed, closed after writing).
 /// Opening and reading are not: the reload's own read would loop forever.
+/// The name of the link a Kubernetes ConfigMap, Secret or projected volume
+/// swaps to publish new contents: its files are links through it
+/// (`plugin.wasm -> ..data/plugin.wasm`), and the kubelet replaces the link
+/// with a rename, so the only event the folder sees is on this name.
+pub const KUBERNETES_DATA_LINK: &str = "..data";
+
+/// The consumers an event on `path` concerns: those whose plugin file it
+/// is, or, for the swap of a [`KUBERNETES_DATA_LINK`], every consumer whose
+/// file is named in that folder.
+fn touched<'a>(
+    path: &Path,
+    files: &'a HashMap<PathBuf, Vec<usize>>,
+    by_folder: &'a HashMap<PathBuf, Vec<usize>>,
+) -> &'a [usize] {
+    if let Some(consumers) = files.get(path) {
+        return consumers;
+    }
+    if path.file_name() == Some(std::ffi::OsStr::new(KUBERNETES_DATA_LINK))
+        && let Some(consumers) = path.parent().and_then(|folder| by_folder.get(folder))
+    {
+        return consumers;
+    }
+    &[]
+}
+
 fn is_change(kind: &EventKind) -> bool {
     match kind {
         EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_) => true,
@@ -671,6 +699,26 @@ fn millis(duration: Duration) -> f64 {
 mod tests {
     use super::*;
     use notify::event::{CreateKind, DataChange, RenameMode};
+
+    #[test]
+    fn a_data_link_swap_touches_every_plugin_named_in_its_folder_only() {
+        let files = HashMap::from([
+            (PathBuf::from("/p/a.wasm"), vec![0]),
+            (PathBuf::from("/p/b.wasm"), vec![1, 2]),
+            (PathBuf::from("/q/c.wasm"), vec![3]),
+        ]);
+        let by_folder = HashMap::from([
+            (PathBuf::from("/p"), vec![0, 1, 2]),
+            (PathBuf::from("/q"), vec![3]),
+        ]);
+        let touched = |path: &str| touched(Path::new(path), &files, &by_folder).to_vec();
+        assert_eq!(touched("/p/b.wasm"), [1, 2]);
+        assert_eq!(touched("/p/..data"), [0, 1, 2]);
+        assert_eq!(touched("/q/..data"), [3]);
+        assert_eq!(touched("/p/..data_tmp"), Vec::<usize>::new());
+        assert_eq!(touched("/p/other.wasm"), Vec::<usize>::new());
+        assert_eq!(touched("/r/..data"), Vec::<usize>::new());
+    }
 
     #[test]
     fn reads_and_opens_are_not_changes() {
