@@ -612,3 +612,26 @@ fn probes_answer_any_host_without_the_token_with_a_status_word_only() {
     assert_eq!(body["liveness"]["status"], "LIVE", "{body}");
     host.terminate(Duration::from_secs(30)).unwrap();
 }
+
+/// `admin_allowed_hosts = ["*"]` (a pod scraped at its IP) answers any Host,
+/// only to the token; without a token the host refuses to start, naming
+/// the key.
+#[test]
+fn any_host_needs_a_token_and_then_answers_every_host_that_sends_it() {
+    let (status, log) = Setup::new("admin_allowed_hosts = [\"*\"]").refused(None);
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("host.admin_allowed_hosts: \"*\" (any Host) needs a token"),
+        "{log}"
+    );
+    let (host, admin) = Setup::new("admin_allowed_hosts = [\"*\"]").start(Some(TOKEN));
+    let pod = [
+        ("Host", "10.244.3.17:9090"),
+        ("Authorization", &bearer(TOKEN) as &str),
+    ];
+    let metrics = call(&admin, "GET", "/metrics", &pod);
+    assert_eq!(metrics.status, 200, "{metrics:?}");
+    let anonymous = call(&admin, "GET", "/metrics", &[("Host", "10.244.3.17:9090")]);
+    assert_eq!(anonymous.status, 401, "{anonymous:?}");
+    host.terminate(Duration::from_secs(30)).unwrap();
+}

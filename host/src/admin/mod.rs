@@ -96,6 +96,21 @@ impl Settings {
             return Ok(None);
         };
         let token = read_token(config)?;
+        let any_host = host
+            .admin_allowed_hosts
+            .iter()
+            .find(|entry| entry.get_ref() == crate::config::ANY_HOST);
+        if let (Some(entry), None) = (any_host, &token) {
+            return Err(config.error_at(
+                Some(entry.span().start),
+                format!(
+                    "host.admin_allowed_hosts: \"{}\" (any Host) needs a token, which every \
+                     request must then send; set admin_token_file in [host] or the {TOKEN_ENV} \
+                     environment variable",
+                    crate::config::ANY_HOST
+                ),
+            ));
+        }
         if host.admin_allow_remote && token.is_none() {
             return Err(config.error_at(
                 Some(listen.span().start),

@@ -19,7 +19,7 @@ use subtle::ConstantTimeEq as _;
 // (the config is checked before anything runs, and imports nothing of the
 // running host); the endpoint uses the same rules.
 use crate::config::admin_keys::port_of;
-pub use crate::config::{TOKEN_ENV, check_allowed_host, check_listen, is_remote};
+pub use crate::config::{ANY_HOST, TOKEN_ENV, check_allowed_host, check_listen, is_remote};
 
 /// Shortest token accepted: 16 random characters are out of reach of
 /// guessing over HTTP, and a shorter one is more likely a placeholder.
@@ -93,6 +93,8 @@ fn normalize(authority: &str) -> String {
 pub struct Policy {
     /// Normalized authorities a request may name (see [`normalize`]).
     hosts: Vec<String>,
+    /// [`ANY_HOST`] was configured: every authority passes.
+    any_host: bool,
     token: Option<Token>,
 }
 
@@ -120,8 +122,17 @@ impl Policy {
             }
             _ => hosts.push(bound.to_string()),
         }
-        hosts.extend(configured.iter().map(|host| normalize(host)));
-        Self { hosts, token }
+        hosts.extend(
+            configured
+                .iter()
+                .filter(|host| *host != ANY_HOST)
+                .map(|host| normalize(host)),
+        );
+        Self {
+            hosts,
+            any_host: configured.iter().any(|host| host == ANY_HOST),
+            token,
+        }
     }
 
     pub fn has_token(&self) -> bool {
@@ -129,8 +140,7 @@ impl Policy {
     }
 
     fn allows_host(&self, authority: &str) -> bool {
-        let wanted = normalize(authority);
-        self.hosts.contains(&wanted)
+        self.any_host || self.hosts.contains(&normalize(authority))
     }
 }
 
@@ -359,6 +369,24 @@ mod tests {
             request = request.header(*name, *value);
         }
         request.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn any_host_lets_every_host_through_and_still_asks_for_the_token() {
+        let p = Policy::new(
+            "0.0.0.0:9090".parse().unwrap(),
+            &[ANY_HOST.to_string()],
+            Some(Token::new(TOKEN).unwrap()),
+        );
+        let auth = bearer(TOKEN);
+        let scrape = at(
+            Method::GET,
+            "/metrics",
+            &[("host", "10.244.3.17:9090"), ("authorization", &auth)],
+        );
+        assert_eq!(authorize(&scrape, &p), Ok(()));
+        let anonymous = at(Method::GET, "/metrics", &[("host", "10.244.3.17:9090")]);
+        assert_eq!(authorize(&anonymous, &p), Err(Refusal::MissingToken));
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //! The position saved is the offset the consumer resumes from (the lowest
 //! offset whose work is not done; see `stream.rs`). It is saved every so
 //! many deliveries done or seconds, and when a subscription stops, so a
-//! crash costs at most `every` + 2 × prefetch messages read again (see
-//! `docs/streams.md`: deliveries are settled out of order).
+//! crash costs at most `every` + 2 × prefetch messages read again, plus
+//! what was done while the newest save was being stored (see
+//! `docs/streams.md`: deliveries are settled out of order, and saves are
+//! stored off the ack path).
 //!
 //! In the broker, the position is the only message of a quorum queue
 //! `acemq.checkpoint.{consumer name}` (`x-max-length` 1, `drop-head`: each

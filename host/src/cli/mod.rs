@@ -8,12 +8,14 @@
 //! * `schedule.rs`: `schedule list`.
 //! * `state.rs`: `state get|list|delete`.
 //! * `stream.rs`: `stream reset`.
+//! * `probe.rs`: `probe live|ready`.
 //! * `replay.rs`: `replay`.
 //!
 //! The config is loaded, and refused, in one place ([`load_config`]).
 
 mod dlq;
 mod plugin;
+mod probe;
 mod replay;
 mod run;
 mod schedule;
@@ -91,6 +93,9 @@ pub enum Command {
         #[command(subcommand)]
         command: state::StateCommand,
     },
+    /// Ask a running host whether it is live or ready (its admin
+    /// endpoint's probes), for a container's health check.
+    Probe(probe::ProbeArgs),
 }
 
 /// How a command ends, as its exit code; `--help` lists them
@@ -135,6 +140,7 @@ pub fn main() -> ExitCode {
         Command::Dlq { command } => dlq::run(command),
         Command::Schedule { command } => schedule::run(command),
         Command::State { command } => state::run(command),
+        Command::Probe(args) => probe::run(args),
     }
 }
 

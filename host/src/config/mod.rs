@@ -16,7 +16,7 @@ use toml::Spanned;
 pub mod admin_keys;
 pub mod state;
 use crate::broker::address::{BrokerUrl, redact_url};
-pub use admin_keys::{TOKEN_ENV, check_allowed_host, check_listen, is_remote};
+pub use admin_keys::{ANY_HOST, TOKEN_ENV, check_allowed_host, check_listen, is_remote};
 
 /// Environment variable that overrides `[broker] url`.
 pub const URL_ENV: &str = "ACEMQ_URL";
