@@ -22,9 +22,9 @@ use crate::broker::{
 use crate::config::{ConsumerConfig, LoadedConfig, SchedulerConfig};
 use crate::delivery::{self, ConsumerRules, Pipeline};
 use crate::plugin::capacity::{self, ConsumerDemand};
-use crate::plugin::swap::{PluginSpec, Reloader};
+use crate::plugin::swap::{CodecSpec, PluginSpec, Reloader};
 use crate::plugin::{
-    CacheChoice, CodecSet, CodecVersion, ConsumerContext, EngineSettings, HandlerSlot,
+    CacheChoice, CodecSet, CodecVersion, Codecs, ConsumerContext, EngineSettings, HandlerSlot,
     HandlerVersion, Limits, PluginEngine,
 };
 use crate::retry::RetryPolicy;
@@ -43,7 +43,7 @@ pub struct Prepared {
     pub topology: Topology,
     pub engine: Arc<PluginEngine>,
     /// Codecs shared by every consumer, in config order.
-    pub codecs: Arc<CodecSet>,
+    pub codecs: Arc<Codecs>,
     pub consumers: Vec<PreparedConsumer>,
     /// The admin endpoint's settings (token read); none without `admin_listen`.
     pub admin: Option<crate::admin::Settings>,
@@ -140,7 +140,7 @@ fn prepare_with(config: LoadedConfig, state: Option<StateMetrics>) -> anyhow::Re
     };
     warn_of_unknown_exchanges(&config, &topology);
     warn_of_replica_arguments(&config);
-    let codecs = Arc::new(codecs);
+    let codecs = Arc::new(Codecs::new(codecs));
     let tracer = Arc::new(tracer);
     if let Some(endpoint) = tracer.endpoint() {
         tracing::info!(endpoint, "exporting spans over OTLP");
@@ -695,15 +695,31 @@ pub async fn run(
         Some(settings) => Some(crate::admin::bind(settings).await?),
         None => None,
     };
-    let reloader = Arc::new(Reloader::new(
-        engine,
-        metrics.clone(),
-        consumers.iter().map(|c| PluginSpec {
-            queue: c.subscription.queue.clone(),
-            path: c.plugin_path.clone(),
-            slot: c.handler.clone(),
-        }),
-    ));
+    let codec_specs: Vec<CodecSpec> = config
+        .config
+        .codecs
+        .iter()
+        .enumerate()
+        .map(|(index, codec)| CodecSpec {
+            path: config.resolve(codec.plugin.get_ref()),
+            index,
+            codecs: codecs.clone(),
+            // As load_codecs loaded them.
+            limits: Limits::default(),
+        })
+        .collect();
+    let reloader = Arc::new(
+        Reloader::new(
+            engine,
+            metrics.clone(),
+            consumers.iter().map(|c| PluginSpec {
+                queue: c.subscription.queue.clone(),
+                path: c.plugin_path.clone(),
+                slot: c.handler.clone(),
+            }),
+        )
+        .with_codecs(codec_specs),
+    );
     let links = Links::new(&config, Arc::new(topology), &metrics)?;
     // The admin endpoint answers from now on: DOWN, with what the host is
     // waiting for, until it connects.

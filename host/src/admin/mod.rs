@@ -453,7 +453,7 @@ impl Admin {
                         .oldest(std::time::SystemTime::now())
                         .map_or(0.0, |d| d.as_secs_f64()),
                 );
-                for plugin in self.reloader.status() {
+                for plugin in self.reloader.status().into_iter().filter(|p| !p.codec) {
                     self.metrics
                         .plugin_faulting
                         .get_or_create(&crate::telemetry::QueueLabel {

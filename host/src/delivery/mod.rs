@@ -48,7 +48,7 @@ use crate::broker::publisher::{Publication, PublishError, PublishLink, Publisher
 use crate::broker::stream::StreamPosition;
 use crate::broker::subscription::{Receipt, Received, Slot};
 use crate::envelope::{self, Envelope};
-use crate::plugin::{CodecSet, HandlerSlot, Input, StateEnd};
+use crate::plugin::{Codecs, HandlerSlot, Input, StateEnd};
 use crate::retry::RetryPolicy;
 use crate::state::consumer::{Before, ConsumerState};
 use crate::telemetry::Metrics;
@@ -59,7 +59,9 @@ pub struct Pipeline {
     queue: String,
     rules: ConsumerRules,
     handler: Arc<HandlerSlot>,
-    codecs: Arc<CodecSet>,
+    /// Read once per delivery ([`Codecs::snapshot`]): a codec swapped while
+    /// a delivery runs is not used by it.
+    codecs: Arc<Codecs>,
     /// This consumer's own: a channel error of its publishes fails no other
     /// consumer's.
     publisher: Publisher,
@@ -87,7 +89,7 @@ pub struct ConsumerRules {
 /// What every consumer's pipeline shares.
 #[derive(Clone)]
 pub struct Shared {
-    pub codecs: Arc<CodecSet>,
+    pub codecs: Arc<Codecs>,
     pub publish_link: Arc<PublishLink>,
     pub metrics: Arc<Metrics>,
     pub shutdown: CancellationToken,
@@ -420,9 +422,10 @@ impl Pipeline {
         // inside), and every delivery's task would otherwise copy it on
         // each move from creation to spawn.
         let calling = Instant::now();
+        let codecs = self.codecs.snapshot();
         let called = AssertUnwindSafe(Box::pin(run_plugins_with_state(
             &self.handler,
-            &self.codecs,
+            &codecs,
             input,
         )))
         .catch_unwind()

@@ -142,6 +142,10 @@ impl Instantiate for Instances {
 pub struct CodecVersion {
     pub name: String,
     pub sha256: String,
+    pub size: usize,
+    pub from_cache: bool,
+    /// When this version finished loading (shown by the admin endpoint).
+    pub loaded_at: std::time::SystemTime,
     /// Its instances; a codec call always reuses an idle one.
     instances: Pool<Instances>,
 }
@@ -160,7 +164,17 @@ impl CodecVersion {
         path: &Path,
         limits: Limits,
     ) -> Result<Arc<Self>, PluginError> {
-        let compiled = engine.compile_file(path)?;
+        Self::from_compiled(engine, engine.compile_file(path)?, limits)
+    }
+
+    /// Type-checks and warms a codec already compiled (a hot swap compiles
+    /// the bytes it read, to know their hash first).
+    pub fn from_compiled(
+        engine: &PluginEngine,
+        compiled: super::engine::CompiledPlugin,
+        limits: Limits,
+    ) -> Result<Arc<Self>, PluginError> {
+        let path = compiled.path.as_path();
         let mut linker: Linker<CodecState> = Linker::new(engine.engine());
         if super::host::wasi::imports_wasi(engine.engine(), &compiled.component) {
             super::host::wasi::link(&mut linker)
@@ -199,8 +213,21 @@ impl CodecVersion {
         Ok(Arc::new(Self {
             name,
             sha256: compiled.sha256,
+            size: compiled.size,
+            from_cache: compiled.from_cache,
+            loaded_at: std::time::SystemTime::now(),
             instances,
         }))
+    }
+
+    /// Pooled instances waiting for a call.
+    pub fn idle_instances(&self) -> usize {
+        self.instances.idle()
+    }
+
+    /// What an instance of this version costs.
+    pub fn instance_cost(&self) -> super::InstanceCost {
+        self.instances.cost()
     }
 
     /// Converts one body, or says why not: the codec's refusal of these
@@ -267,6 +294,57 @@ pub enum Conversion {
 #[derive(Default, Clone)]
 pub struct CodecSet {
     entries: Vec<(Vec<String>, Arc<CodecVersion>)>,
+}
+
+/// The host's codecs as deliveries read them, each replaceable while the
+/// host runs (hot swap). A delivery takes a [`snapshot`](Self::snapshot)
+/// when it starts and decodes its body and encodes its outputs with it, so
+/// a swap never has one delivery use two versions of a codec.
+#[derive(Default)]
+pub struct Codecs {
+    current: arc_swap::ArcSwap<CodecSet>,
+}
+
+impl Codecs {
+    pub fn new(set: CodecSet) -> Self {
+        Self {
+            current: arc_swap::ArcSwap::from_pointee(set),
+        }
+    }
+
+    /// The codecs as they are now, for one delivery.
+    pub fn snapshot(&self) -> Arc<CodecSet> {
+        self.current.load_full()
+    }
+
+    /// The codec at `index` (config order), now.
+    pub fn get(&self, index: usize) -> Option<Arc<CodecVersion>> {
+        self.current
+            .load()
+            .entries
+            .get(index)
+            .map(|(_, codec)| codec.clone())
+    }
+
+    /// Puts `codec` in the place of the one at `index`, for every delivery
+    /// that starts from now on; returns the one it replaced, retired (its
+    /// idle instances dropped; the deliveries still using it keep theirs
+    /// until they end). `None` for an index out of range.
+    pub fn replace(&self, index: usize, codec: Arc<CodecVersion>) -> Option<Arc<CodecVersion>> {
+        let mut replaced = None;
+        self.current.rcu(|set| {
+            let mut next = CodecSet::clone(set);
+            replaced = next
+                .entries
+                .get_mut(index)
+                .map(|(_, slot)| std::mem::replace(slot, codec.clone()));
+            next
+        });
+        if let Some(old) = &replaced {
+            old.instances.retire();
+        }
+        replaced
+    }
 }
 
 impl CodecSet {

@@ -71,7 +71,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-pub use codec::{CodecSet, CodecVersion, Conversion};
+pub use codec::{CodecSet, CodecVersion, Codecs, Conversion};
 pub use contract::Contract;
 pub use engine::{
     CacheChoice, CompiledPlugin, EPOCH_TICK, EngineSettings, PluginEngine, default_cache_key_file,

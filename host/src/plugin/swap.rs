@@ -40,7 +40,11 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{HandlerSlot, HandlerVersion, InstanceCost, PluginEngine, PluginError};
+use super::engine::CompiledPlugin;
+use super::{
+    CodecVersion, Codecs, HandlerSlot, HandlerVersion, InstanceCost, Limits, PluginEngine,
+    PluginError,
+};
 use crate::telemetry::{Metrics, PluginSwapLabels, PluginVersionLabels};
 
 /// How long a plugin file must stay quiet after a change before it is read
@@ -183,7 +187,10 @@ pub struct RefusedReload {
 /// A consumer's plugin as the admin endpoint shows it.
 #[derive(Debug, Clone)]
 pub struct PluginStatus {
+    /// The consumer's queue, or for a codec its `codec:NAME`.
     pub queue: String,
+    /// A codec's, not a consumer's handler.
+    pub codec: bool,
     pub path: PathBuf,
     pub sha256: String,
     pub size: usize,
@@ -201,6 +208,7 @@ impl PluginStatus {
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "queue": self.queue,
+            "kind": if self.codec { "codec" } else { "handler" },
             "path": self.path.display().to_string(),
             "sha256": self.sha256,
             "size": self.size,
@@ -233,13 +241,140 @@ pub struct PluginSpec {
     pub slot: Arc<HandlerSlot>,
 }
 
+/// A codec of the host that can be reloaded: the one at `index` of
+/// `codecs` (config order).
+pub struct CodecSpec {
+    pub path: PathBuf,
+    pub index: usize,
+    pub codecs: Arc<Codecs>,
+    pub limits: Limits,
+}
+
+/// The name a codec goes by where consumers go by their queue (reloads,
+/// `/plugins`, the swap metrics): `codec:` and its file's stem.
+pub fn codec_label(path: &Path) -> String {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    format!("codec:{stem}")
+}
+
+/// What a reload replaces.
+#[derive(Clone)]
+enum Target {
+    /// A consumer's handler, through its slot.
+    Handler(Arc<HandlerSlot>),
+    /// A codec, in its place among the host's codecs.
+    Codec {
+        index: usize,
+        codecs: Arc<Codecs>,
+        limits: Limits,
+    },
+}
+
+/// A version loaded for a [`Target`], not yet swapped in.
+enum Loaded {
+    Handler(Arc<HandlerVersion>),
+    Codec(Arc<CodecVersion>),
+}
+
 struct Entry {
+    /// The consumer's queue, or the codec's [`codec_label`].
     queue: String,
     path: PathBuf,
-    slot: Arc<HandlerSlot>,
+    target: Target,
     /// Held for the whole of a reload: one reload per consumer at a time.
     reloading: tokio::sync::Mutex<()>,
     last_refused: Mutex<Option<RefusedReload>>,
+}
+
+impl Entry {
+    /// The SHA-256 of the version serving now.
+    fn serving(&self) -> String {
+        match &self.target {
+            Target::Handler(slot) => slot.current().sha256.to_string(),
+            Target::Codec { index, codecs, .. } => codecs
+                .get(*index)
+                .map(|codec| codec.sha256.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl Target {
+    /// Type-checks and warms a compiled version for this target.
+    fn load(&self, engine: &PluginEngine, compiled: CompiledPlugin) -> Result<Loaded, PluginError> {
+        match self {
+            Target::Handler(slot) => {
+                let context = slot.current().context().clone();
+                HandlerVersion::from_compiled(engine, compiled, context).map(Loaded::Handler)
+            }
+            Target::Codec { limits, .. } => {
+                CodecVersion::from_compiled(engine, compiled, limits.clone()).map(Loaded::Codec)
+            }
+        }
+    }
+}
+
+impl Entry {
+    /// Puts `loaded` in place; the SHA-256 and load facts of the version it
+    /// replaced (dropped here: deliveries still running keep their own).
+    fn swap(&self, loaded: Loaded) -> (String, String, bool) {
+        match (&self.target, loaded) {
+            (Target::Handler(slot), Loaded::Handler(version)) => {
+                let (to, from_cache) = (version.sha256.to_string(), version.from_cache);
+                (slot.swap(version).sha256.to_string(), to, from_cache)
+            }
+            (Target::Codec { index, codecs, .. }, Loaded::Codec(version)) => {
+                let (to, from_cache) = (version.sha256.clone(), version.from_cache);
+                let from = codecs
+                    .replace(*index, version)
+                    .map(|old| old.sha256.clone())
+                    .unwrap_or_default();
+                (from, to, from_cache)
+            }
+            _ => unreachable!("a target loads its own kind of version"),
+        }
+    }
+
+    fn status(&self) -> PluginStatus {
+        let last_refused = self.last_refused.lock().expect("poisoned").clone();
+        match &self.target {
+            Target::Handler(slot) => {
+                let current = slot.current();
+                PluginStatus {
+                    queue: self.queue.clone(),
+                    codec: false,
+                    path: self.path.clone(),
+                    sha256: current.sha256.to_string(),
+                    size: current.size,
+                    loaded_at: current.loaded_at,
+                    from_cache: current.from_cache,
+                    idle_instances: current.idle_instances(),
+                    instance_cost: current.instance_cost(),
+                    last_refused,
+                    faulting: current.faulting(),
+                }
+            }
+            Target::Codec { index, codecs, .. } => {
+                let codec = codecs.get(*index).expect("a codec's index stays in range");
+                PluginStatus {
+                    queue: self.queue.clone(),
+                    codec: true,
+                    path: self.path.clone(),
+                    sha256: codec.sha256.clone(),
+                    size: codec.size,
+                    loaded_at: codec.loaded_at,
+                    from_cache: codec.from_cache,
+                    idle_instances: codec.idle_instances(),
+                    instance_cost: codec.instance_cost(),
+                    last_refused,
+                    faulting: None,
+                }
+            }
+        }
+    }
 }
 
 /// A consumer name that matches no consumer.
@@ -265,7 +400,7 @@ impl Reloader {
             .map(|spec| Entry {
                 queue: spec.queue,
                 path: spec.path,
-                slot: spec.slot,
+                target: Target::Handler(spec.slot),
                 reloading: tokio::sync::Mutex::new(()),
                 last_refused: Mutex::new(None),
             })
@@ -277,26 +412,25 @@ impl Reloader {
         }
     }
 
-    /// Every consumer's current plugin.
+    /// Reloads the host's codecs too, each by its [`codec_label`].
+    pub fn with_codecs(mut self, specs: impl IntoIterator<Item = CodecSpec>) -> Self {
+        self.entries.extend(specs.into_iter().map(|spec| Entry {
+            queue: codec_label(&spec.path),
+            path: spec.path,
+            target: Target::Codec {
+                index: spec.index,
+                codecs: spec.codecs,
+                limits: spec.limits,
+            },
+            reloading: tokio::sync::Mutex::new(()),
+            last_refused: Mutex::new(None),
+        }));
+        self
+    }
+
+    /// Every consumer's current plugin, then every codec's.
     pub fn status(&self) -> Vec<PluginStatus> {
-        self.entries
-            .iter()
-            .map(|entry| {
-                let current = entry.slot.current();
-                PluginStatus {
-                    queue: entry.queue.clone(),
-                    path: entry.path.clone(),
-                    sha256: current.sha256.to_string(),
-                    size: current.size,
-                    loaded_at: current.loaded_at,
-                    from_cache: current.from_cache,
-                    idle_instances: current.idle_instances(),
-                    instance_cost: current.instance_cost(),
-                    last_refused: entry.last_refused.lock().expect("poisoned").clone(),
-                    faulting: current.faulting(),
-                }
-            })
-            .collect()
+        self.entries.iter().map(Entry::status).collect()
     }
 
     /// Reloads the plugin of the consumer of `queue`, or of every consumer.
@@ -326,15 +460,13 @@ impl Reloader {
 
     async fn reload_entry(&self, entry: &Entry, trigger: Trigger) -> ReloadReport {
         let _one_at_a_time = entry.reloading.lock().await;
-        let (serving, context) = {
-            let current = entry.slot.current();
-            (current.sha256.to_string(), current.context().clone())
-        };
+        let serving = entry.serving();
         let engine = self.engine.clone();
         let path = entry.path.clone();
         let serving_sha = serving.clone();
         // Reading, hashing, compiling and warming are blocking work (the
         // compile takes milliseconds to seconds): off the runtime's workers.
+        let target = entry.target.clone();
         let loaded = tokio::task::spawn_blocking(move || {
             // Trusted at start is not trusted now: checked again each time.
             crate::fs_trust::check_plugin(&path).map_err(|refused| {
@@ -357,7 +489,8 @@ impl Reloader {
             let compiled = engine
                 .compile_bytes(&path, &bytes)
                 .map_err(|e| (Some(sha256.clone()), e))?;
-            let version = HandlerVersion::from_compiled(&engine, compiled, context)
+            let version = target
+                .load(&engine, compiled)
                 .map_err(|e| (Some(sha256), e))?;
             Ok(Some((version, started.elapsed())))
         })
@@ -393,18 +526,15 @@ impl Reloader {
     fn swap_in(
         &self,
         entry: &Entry,
-        version: Arc<HandlerVersion>,
+        version: Loaded,
         load_time: Duration,
         trigger: Trigger,
     ) -> ReloadResult {
-        let to = version.sha256.to_string();
-        let from_cache = version.from_cache;
-        // The swap itself: every delivery that loads the slot from here on
-        // gets the new version; running ones keep their own `Arc` of the old.
-        let old = entry.slot.swap(version);
+        // The swap itself: every delivery that loads the slot (or the
+        // codecs) from here on gets the new version; running ones keep
+        // their own `Arc` of the old.
+        let (from, to, from_cache) = entry.swap(version);
         let took = trigger.at.elapsed();
-        let from = old.sha256.to_string();
-        drop(old);
         let gauge = |sha256: &str| {
             self.metrics
                 .plugin_version
