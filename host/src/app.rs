@@ -28,6 +28,9 @@ use crate::plugin::{
     HandlerVersion, Limits, PluginEngine,
 };
 use crate::retry::RetryPolicy;
+use crate::rollout::live::Rollouts;
+use crate::rollout::plan::Plan;
+use crate::rollout::record::Records;
 use crate::scheduler::control::Control;
 use crate::service::liveness::{Heartbeat, Watchdog};
 use crate::service::notify::Notifier;
@@ -65,6 +68,8 @@ pub struct PreparedConsumer {
     pub plugin_path: std::path::PathBuf,
     /// Its namespace, done records and claims, if it keeps any.
     pub state: Option<Arc<ConsumerState>>,
+    /// The rollout `[consumers.candidate]` asks for, its candidate loaded.
+    pub rollout: Option<(Plan, Arc<HandlerVersion>)>,
 }
 
 /// Checks the config, builds the topology, opens the state store and loads
@@ -287,8 +292,14 @@ pub(crate) fn load_codecs(
 fn check_plugin_paths(config: &LoadedConfig) -> Vec<anyhow::Error> {
     let c = &config.config;
     let handlers = c.consumers.iter().map(|consumer| &consumer.plugin);
+    let candidates = c
+        .consumers
+        .iter()
+        .filter_map(|consumer| consumer.candidate.as_ref())
+        .map(|candidate| &candidate.plugin);
     let codecs = c.codecs.iter().map(|codec| &codec.plugin);
     handlers
+        .chain(candidates)
         .chain(codecs)
         .filter_map(|plugin| {
             crate::fs_trust::check_plugin(&config.resolve(plugin.get_ref()))
@@ -369,6 +380,11 @@ pub fn engine_settings(config: &LoadedConfig) -> EngineSettings {
         .iter()
         .map(|c| ConsumerDemand {
             concurrency: config.concurrency_of(c, false),
+            shadow: c
+                .candidate
+                .as_ref()
+                .and_then(|candidate| candidate.shadow_concurrency)
+                .unwrap_or(0),
         })
         .collect();
     // Codecs run under the default limits (load_codecs), so their budget
@@ -411,7 +427,7 @@ fn prepare_consumer(
     let stream = stream_position(config, topology, index, consumer)?;
     let is_stream = stream.is_some();
     let plugin_path = config.resolve(consumer.plugin.get_ref());
-    let version = HandlerVersion::load(engine, &plugin_path, context)
+    let version = HandlerVersion::load(engine, &plugin_path, context.clone())
         .with_context(|| format!("consumers[{index}] (queue '{queue}')"))?;
     tracing::info!(
         queue = %queue,
@@ -420,6 +436,15 @@ fn prepare_consumer(
         from_cache = version.from_cache,
         "plugin loaded"
     );
+    let rollout = match config.rollout_plan(index, consumer)? {
+        Some(plan) => {
+            let candidate = crate::rollout::live::load_candidate(engine, &plan, &context)
+                .with_context(|| format!("consumers[{index}].candidate (queue '{queue}')"))?;
+            tracing::info!(queue = %queue, candidate = %plan.candidate.display(), sha256 = %candidate.sha256, mode = %plan.mode, "rollout candidate loaded");
+            Some((plan, candidate))
+        }
+        None => None,
+    };
     Ok(PreparedConsumer {
         subscription: SubscriptionSpec {
             queue,
@@ -437,6 +462,7 @@ fn prepare_consumer(
         handler: Arc::new(HandlerSlot::new(version)),
         plugin_path,
         state: consumer_state,
+        rollout,
     })
 }
 
@@ -695,6 +721,7 @@ pub async fn run(
         Some(settings) => Some(crate::admin::bind(settings).await?),
         None => None,
     };
+    let rollout_engine = engine.clone();
     let codec_specs: Vec<CodecSpec> = config
         .config
         .codecs
@@ -720,6 +747,17 @@ pub async fn run(
         )
         .with_codecs(codec_specs),
     );
+    // Each consumer's rollout slot, registered before the admin endpoint
+    // answers for them.
+    let mut rollouts = Rollouts::new(rollout_engine, rollout_records(&config), metrics.clone(), {
+        let reloader = reloader.clone();
+        Arc::new(move |queue: &str, path: &std::path::Path| reloader.set_path(queue, path))
+    });
+    let rollout_slots: Vec<_> = consumers
+        .iter()
+        .map(|c| rollouts.add(&c.subscription.queue, c.handler.clone()))
+        .collect();
+    let rollouts = Arc::new(rollouts);
     let links = Links::new(&config, Arc::new(topology), &metrics)?;
     // The admin endpoint answers from now on: DOWN, with what the host is
     // waiting for, until it connects.
@@ -734,6 +772,7 @@ pub async fn run(
             store: store.as_ref().map(|(_, health)| health.clone()),
             heartbeat: heartbeat.clone(),
             started: std::time::SystemTime::now(),
+            rollouts: rollouts.clone(),
         },
     );
     if let Err(e) = links.start(&shutdown).await {
@@ -776,8 +815,15 @@ pub async fn run(
         vec![links.consume.clone(), links.publish.clone()],
         shutdown.clone(),
     ));
-    let (mut running, savers) =
-        start_consumers(consumers, &links, &shared, env.clone(), &links_stop);
+    let (mut running, savers) = start_consumers(
+        consumers,
+        rollout_slots,
+        &rollouts,
+        &links,
+        &shared,
+        env.clone(),
+        &links_stop,
+    );
     if let Some(control) = scheduler {
         // The scheduler's control consumer, kept subscribed like any
         // consumer (and drained with them at shutdown).
@@ -795,6 +841,22 @@ pub async fn run(
     announcing.abort();
     beat_stop.cancel();
     Ok(())
+}
+
+/// Where rollout records are kept: `[host] rollout_state_dir`, else the
+/// user's cache folder; without either, rollouts are not kept across
+/// restarts (said once).
+fn rollout_records(config: &LoadedConfig) -> Option<Records> {
+    let dir = match &config.config.host.rollout_state_dir {
+        Some(dir) => Some(config.resolve(dir)),
+        None => crate::user_cache::rollouts(),
+    };
+    if dir.is_none() {
+        tracing::warn!(
+            "rollout records are not kept: neither XDG_CACHE_HOME nor HOME is an absolute path (set [host] rollout_state_dir); a restart starts a rollout afresh"
+        );
+    }
+    dir.map(Records::new)
 }
 
 /// Samples every consumer's counts for the status page's rates, until
@@ -978,6 +1040,8 @@ impl AdminTask {
 /// tasks and the savers' (which outlive them until `links_stop`).
 fn start_consumers(
     consumers: Vec<PreparedConsumer>,
+    rollout_slots: Vec<Arc<crate::rollout::live::RolloutSlot>>,
+    rollouts: &Rollouts,
     links: &Links,
     shared: &delivery::Shared,
     env: SubscriptionEnv,
@@ -985,8 +1049,11 @@ fn start_consumers(
 ) -> (JoinSet<()>, Vec<JoinHandle<()>>) {
     let mut running = JoinSet::new();
     let mut savers = Vec::new();
-    for consumer in consumers {
+    for (consumer, rollout) in consumers.into_iter().zip(rollout_slots) {
         let queue = consumer.subscription.queue.as_str();
+        if let Some((plan, candidate)) = consumer.rollout.clone() {
+            rollouts.configured(queue, plan, candidate);
+        }
         shared
             .metrics
             .plugin_version
@@ -997,6 +1064,7 @@ fn start_consumers(
             .set(1);
         let pipeline = Arc::new(
             Pipeline::new(queue, consumer.rules, consumer.handler, shared)
+                .with_rollout(rollout)
                 .with_stream(consumer.subscription.stream.clone())
                 .with_state(consumer.state.clone()),
         );

@@ -42,6 +42,7 @@ pub(crate) mod logging;
 // Its `contract_version!` macros name the contract in `build_info` too.
 #[macro_use]
 pub mod plugin;
+pub mod rollout;
 pub mod scheduler;
 pub mod service;
 pub mod state;

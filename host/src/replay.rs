@@ -12,12 +12,10 @@
 //! by the config's `[[codecs]]` before the handler sees it, the outputs
 //! encoded after, so the candidate is judged on the bodies it will get.
 //! Times and fuel are summarized in fixed-size histograms
-//! ([`histogram::Histogram`]): a replay of millions of messages holds no
+//! ([`Histogram`]): a replay of millions of messages holds no
 //! figure per message.
 
-mod histogram;
-
-pub use histogram::Histogram;
+pub use crate::telemetry::histogram::Histogram;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,9 +28,10 @@ use lapin::message::Delivery;
 use crate::broker::stream::StreamOffset;
 use crate::broker::stream_read::StreamRead;
 use crate::config::{ConsumerConfig, LoadedConfig};
-use crate::delivery::{self, PluginRun};
+use crate::delivery;
 use crate::envelope::{self, Envelope};
-use crate::plugin::{CodecSet, HandlerSlot, HandlerVersion, Outcome, Outgoing, PluginEngine};
+use crate::plugin::{CodecSet, HandlerSlot, HandlerVersion, PluginEngine};
+use crate::rollout::decision::Decision;
 
 /// How long the stream may stay silent before the replay counts it read.
 const QUIET_END: Duration = Duration::from_secs(2);
@@ -58,7 +57,8 @@ pub struct ReplayReport {
     pub candidate: BTreeMap<String, usize>,
     /// The running version's outcomes, with `--compare`.
     pub current: BTreeMap<String, usize>,
-    /// Messages whose outcome or outputs differ, with `--compare`.
+    /// Messages whose outcome, reason or outputs differ, with `--compare`
+    /// (compared as a live shadow compares them: `rollout::decision`).
     pub differing: usize,
     /// The first few of them: offset, and how they differ.
     pub examples: Vec<(u64, String)>,
@@ -258,14 +258,15 @@ impl Plugins {
         if let Some(fuel) = candidate_run.fuel() {
             report.candidate_fuel.record(fuel);
         }
-        let candidate_seen = seen(&candidate_run);
+        let candidate_seen = candidate_run.decision();
         *report
             .candidate
             .entry(candidate_seen.word.clone())
             .or_default() += 1;
         if let Some(current) = &self.current {
-            let current_seen =
-                seen(&delivery::run_plugins(current, &self.codecs, input(body)).await);
+            let current_seen = delivery::run_plugins(current, &self.codecs, input(body))
+                .await
+                .decision();
             report.compare(offset, &current_seen, &candidate_seen);
         }
     }
@@ -274,9 +275,9 @@ impl Plugins {
 impl ReplayReport {
     /// Counts the current version's outcome, and a difference from the
     /// candidate's (the first few as examples).
-    fn compare(&mut self, offset: u64, current: &Seen, candidate: &Seen) {
+    fn compare(&mut self, offset: u64, current: &Decision, candidate: &Decision) {
         *self.current.entry(current.word.clone()).or_default() += 1;
-        if current != candidate {
+        if !current.same_as(candidate) {
             self.differing += 1;
             if self.examples.len() < EXAMPLES {
                 self.examples.push((offset, current.difference(candidate)));
@@ -323,69 +324,4 @@ impl Progress {
             None => eprintln!("replay: {count} messages read in all"),
         }
     }
-}
-
-/// What a plugin run came to, for counting and comparing: its outcome word
-/// and the outputs it would have published.
-#[derive(Debug, PartialEq, Eq)]
-struct Seen {
-    word: String,
-    outputs: Vec<(String, String, Vec<u8>)>,
-}
-
-impl Seen {
-    fn difference(&self, candidate: &Seen) -> String {
-        if self.word != candidate.word {
-            return format!("current {}, candidate {}", self.word, candidate.word);
-        }
-        let body = |s: &Seen| {
-            s.outputs
-                .first()
-                .map(|(_, _, b)| String::from_utf8_lossy(&b[..b.len().min(80)]).into_owned())
-                .unwrap_or_default()
-        };
-        format!(
-            "both {}; outputs differ: current {} ({}), candidate {} ({})",
-            self.word,
-            self.outputs.len(),
-            body(self),
-            candidate.outputs.len(),
-            body(candidate)
-        )
-    }
-}
-
-fn seen(run: &PluginRun) -> Seen {
-    let outputs = |outputs: &[Outgoing]| {
-        outputs
-            .iter()
-            .map(|o| (o.exchange.clone(), o.routing_key.clone(), o.body.clone()))
-            .collect()
-    };
-    let (word, outputs) = match run {
-        PluginRun::Decided {
-            outcome,
-            outputs: o,
-            ..
-        } => (
-            match outcome {
-                Outcome::Accept => "accept",
-                Outcome::Retry(_) => "retry",
-                Outcome::Reject(_) => "reject",
-                Outcome::Park(_) => "park",
-            }
-            .to_string(),
-            outputs(o),
-        ),
-        PluginRun::Faulted { fault, .. } => (format!("fault: {}", fault.kind.label()), Vec::new()),
-        PluginRun::Undecodable { .. } => ("undecodable".to_string(), Vec::new()),
-        PluginRun::CodecFaulted { .. } => ("fault: codec".to_string(), Vec::new()),
-        PluginRun::OutputsRefused { .. } => ("outputs refused".to_string(), Vec::new()),
-        PluginRun::Misconfigured { .. } => ("published outside publish_to".to_string(), Vec::new()),
-        PluginRun::HostFailed { .. } => ("host failure".to_string(), Vec::new()),
-        PluginRun::HostBusy { .. } => ("host busy".to_string(), Vec::new()),
-        PluginRun::StoreUnavailable { .. } => ("state store unavailable".to_string(), Vec::new()),
-        PluginRun::StateConflicted { .. } => ("state conflict".to_string(), Vec::new()),
-    };
-    Seen { word, outputs }
 }

@@ -1,7 +1,8 @@
 //! The user's cache folder, where acemq-host keeps what it can make again
 //! but would rather not: compiled plugins (`plugins/`, with their key
-//! `plugins.key` beside it) and the guest toolchains `plugin build`
-//! installs on first use (`toolchains/`).
+//! `plugins.key` beside it), the guest toolchains `plugin build` installs
+//! on first use (`toolchains/`), and the records of rollouts
+//! (`rollouts/`).
 //!
 //! It follows the XDG base-directory rule every Linux tool does:
 //! `$XDG_CACHE_HOME/acemq-host` when that is an absolute path, otherwise
@@ -38,6 +39,11 @@ pub fn compiled_plugins() -> Option<PathBuf> {
 /// The compiled-plugin folder inside an acemq-host cache folder.
 pub fn compiled_plugins_in(cache: &Path) -> PathBuf {
     cache.join("plugins")
+}
+
+/// Where rollout records are kept when the configuration names no folder.
+pub fn rollouts() -> Option<PathBuf> {
+    dir().map(|dir| dir.join("rollouts"))
 }
 
 /// Where `plugin build` installs the guest toolchains it pins.

@@ -189,9 +189,12 @@ fn a_tampered_cache_entry_is_named_and_compiled_again() {
         err
     };
     assert!(validate().contains("from_cache=false"));
+    // The compiled plugins (`*.cwasm`); the compiled functions' file
+    // (`functions.redb`) sits beside them.
     let [entry] = &std::fs::read_dir(&cache)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "cwasm"))
         .collect::<Vec<_>>()[..]
     else {
         panic!("one cache entry expected")

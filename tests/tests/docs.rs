@@ -63,6 +63,8 @@ fn accepted(table: &str) -> BTreeSet<String> {
         "" => String::new(),
         "exchanges" | "queues" | "bindings" | "consumers" | "codecs" => format!("[[{table}]]\n"),
         "retry.NAME" => "[retry.p]\n".to_string(),
+        // A table of each consumer's: inside one.
+        "consumers.candidate" => "[[consumers]]\n[consumers.candidate]\n".to_string(),
         other => format!("[{other}]\n"),
     };
     let text = format!("{header}{PROBE} = 1\n");

@@ -196,6 +196,8 @@ pub struct Admin {
     pub heartbeat: Arc<crate::service::liveness::Heartbeat>,
     /// When the host started (the status page's uptime).
     pub started: std::time::SystemTime,
+    /// Every consumer's rollout: `/rollouts`, `/plugins`.
+    pub rollouts: Arc<crate::rollout::live::Rollouts>,
 }
 
 /// A bound endpoint and the policy for its address.

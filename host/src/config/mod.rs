@@ -14,6 +14,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 pub mod admin_keys;
+pub mod rollout;
 pub mod state;
 use crate::broker::address::{BrokerUrl, redact_url};
 pub use admin_keys::{ANY_HOST, TOKEN_ENV, check_allowed_host, check_listen, is_remote};
@@ -229,6 +230,10 @@ pub struct HostConfig {
     /// The key that authenticates cache entries (created when missing);
     /// `<cache folder>.key`, beside the folder, when absent.
     pub plugin_cache_key_file: Option<Spanned<PathBuf>>,
+    /// Where each consumer's rollout record is kept (a restart resumes or
+    /// abandons a rollout from it); the user's cache folder
+    /// (`~/.cache/acemq-host/rollouts`) when absent.
+    pub rollout_state_dir: Option<PathBuf>,
     /// Count the fuel (roughly, instructions) every handler call burns and
     /// report it as `acemq_plugin_fuel_total`. Costs some speed.
     #[serde(default)]
@@ -256,6 +261,7 @@ impl Default for HostConfig {
             plugin_cache: None,
             plugin_cache_dir: None,
             plugin_cache_key_file: None,
+            rollout_state_dir: None,
             fuel_metering: false,
             log_format: None,
         }
@@ -457,6 +463,8 @@ pub struct ConsumerConfig {
     /// Handed to the plugin through `config(key)`.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
+    /// A new version rolled out beside the plugin (canary or shadow).
+    pub candidate: Option<rollout::CandidateConfig>,
 }
 
 /// A stream offset as written in the config: a number, or a word, a time or
@@ -862,6 +870,9 @@ impl LoadedConfig {
                     Some(consumer.queue.span().start),
                     format!("consumers[{i}].concurrency: must be at least 1"),
                 ));
+            }
+            if let Err(e) = self.rollout_plan(i, consumer) {
+                found.push(e);
             }
             if consumer.queue.get_ref().trim().is_empty() {
                 found.push(self.error_at(

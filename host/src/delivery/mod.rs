@@ -26,6 +26,7 @@ pub mod flow;
 pub mod metrics;
 pub mod plugins;
 pub mod settle;
+pub mod shadow;
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -50,9 +51,11 @@ use crate::broker::subscription::{Receipt, Received, Slot};
 use crate::envelope::{self, Envelope};
 use crate::plugin::{Codecs, HandlerSlot, Input, StateEnd};
 use crate::retry::RetryPolicy;
+use crate::rollout::live::{Role, RolloutSlot, Route};
 use crate::state::consumer::{Before, ConsumerState};
 use crate::telemetry::Metrics;
 use crate::trace::{DeliveryTrace, Processed, Tracer};
+use shadow::ShadowCall;
 
 /// What one consumer does with each of its deliveries.
 pub struct Pipeline {
@@ -74,6 +77,9 @@ pub struct Pipeline {
     tracer: Arc<Tracer>,
     /// Its state namespace, done records and claims (docs/state.md).
     state: Option<Arc<ConsumerState>>,
+    /// Its rollout, when a candidate version runs beside the current one
+    /// (`crate::rollout`): which version each delivery goes to.
+    rollout: Arc<RolloutSlot>,
 }
 
 /// How one consumer treats its deliveries, from its config.
@@ -114,6 +120,7 @@ impl Pipeline {
             stream: None,
             tracer: shared.tracer.clone(),
             state: None,
+            rollout: Arc::default(),
         }
     }
 
@@ -124,6 +131,13 @@ impl Pipeline {
     }
 
     /// For a stream consumer: its position, told of version changes.
+    /// Routes each delivery through `rollout` (empty until a rollout is
+    /// started on the consumer).
+    pub fn with_rollout(mut self, rollout: Arc<RolloutSlot>) -> Self {
+        self.rollout = rollout;
+        self
+    }
+
     pub fn with_stream(mut self, position: Option<Arc<StreamPosition>>) -> Self {
         self.stream = position;
         self
@@ -421,15 +435,24 @@ impl Pipeline {
         // Boxed: the call's future is kilobytes (wasmtime's fiber call
         // inside), and every delivery's task would otherwise copy it on
         // each move from creation to spawn.
-        let calling = Instant::now();
         let codecs = self.codecs.snapshot();
-        let called = AssertUnwindSafe(Box::pin(run_plugins_with_state(
-            &self.handler,
-            &codecs,
-            input,
-        )))
-        .catch_unwind()
-        .await;
+        // Which version handles it: the current one, or a rollout's
+        // candidate; and whether a shadow runs on a copy beside it.
+        let (route, rollout) = self.rollout.route(&envelope.id);
+        let (version, role, shadow) = match route {
+            Route::Current => (self.handler.current(), Role::Current, None),
+            Route::Candidate(candidate) => (candidate, Role::Candidate, None),
+            Route::Shadowed(candidate) => {
+                let shadow = rollout.clone().and_then(|rollout| {
+                    ShadowCall::start(rollout, candidate, codecs.clone(), input.clone())
+                });
+                (self.handler.current(), Role::Current, shadow)
+            }
+        };
+        let calling = Instant::now();
+        let called = AssertUnwindSafe(Box::pin(run_plugins_with_state(&version, &codecs, input)))
+            .catch_unwind()
+            .await;
         let call_took = calling.elapsed();
         let (run, state) = called.unwrap_or_else(|panic| {
             // The host's own code panicked around the call. The delivery is
@@ -438,7 +461,13 @@ impl Pipeline {
             tracing::error!(queue = self.queue.as_str(), message_id = %envelope.id, trace_id = %trace.trace_id(), error = %envelope::bound_reason(&error), "handler call failed inside the host");
             (PluginRun::HostFailed { reason: error }, StateEnd::default())
         });
-        self.note_call(&run, call_took, envelope, trace);
+        self.note_call(&run, call_took, envelope, trace, role);
+        if let (Some(rollout), Some(call)) = (&rollout, run.rollout_call(call_took)) {
+            rollout.record(role, call);
+        }
+        if let Some(shadow) = shadow {
+            shadow.compare(run.decision());
+        }
         (run, state)
     }
 
@@ -450,6 +479,7 @@ impl Pipeline {
         took: Duration,
         envelope: &Envelope,
         trace: &DeliveryTrace,
+        role: Role,
     ) {
         if let PluginRun::Faulted { fault, version, .. } = run {
             self.metrics.fault(fault.kind);
@@ -459,7 +489,9 @@ impl Pipeline {
         if let Some(version) = run.version() {
             self.metrics.plugin_call(version, took, run.fuel());
         }
-        if let (Some(stream), Some(version)) = (&self.stream, run.version()) {
+        // A canary's candidate is not the version the stream's position
+        // is kept for (a checkpoint is saved when that changes).
+        if let (Some(stream), Some(version), Role::Current) = (&self.stream, run.version(), role) {
             stream.handled_by(version);
         }
     }

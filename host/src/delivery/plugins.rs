@@ -10,8 +10,11 @@ use std::sync::Arc;
 
 use crate::envelope::Reply;
 use crate::plugin::{
-    CodecSet, Conversion, Fault, HandlerSlot, Input, Invocation, Outcome, Outgoing, StateEnd,
+    CodecSet, Conversion, Fault, HandlerSlot, HandlerVersion, Input, Invocation, Outcome, Outgoing,
+    StateEnd,
 };
+use crate::rollout::decision::{Decision, Output as DecidedOutput};
+use crate::rollout::judge::Call;
 
 /// What running the plugins on one delivery produced.
 #[derive(Debug)]
@@ -100,10 +103,86 @@ impl PluginRun {
     }
 }
 
+impl PluginRun {
+    /// What the handler decided, as two versions are compared (a live
+    /// shadow, `replay --compare`): the outcome and its reason, and the
+    /// outputs it would publish; the host's own words for a run in which
+    /// no handler decided.
+    pub fn decision(&self) -> Decision {
+        let plain = |word: &str| Decision {
+            word: word.to_string(),
+            reason: None,
+            outputs: Vec::new(),
+        };
+        match self {
+            PluginRun::Decided {
+                outcome, outputs, ..
+            } => {
+                let (word, reason) = match outcome {
+                    Outcome::Accept => ("accept", None),
+                    Outcome::Retry(why) => ("retry", Some(why.clone())),
+                    Outcome::Reject(why) => ("reject", Some(why.clone())),
+                    Outcome::Park(why) => ("park", Some(why.clone())),
+                };
+                Decision {
+                    word: word.to_string(),
+                    reason,
+                    outputs: outputs
+                        .iter()
+                        .map(|o| DecidedOutput::new(&o.exchange, &o.routing_key, &o.body))
+                        .collect(),
+                }
+            }
+            PluginRun::Faulted { fault, .. } => plain(&format!("fault: {}", fault.kind.label())),
+            PluginRun::OutputsRefused { .. } => plain("outputs refused"),
+            PluginRun::Misconfigured { .. } => plain("published outside publish_to"),
+            PluginRun::Undecodable { .. } => plain("undecodable"),
+            PluginRun::CodecFaulted { .. } => plain("fault: codec"),
+            PluginRun::HostFailed { .. } => plain("host failure"),
+            PluginRun::HostBusy { .. } => plain("host busy"),
+            PluginRun::StoreUnavailable { .. } => plain("state store unavailable"),
+            PluginRun::StateConflicted { .. } => plain("state conflict"),
+        }
+    }
+
+    /// What the call of the version that ran came to, for a rollout's
+    /// window; `None` when no handler ran (the host's or a codec's doing,
+    /// not the version's).
+    pub fn rollout_call(&self, took: std::time::Duration) -> Option<Call> {
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let call = |faulted, set_aside, outputs: usize| Call {
+            faulted,
+            set_aside,
+            outputs: outputs as u64,
+            micros,
+        };
+        match self {
+            PluginRun::Decided {
+                outcome, outputs, ..
+            } => Some(call(
+                false,
+                matches!(outcome, Outcome::Reject(_) | Outcome::Park(_)),
+                outputs.len(),
+            )),
+            PluginRun::Faulted { .. }
+            | PluginRun::OutputsRefused { .. }
+            | PluginRun::Misconfigured { .. }
+            | PluginRun::StateConflicted { .. } => Some(call(true, false, 0)),
+            PluginRun::Undecodable { .. }
+            | PluginRun::CodecFaulted { .. }
+            | PluginRun::HostFailed { .. }
+            | PluginRun::HostBusy { .. }
+            | PluginRun::StoreUnavailable { .. } => None,
+        }
+    }
+}
+
 /// Runs codecs and the handler for one delivery: decode, handle, encode the
 /// outputs.
 pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, input: Input) -> PluginRun {
-    run_plugins_with_state(handler, codecs, input).await.0
+    run_plugins_with_state(&handler.current(), codecs, input)
+        .await
+        .0
 }
 
 /// [`run_plugins`], and the state the handler left: its writes, to commit
@@ -111,7 +190,7 @@ pub async fn run_plugins(handler: &HandlerSlot, codecs: &CodecSet, input: Input)
 /// be reached is the host's trouble, whatever the plugin made of it: the
 /// delivery is given back to wait ([`PluginRun::StoreUnavailable`]).
 pub async fn run_plugins_with_state(
-    handler: &HandlerSlot,
+    handler: &HandlerVersion,
     codecs: &CodecSet,
     mut input: Input,
 ) -> (PluginRun, StateEnd) {

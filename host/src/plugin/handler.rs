@@ -288,6 +288,12 @@ impl HandlerVersion {
         self.instances.idle()
     }
 
+    /// Lets go of its idle instances, and of the others as their calls end
+    /// (a version no delivery will be given again).
+    pub fn retire(&self) {
+        self.instances.retire();
+    }
+
     /// What an instance of this version costs (the admin view, the
     /// dispatch benchmark).
     pub fn instance_cost(&self) -> super::InstanceCost {

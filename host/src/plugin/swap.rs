@@ -282,7 +282,11 @@ enum Loaded {
 struct Entry {
     /// The consumer's queue, or the codec's [`codec_label`].
     queue: String,
-    path: PathBuf,
+    /// The file reloads read: the configured one, or a rollout's candidate
+    /// once it was promoted ([`Reloader::set_path`]).
+    path: Mutex<PathBuf>,
+    /// The file watched for changes (the configured one).
+    watched: PathBuf,
     target: Target,
     /// Held for the whole of a reload: one reload per consumer at a time.
     reloading: tokio::sync::Mutex<()>,
@@ -290,6 +294,10 @@ struct Entry {
 }
 
 impl Entry {
+    fn path(&self) -> PathBuf {
+        self.path.lock().expect("poisoned").clone()
+    }
+
     /// The SHA-256 of the version serving now.
     fn serving(&self) -> String {
         match &self.target {
@@ -346,7 +354,7 @@ impl Entry {
                 PluginStatus {
                     queue: self.queue.clone(),
                     codec: false,
-                    path: self.path.clone(),
+                    path: self.path(),
                     sha256: current.sha256.to_string(),
                     size: current.size,
                     loaded_at: current.loaded_at,
@@ -362,7 +370,7 @@ impl Entry {
                 PluginStatus {
                     queue: self.queue.clone(),
                     codec: true,
-                    path: self.path.clone(),
+                    path: self.path(),
                     sha256: codec.sha256.clone(),
                     size: codec.size,
                     loaded_at: codec.loaded_at,
@@ -399,7 +407,8 @@ impl Reloader {
             .into_iter()
             .map(|spec| Entry {
                 queue: spec.queue,
-                path: spec.path,
+                watched: spec.path.clone(),
+                path: Mutex::new(spec.path),
                 target: Target::Handler(spec.slot),
                 reloading: tokio::sync::Mutex::new(()),
                 last_refused: Mutex::new(None),
@@ -416,7 +425,8 @@ impl Reloader {
     pub fn with_codecs(mut self, specs: impl IntoIterator<Item = CodecSpec>) -> Self {
         self.entries.extend(specs.into_iter().map(|spec| Entry {
             queue: codec_label(&spec.path),
-            path: spec.path,
+            watched: spec.path.clone(),
+            path: Mutex::new(spec.path),
             target: Target::Codec {
                 index: spec.index,
                 codecs: spec.codecs,
@@ -426,6 +436,14 @@ impl Reloader {
             last_refused: Mutex::new(None),
         }));
         self
+    }
+
+    /// From now on, reloads of the consumer of `queue` read `path`: its
+    /// rollout's candidate was promoted, and it is the version's file.
+    pub fn set_path(&self, queue: &str, path: &Path) {
+        if let Some(entry) = self.entries.iter().find(|e| e.queue == queue) {
+            *entry.path.lock().expect("poisoned") = path.to_path_buf();
+        }
     }
 
     /// Every consumer's current plugin, then every codec's.
@@ -462,7 +480,7 @@ impl Reloader {
         let _one_at_a_time = entry.reloading.lock().await;
         let serving = entry.serving();
         let engine = self.engine.clone();
-        let path = entry.path.clone();
+        let path = entry.path();
         let serving_sha = serving.clone();
         // Reading, hashing, compiling and warming are blocking work (the
         // compile takes milliseconds to seconds): off the runtime's workers.
@@ -498,7 +516,7 @@ impl Reloader {
         .unwrap_or_else(|join_error| {
             Err((
                 None,
-                PluginError::new(&entry.path, format!("loading it panicked: {join_error}")),
+                PluginError::new(&entry.path(), format!("loading it panicked: {join_error}")),
             ))
         });
 
@@ -511,14 +529,14 @@ impl Reloader {
             // A file event that changed nothing (a touch, our own rewrite of
             // the same bytes) is routine; an explicit request is worth a line.
             if trigger.cause == Cause::FileChanged {
-                tracing::debug!(queue = %entry.queue, plugin = %entry.path.display(), sha256 = %sha256, trigger = %trigger.cause, "plugin unchanged");
+                tracing::debug!(queue = %entry.queue, plugin = %entry.path().display(), sha256 = %sha256, trigger = %trigger.cause, "plugin unchanged");
             } else {
-                tracing::info!(queue = %entry.queue, plugin = %entry.path.display(), sha256 = %sha256, trigger = %trigger.cause, "plugin unchanged; nothing to swap");
+                tracing::info!(queue = %entry.queue, plugin = %entry.path().display(), sha256 = %sha256, trigger = %trigger.cause, "plugin unchanged; nothing to swap");
             }
         }
         ReloadReport {
             queue: entry.queue.clone(),
-            path: entry.path.clone(),
+            path: entry.path(),
             result,
         }
     }
@@ -549,7 +567,7 @@ impl Reloader {
         self.count(entry, "swapped");
         tracing::info!(
             queue = %entry.queue,
-            plugin = %entry.path.display(),
+            plugin = %entry.path().display(),
             from = %from,
             to = %to,
             trigger = %trigger.cause,
@@ -578,7 +596,7 @@ impl Reloader {
         self.count(entry, "refused");
         tracing::warn!(
             queue = %entry.queue,
-            plugin = %entry.path.display(),
+            plugin = %entry.path().display(),
             refused_sha256 = sha256.as_deref().unwrap_or("-"),
             serving = %serving,
             trigger = %trigger.cause,
@@ -637,10 +655,10 @@ impl Reloader {
         let mut by_folder: HashMap<PathBuf, Vec<usize>> = HashMap::new();
         let mut folders = BTreeSet::new();
         for (index, entry) in self.entries.iter().enumerate() {
-            let Some(name) = entry.path.file_name() else {
+            let Some(name) = entry.watched.file_name() else {
                 continue;
             };
-            let folder = match entry.path.parent() {
+            let folder = match entry.watched.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
                 _ => PathBuf::from("."),
             };

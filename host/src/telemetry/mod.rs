@@ -8,9 +8,11 @@
 //! AceMQ library's Prometheus renderer does.
 //!
 //! [`activity`] keeps what the status page shows beside them: recent rates
-//! and set-aside reasons per consumer.
+//! and set-aside reasons per consumer. [`histogram`] is a fixed-size one for
+//! figures kept outside the registry (a replay's, a rollout's windows).
 
 pub mod activity;
+pub mod histogram;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -152,6 +154,41 @@ impl Default for SchedulerMetrics {
             overdue: std::sync::Arc::default(),
         }
     }
+}
+
+/// A rollout's series (`crate::rollout`): the candidate's share, the
+/// calls of each version by role, the decisions, and a shadow's comparisons.
+#[derive(Default)]
+pub struct RolloutMetrics {
+    /// The share of deliveries the candidate takes now (0 without one).
+    pub share: Family<QueueLabel, Gauge<f64, AtomicU64>>,
+    /// Calls by role (`current`, `candidate`, `shadow`) and result
+    /// (`decided`, `faulted`).
+    pub calls: Family<RolloutCallLabels, Counter>,
+    /// `stepped`, `promoted`, `rolled_back`, `aborted`, `abandoned`.
+    pub decisions: Family<RolloutDecisionLabels, Counter>,
+    /// A shadow's calls: `same`, `different`, `skipped` (no room: every
+    /// shadow place was taken).
+    pub shadow: Family<ShadowResultLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutCallLabels {
+    pub queue: String,
+    pub role: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutDecisionLabels {
+    pub queue: String,
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShadowResultLabels {
+    pub queue: String,
+    pub result: &'static str,
 }
 
 /// A state namespace's series.
@@ -318,6 +355,8 @@ pub struct Metrics {
     pub stream_checkpoint_failures: Family<QueueLabel, Counter>,
     /// The scheduler's series (`crate::scheduler`).
     pub scheduler: SchedulerMetrics,
+    /// Canary and shadow rollouts (`crate::rollout`).
+    pub rollout: RolloutMetrics,
     /// Plugin state and idempotency (`crate::state`).
     pub state: StateMetrics,
     /// When each blocked connection was blocked.
@@ -434,6 +473,7 @@ impl Metrics {
             metrics.declare_publish(&mut declare);
             metrics.declare_connection(&mut declare);
             metrics.declare_stream(&mut declare);
+            metrics.declare_rollout(&mut declare);
             metrics.declare_scheduler(&mut declare);
             metrics.declare_state(&mut declare);
             metrics.declare_scraped(&mut declare);
@@ -476,6 +516,7 @@ impl Metrics {
             stream_checkpoint_age_seconds: Family::default(),
             stream_checkpoint_failures: Family::default(),
             scheduler: SchedulerMetrics::default(),
+            rollout: RolloutMetrics::default(),
             state: StateMetrics::default(),
             blocked_since: Mutex::new(HashMap::new()),
             publish_series: Mutex::new(HashMap::new()),
@@ -660,6 +701,35 @@ impl Metrics {
 
     /// The scheduler: what plugins scheduled, and what its control consumer
     /// did with each message it read.
+    /// Rolling out a candidate version: canary and shadow.
+    fn declare_rollout(&self, declare: &mut Declare<'_>) {
+        let r = &self.rollout;
+        declare.register(
+            "acemq_rollout_share",
+            "The share of a consumer's deliveries its candidate version takes now (0 without one)",
+            &["queue"],
+            r.share.clone(),
+        );
+        declare.register(
+            "acemq_rollout_calls",
+            "Handler calls during a rollout, by version role (current, candidate, shadow) and result (decided, faulted)",
+            &["queue", "role", "result"],
+            r.calls.clone(),
+        );
+        declare.register(
+            "acemq_rollout_decisions",
+            "Rollout decisions: stepped, promoted, rolled_back, aborted, abandoned",
+            &["queue", "decision"],
+            r.decisions.clone(),
+        );
+        declare.register(
+            "acemq_shadow_calls",
+            "A shadow candidate's calls, compared with the current version's decision: same, different, or skipped (no free shadow place)",
+            &["queue", "result"],
+            r.shadow.clone(),
+        );
+    }
+
     fn declare_scheduler(&self, declare: &mut Declare<'_>) {
         let s = &self.scheduler;
         declare.register(
@@ -1068,6 +1138,29 @@ mod tests {
         m.plugin_fuel.get_or_create(&q).inc();
         m.plugin_call_duration.get_or_create(&version).observe(0.1);
         m.plugin_call_fuel.get_or_create(&version).observe(10.0);
+        m.rollout.share.get_or_create(&q).set(0.1);
+        m.rollout
+            .calls
+            .get_or_create(&RolloutCallLabels {
+                queue: "q".into(),
+                role: "candidate",
+                result: "decided",
+            })
+            .inc();
+        m.rollout
+            .decisions
+            .get_or_create(&RolloutDecisionLabels {
+                queue: "q".into(),
+                decision: "stepped",
+            })
+            .inc();
+        m.rollout
+            .shadow
+            .get_or_create(&ShadowResultLabels {
+                queue: "q".into(),
+                result: "same",
+            })
+            .inc();
         m.published(
             "x",
             crate::broker::publisher::PublishOutcome::Confirmed,

@@ -1,6 +1,7 @@
 //! A fixed-size histogram of `u64` samples (times in microseconds, fuel):
-//! a replay reads millions of messages, and keeping one figure per message
-//! to sort at the end grew without bound. Buckets are log-linear, 16 to
+//! a replay reads millions of messages, and a rollout's window counts every
+//! call, and keeping one figure per message to sort at the end grew without
+//! bound. Buckets are log-linear, 16 to
 //! each power of two, so a quantile read from it is within 1/32 (about 3 %)
 //! of a sample's true value at any scale, and the whole histogram is under
 //! 8 KiB however many samples it took.
