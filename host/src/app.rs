@@ -90,6 +90,8 @@ pub fn prepare_to_validate(config: LoadedConfig) -> anyhow::Result<Prepared> {
 /// [`prepare`], opening the state store with `state` its series, or not
 /// opening it.
 fn prepare_with(config: LoadedConfig, state: Option<StateMetrics>) -> anyhow::Result<Prepared> {
+    // Only a host about to run opens the store (`validate` does not).
+    let running = state.is_some();
     let mut problems: Vec<String> = Vec::new();
     let mut note = |e: anyhow::Error| problems.push(format!("{e:#}"));
     let topology = Topology::from_config(&config.config)
@@ -125,10 +127,18 @@ fn prepare_with(config: LoadedConfig, state: Option<StateMetrics>) -> anyhow::Re
         metrics: state.unwrap_or_default(),
         holder: claim_holder(),
     };
+    // A host about to run applies what its rollouts' records say; `validate`
+    // reads none and writes none.
+    let records = running.then(|| rollout_records(&config)).flatten();
     let mut consumers = Vec::new();
     if let (Some(topology), true) = (&topology, trusted) {
         for (index, consumer) in config.config.consumers.iter().enumerate() {
-            match prepare_consumer(&config, topology, &engine, &state, index, consumer) {
+            let prepared = prepare_consumer(&config, topology, &engine, &state, index, consumer)
+                .map(|prepared| match &records {
+                    Some(records) => apply_record(&engine, records, prepared),
+                    None => prepared,
+                });
+            match prepared {
                 Ok(prepared) => consumers.push(prepared),
                 Err(e) => note(e),
             }
@@ -466,6 +476,72 @@ fn prepare_consumer(
     })
 }
 
+/// What the consumer's rollout record says, applied before it consumes,
+/// when no candidate is configured (a rollout started through the admin
+/// endpoint): a promotion stands (the candidate, if its file still holds the
+/// bytes promoted, serves as the version), and a rollout that was under way
+/// is abandoned (its plan was the request's, which a restart does not keep).
+/// A configured candidate's record is `Rollouts::configured`'s.
+fn apply_record(
+    engine: &PluginEngine,
+    records: &Records,
+    mut prepared: PreparedConsumer,
+) -> PreparedConsumer {
+    use crate::rollout::record::Status;
+    let queue = prepared.subscription.queue.clone();
+    let current = prepared.handler.current();
+    let Some(mut record) = prepared
+        .rollout
+        .is_none()
+        .then(|| records.load(&queue))
+        .flatten()
+        .filter(|record| record.current == *current.sha256)
+    else {
+        return prepared;
+    };
+    match record.status {
+        Status::Promoted => {
+            let path = record.candidate_path.clone();
+            let loaded = crate::fs_trust::check_plugin(&path)
+                .map_err(|refused| refused.to_string())
+                .and_then(|()| {
+                    HandlerVersion::load(engine, &path, current.context().clone())
+                        .map_err(|e| e.to_string())
+                })
+                .and_then(|version| {
+                    if *version.sha256 == record.candidate {
+                        Ok(version)
+                    } else {
+                        Err(format!(
+                            "it holds other bytes now (SHA-256 {})",
+                            version.sha256
+                        ))
+                    }
+                });
+            match loaded {
+                Ok(version) => {
+                    tracing::info!(queue = %queue, candidate = %path.display(), sha256 = %version.sha256, "the candidate promoted before this start serves as the version (set plugin = to it in the config)");
+                    prepared.handler = Arc::new(HandlerSlot::new(version));
+                    prepared.plugin_path = path;
+                }
+                Err(why) => {
+                    tracing::warn!(queue = %queue, candidate = %path.display(), reason = %why, "the candidate promoted before this start cannot serve; the configured plugin does");
+                }
+            }
+        }
+        Status::Running { .. } => {
+            record.status = Status::Abandoned;
+            record.reason = Some(
+                "the host restarted during it; a rollout started through the admin endpoint is not resumed: start it again".to_string(),
+            );
+            tracing::warn!(queue = %queue, candidate = %record.candidate_path.display(), "a rollout started through the admin endpoint was under way when the host stopped; it is abandoned (start it again)");
+            let _ = records.save(&record);
+        }
+        _ => {}
+    }
+    prepared
+}
+
 /// A consumer's namespace, as its plugin reaches it, and its use of the
 /// store on the delivery path; neither without `state` or `idempotent`.
 fn consumer_state(
@@ -755,7 +831,13 @@ pub async fn run(
     });
     let rollout_slots: Vec<_> = consumers
         .iter()
-        .map(|c| rollouts.add(&c.subscription.queue, c.handler.clone()))
+        .map(|c| {
+            rollouts.add(
+                &c.subscription.queue,
+                c.handler.clone(),
+                c.subscription.concurrency,
+            )
+        })
         .collect();
     let rollouts = Arc::new(rollouts);
     let links = Links::new(&config, Arc::new(topology), &metrics)?;

@@ -513,10 +513,37 @@ impl Admin {
                     self.reloader
                         .status()
                         .iter()
-                        .map(|status| status.to_json())
+                        .map(|status| {
+                            let mut entry = status.to_json();
+                            if let Some(view) = self.rollouts.view(&status.queue) {
+                                entry["rollout"] = view.to_json();
+                            }
+                            entry
+                        })
                         .collect(),
                 ),
             ),
+            ("/rollouts", &Method::GET) => json(
+                StatusCode::OK,
+                &serde_json::Value::Array(
+                    self.rollouts
+                        .views()
+                        .iter()
+                        .map(|view| view.to_json())
+                        .collect(),
+                ),
+            ),
+            ("/rollouts/start", &Method::POST) => self.start_rollout(head.uri.query()).await,
+            ("/rollouts/abort", &Method::POST) => {
+                let query = rollout_query(head.uri.query());
+                match query.get("queue") {
+                    None => json(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        &serde_json::json!({"error": "name the consumer: ?queue=NAME"}),
+                    ),
+                    Some(queue) => rollout_answer(self.rollouts.abort(queue)),
+                }
+            }
             ("/plugins/reload", &Method::POST) => {
                 let queue = head.uri.query().and_then(|query| {
                     form_urlencoded::parse(query.as_bytes())
@@ -532,11 +559,13 @@ impl Admin {
             ) => not_allowed("GET"),
             ("/health/live" | "/health/ready", _) => not_allowed("GET, HEAD"),
             ("/plugins/reload", _) => not_allowed("POST"),
+            ("/rollouts", _) => not_allowed("GET"),
+            ("/rollouts/start" | "/rollouts/abort", _) => not_allowed("POST"),
             _ => json(
                 StatusCode::NOT_FOUND,
                 &serde_json::json!({
                     "error": format!("no such endpoint: {path}"),
-                    "endpoints": ["GET /", "GET /status", "GET /health", "GET /health/live", "GET /health/ready", "GET /metrics", "GET /plugins", "POST /plugins/reload[?queue=NAME]"],
+                    "endpoints": ["GET /", "GET /status", "GET /health", "GET /health/live", "GET /health/ready", "GET /metrics", "GET /plugins", "POST /plugins/reload[?queue=NAME]", "GET /rollouts", "POST /rollouts/start?queue=NAME&plugin=PATH[&mode=...]", "POST /rollouts/abort?queue=NAME"],
                 }),
             ),
         }
@@ -626,6 +655,7 @@ impl Admin {
             in_flight: &in_flight,
             oldest_unacked: &self.board.oldest_unsettled(),
             streams: &self.board.stream_progress(),
+            rollouts: &self.rollouts.views(),
         });
         json(StatusCode::OK, &document)
     }
@@ -677,6 +707,35 @@ impl Admin {
         )
     }
 
+    /// `POST /rollouts/start?queue=Q&plugin=ABSOLUTE_PATH[&mode=..&steps=1%,10%,100%&share=..&messages_per_step=..&max_fault_rate_increase=..&max_set_aside_rate_increase=..&max_call_time_ratio=..&shadow_concurrency=..&keep_differences=..]`.
+    async fn start_rollout(&self, query: Option<&str>) -> Response<Full<Bytes>> {
+        let query = rollout_query(query);
+        let unusable = |why: String| {
+            json(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &serde_json::json!({ "error": why }),
+            )
+        };
+        let (Some(queue), Some(plugin)) = (query.get("queue"), query.get("plugin")) else {
+            return unusable(
+                "name the consumer and the candidate: ?queue=NAME&plugin=/path/to/candidate.wasm"
+                    .into(),
+            );
+        };
+        let plugin = std::path::PathBuf::from(plugin);
+        if !plugin.is_absolute() {
+            return unusable(format!(
+                "plugin: give the candidate's absolute path, not {}",
+                plugin.display()
+            ));
+        }
+        let spec = match crate::rollout::plan::PlanSpec::from_query(&query) {
+            Ok(spec) => spec,
+            Err(bad) => return unusable(format!("{}: {}", bad.field, bad.reason)),
+        };
+        rollout_answer(self.rollouts.start_spec(queue, &spec, plugin).await)
+    }
+
     async fn reload(&self, queue: Option<&str>) -> Response<Full<Bytes>> {
         match self
             .reloader
@@ -711,6 +770,31 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
+}
+
+/// The fields of a rollout request's query.
+fn rollout_query(query: Option<&str>) -> std::collections::BTreeMap<String, String> {
+    form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .map(|(key, value)| (key.into_owned(), value.into_owned()))
+        .collect()
+}
+
+/// A rollout's view, or why it was refused, with its status code.
+fn rollout_answer(
+    result: Result<crate::rollout::live::RolloutView, crate::rollout::live::Refusal>,
+) -> Response<Full<Bytes>> {
+    use crate::rollout::live::Refusal;
+    match result {
+        Ok(view) => json(StatusCode::OK, &view.to_json()),
+        Err(refusal) => {
+            let status = match refusal {
+                Refusal::UnknownQueue(_) => StatusCode::NOT_FOUND,
+                Refusal::UnderWay(_) | Refusal::NoneUnderWay(_) => StatusCode::CONFLICT,
+                Refusal::Unusable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            };
+            json(status, &serde_json::json!({ "error": refusal.to_string() }))
+        }
+    }
 }
 
 /// The status page or one of its files, with the page's security headers.

@@ -53,6 +53,7 @@ pub struct Parts<'a> {
     pub in_flight: &'a BTreeMap<String, i64>,
     pub oldest_unacked: &'a [(String, Option<Duration>)],
     pub streams: &'a [StreamProgress],
+    pub rollouts: &'a [crate::rollout::live::RolloutView],
 }
 
 /// The `/status` document.
@@ -91,6 +92,7 @@ fn consumer(parts: &Parts<'_>, queue: &str, reading: &Reading) -> Value {
         .find(|(q, _)| q == queue)
         .and_then(|(_, age)| *age);
     let stream = parts.streams.iter().find(|s| s.queue == queue);
+    let rollout = parts.rollouts.iter().find(|r| r.queue == queue);
     json!({
         "queue": queue,
         "reading": reading.word(),
@@ -108,6 +110,13 @@ fn consumer(parts: &Parts<'_>, queue: &str, reading: &Reading) -> Value {
         "in_flight": parts.in_flight.get(queue).copied().unwrap_or(0),
         "oldest_unacked_s": oldest.map(|age| age.as_secs_f64()),
         "stream": stream.map(|s| json!({"position": s.position, "lag": s.lag})),
+        "rollout": rollout.map(|r| json!({
+            "mode": r.mode.to_string(),
+            "status": r.status.word(),
+            "share": r.share.map(|s| s.to_string()),
+            "candidate_sha256": r.candidate_sha256,
+            "candidate_path": r.candidate_path,
+        })),
         "set_aside": activity.map(|a| a.set_asides.iter().map(|note| json!({
             "at": rfc3339(note.at),
             "outcome": note.outcome,
@@ -196,6 +205,7 @@ mod tests {
             in_flight: &in_flight,
             oldest_unacked: &oldest,
             streams: &[],
+            rollouts: &[],
         });
         assert_eq!(document["host"]["status"], "DEGRADED");
         assert_eq!(document["host"]["uptime_s"], 90);

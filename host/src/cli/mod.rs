@@ -9,14 +9,19 @@
 //! * `state.rs`: `state get|list|delete`.
 //! * `stream.rs`: `stream reset`.
 //! * `probe.rs`: `probe live|ready`.
+//! * `rollout.rs`: `rollout status|start|abort`.
+//! * `admin_client.rs`: asking a running host's admin endpoint (`probe`,
+//!   `rollout`).
 //! * `replay.rs`: `replay`.
 //!
 //! The config is loaded, and refused, in one place ([`load_config`]).
 
+mod admin_client;
 mod dlq;
 mod plugin;
 mod probe;
 mod replay;
+mod rollout;
 mod run;
 mod schedule;
 mod state;
@@ -96,6 +101,12 @@ pub enum Command {
     /// Ask a running host whether it is live or ready (its admin
     /// endpoint's probes), for a container's health check.
     Probe(probe::ProbeArgs),
+    /// Roll out a candidate version of a consumer's handler on a running
+    /// host (canary or shadow), and watch or abort it.
+    Rollout {
+        #[command(subcommand)]
+        command: rollout::RolloutCommand,
+    },
 }
 
 /// How a command ends, as its exit code; `--help` lists them
@@ -141,6 +152,7 @@ pub fn main() -> ExitCode {
         Command::Schedule { command } => schedule::run(command),
         Command::State { command } => state::run(command),
         Command::Probe(args) => probe::run(args),
+        Command::Rollout { command } => rollout::run(command),
     }
 }
 

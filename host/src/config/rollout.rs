@@ -1,6 +1,7 @@
 //! `[consumers.candidate]`: a new version of a consumer's handler rolled
 //! out beside the current one (docs/rollout.md), and the checks of it that
-//! need only the file. What it becomes is a `rollout::plan::Plan`.
+//! need only the file. What it becomes is a `rollout::plan::Plan`, through
+//! the same `PlanSpec` an admin request fills in.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,10 +10,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{ConfigError, ConsumerConfig, LoadedConfig};
-use crate::rollout::plan::{
-    DEFAULT_KEEP_DIFFERENCES, DEFAULT_MESSAGES_PER_STEP, DEFAULT_STEPS, Mode, OnRestart, Plan,
-    Share, Thresholds, parse_rate,
-};
+use crate::rollout::plan::{ConsumerDefaults, Mode, OnRestart, Plan, PlanSpec};
 
 /// `[consumers.candidate]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -21,7 +19,7 @@ pub struct CandidateConfig {
     /// The candidate's component, relative to the config file.
     pub plugin: Spanned<PathBuf>,
     /// `"canary"` (the default) or `"shadow"`.
-    pub mode: Option<Spanned<Mode>>,
+    pub mode: Option<Mode>,
     /// A canary's shares, increasing (default 1%, 10%, 50%, 100%).
     pub steps: Option<Spanned<Vec<String>>>,
     /// A shadow's share (default 100%).
@@ -36,8 +34,7 @@ pub struct CandidateConfig {
     /// current version's (3).
     pub max_call_time_ratio: Option<f64>,
     /// `"resume"` (the default) or `"abandon"`.
-    #[serde(default)]
-    pub on_restart: OnRestart,
+    pub on_restart: Option<OnRestart>,
     /// A shadow's calls at once (the consumer's concurrency).
     pub shadow_concurrency: Option<usize>,
     /// A shadow call's deadline (the consumer's).
@@ -48,8 +45,40 @@ pub struct CandidateConfig {
 }
 
 impl CandidateConfig {
-    pub fn mode(&self) -> Mode {
-        self.mode.as_ref().map_or(Mode::Canary, |m| *m.get_ref())
+    fn spec(&self) -> PlanSpec {
+        PlanSpec {
+            mode: self.mode,
+            steps: self.steps.as_ref().map(|s| s.get_ref().clone()),
+            share: self.share.as_ref().map(|s| s.get_ref().clone()),
+            messages_per_step: self.messages_per_step,
+            max_fault_rate_increase: self
+                .max_fault_rate_increase
+                .as_ref()
+                .map(|s| s.get_ref().clone()),
+            max_set_aside_rate_increase: self
+                .max_set_aside_rate_increase
+                .as_ref()
+                .map(|s| s.get_ref().clone()),
+            max_call_time_ratio: self.max_call_time_ratio,
+            on_restart: self.on_restart,
+            shadow_concurrency: self.shadow_concurrency,
+            shadow_deadline: self.shadow_deadline,
+            keep_differences: self.keep_differences,
+        }
+    }
+
+    /// Where a field was written, for an error's line.
+    fn span_of(&self, field: &str) -> usize {
+        let spanned = match field {
+            "steps" => self.steps.as_ref().map(Spanned::span),
+            "share" => self.share.as_ref().map(Spanned::span),
+            "max_fault_rate_increase" => self.max_fault_rate_increase.as_ref().map(Spanned::span),
+            "max_set_aside_rate_increase" => {
+                self.max_set_aside_rate_increase.as_ref().map(Spanned::span)
+            }
+            _ => None,
+        };
+        spanned.unwrap_or_else(|| self.plugin.span()).start
     }
 }
 
@@ -64,99 +93,19 @@ impl LoadedConfig {
         let Some(candidate) = &consumer.candidate else {
             return Ok(None);
         };
-        let key = |name: &str| format!("consumers[{index}].candidate.{name}");
-        let at = |span: std::ops::Range<usize>| Some(span.start);
-        let mode = candidate.mode();
-        let steps: Vec<Share> = match (mode, &candidate.steps, &candidate.share) {
-            (Mode::Canary, Some(steps), None) => steps
-                .get_ref()
-                .iter()
-                .map(|s| Share::parse(s))
-                .collect::<Result<_, _>>()
-                .map_err(|e| self.error_at(at(steps.span()), format!("{}: {e}", key("steps"))))?,
-            (Mode::Canary, None, None) => DEFAULT_STEPS
-                .iter()
-                .map(|s| Share::parse(s).expect("the default steps parse"))
-                .collect(),
-            (Mode::Shadow, None, share) => vec![match share {
-                Some(share) => Share::parse(share.get_ref()).map_err(|e| {
-                    self.error_at(at(share.span()), format!("{}: {e}", key("share")))
-                })?,
-                None => Share::ALL,
-            }],
-            (Mode::Canary, _, Some(share)) => {
-                return Err(self.error_at(
-                    at(share.span()),
-                    format!(
-                        "{}: a canary steps through `steps`; `share` is a shadow's",
-                        key("share")
-                    ),
-                ));
-            }
-            (Mode::Shadow, Some(steps), _) => {
-                return Err(self.error_at(
-                    at(steps.span()),
-                    format!(
-                        "{}: a shadow runs on one `share`; `steps` are a canary's",
-                        key("steps")
-                    ),
-                ));
-            }
+        let defaults = ConsumerDefaults {
+            concurrency: self.concurrency_of(consumer, false),
+            deadline: consumer.deadline,
         };
-        Plan::check_steps(mode, &steps).map_err(|e| {
-            let span = candidate.steps.as_ref().map(Spanned::span);
-            self.error_at(span.map(|s| s.start), format!("{}: {e}", key("steps")))
-        })?;
-        let rate = |value: &Option<Spanned<String>>, name: &str, default: f64| match value {
-            None => Ok(default),
-            Some(text) => parse_rate(text.get_ref())
-                .map_err(|e| self.error_at(at(text.span()), format!("{}: {e}", key(name)))),
-        };
-        let defaults = Thresholds::default();
-        let thresholds = Thresholds {
-            max_fault_rate_increase: rate(
-                &candidate.max_fault_rate_increase,
-                "max_fault_rate_increase",
-                defaults.max_fault_rate_increase,
-            )?,
-            max_set_aside_rate_increase: rate(
-                &candidate.max_set_aside_rate_increase,
-                "max_set_aside_rate_increase",
-                defaults.max_set_aside_rate_increase,
-            )?,
-            max_call_time_ratio: match candidate.max_call_time_ratio {
-                Some(ratio) if ratio >= 1.0 => ratio,
-                Some(ratio) => {
-                    return Err(self.error_at(
-                        at(candidate.plugin.span()),
-                        format!("{}: {ratio} is below 1: the candidate could not be as fast as the current version", key("max_call_time_ratio")),
-                    ));
-                }
-                None => defaults.max_call_time_ratio,
-            },
-        };
-        let messages_per_step = candidate
-            .messages_per_step
-            .unwrap_or(DEFAULT_MESSAGES_PER_STEP);
-        if messages_per_step == 0 {
-            return Err(self.error_at(
-                at(candidate.plugin.span()),
-                format!("{}: must be at least 1", key("messages_per_step")),
-            ));
-        }
-        let concurrency = self.concurrency_of(consumer, false);
-        Ok(Some(Plan {
-            candidate: self.resolve(candidate.plugin.get_ref()),
-            mode,
-            steps,
-            messages_per_step,
-            thresholds,
-            on_restart: candidate.on_restart,
-            shadow_concurrency: candidate.shadow_concurrency.unwrap_or(concurrency).max(1),
-            shadow_deadline: candidate.shadow_deadline.unwrap_or(consumer.deadline),
-            keep_differences: candidate
-                .keep_differences
-                .unwrap_or(DEFAULT_KEEP_DIFFERENCES),
-        }))
+        candidate
+            .spec()
+            .plan(self.resolve(candidate.plugin.get_ref()), defaults)
+            .map(Some)
+            .map_err(|bad| {
+                self.error_at(
+                    Some(candidate.span_of(bad.field)),
+                    format!("consumers[{index}].candidate.{}: {}", bad.field, bad.reason),
+                )
+            })
     }
 }

@@ -40,11 +40,15 @@ impl ShadowCall {
             // Its state writes are dropped with the run: a shadow changes
             // no state.
             let (run, _writes) = run_plugins_with_state(&candidate, &codecs, input).await;
-            if let Some(call) = run.rollout_call(started.elapsed()) {
-                rollout.record(Role::Shadow, call);
-            }
-            let theirs = run.decision();
             drop(place);
+            let Some(call) = run.rollout_call(started.elapsed()) else {
+                // No handler ran (no instance slot, a codec's fault): the
+                // host's doing, nothing to compare.
+                rollout.shadow_not_run();
+                return;
+            };
+            rollout.record(Role::Shadow, call);
+            let theirs = run.decision();
             // The current version's decision; none when its delivery failed
             // inside the host before deciding (nothing to compare).
             if let Ok(ours) = decided.await {

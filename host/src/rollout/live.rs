@@ -17,7 +17,7 @@ use arc_swap::ArcSwapOption;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::judge::{self, Call, Verdict, Window};
-use super::plan::{Mode, Plan, Share};
+use super::plan::{ConsumerDefaults, Mode, Plan, PlanSpec, Share};
 use super::record::{Record, Records, Resumption, Status};
 use super::share;
 use crate::plugin::{ConsumerContext, HandlerSlot, HandlerVersion, PluginEngine, PluginError};
@@ -89,6 +89,46 @@ pub struct RolloutView {
     pub candidate: Window,
     pub reason: Option<String>,
     pub shadow: ShadowTally,
+}
+
+impl RolloutView {
+    pub fn to_json(&self) -> serde_json::Value {
+        let window = |w: &Window| {
+            serde_json::json!({
+                "calls": w.calls,
+                "faults": w.faults,
+                "fault_rate": w.fault_rate(),
+                "set_aside": w.set_aside,
+                "set_aside_rate": w.set_aside_rate(),
+                "outputs_per_call": w.outputs_per_call(),
+                "p99_ms": w.p99().map(|us| us as f64 / 1000.0),
+            })
+        };
+        let shadow = &self.shadow;
+        serde_json::json!({
+            "queue": self.queue,
+            "mode": self.mode.to_string(),
+            "status": self.status.word(),
+            "step": self.step + 1,
+            "of": self.steps.len(),
+            "steps": self.steps.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "share": self.share.map(|s| s.to_string()),
+            "candidate": {"path": self.candidate_path, "sha256": self.candidate_sha256},
+            "window": {"current": window(&self.current), "candidate": window(&self.candidate)},
+            "reason": self.reason,
+            "shadow": (self.mode == Mode::Shadow).then(|| serde_json::json!({
+                "compared": shadow.compared,
+                "different": shadow.different,
+                "difference_rate": if shadow.compared == 0 { 0.0 } else { shadow.different as f64 / shadow.compared as f64 },
+                "skipped": shadow.skipped,
+                "examples": shadow.examples.iter().map(|d| serde_json::json!({
+                    "message_id": d.message_id,
+                    "at": humantime::format_rfc3339_seconds(d.at).to_string(),
+                    "difference": d.what,
+                })).collect::<Vec<_>>(),
+            })),
+        })
+    }
 }
 
 struct Progress {
@@ -221,10 +261,16 @@ impl Rollout {
     pub fn shadow_place(&self) -> Option<OwnedSemaphorePermit> {
         let place = self.shadow_places.clone().try_acquire_owned().ok();
         if place.is_none() {
-            lock(&self.progress).shadow.skipped += 1;
-            self.shadow_metric("skipped");
+            self.shadow_not_run();
         }
         place
+    }
+
+    /// A delivery the shadow did not run on (no place, or the host could
+    /// not run it): skipped, not compared.
+    pub fn shadow_not_run(&self) {
+        lock(&self.progress).shadow.skipped += 1;
+        self.shadow_metric("skipped");
     }
 
     /// A shadow call compared with the current version's decision: `None`
@@ -504,6 +550,7 @@ pub type OnPromoted = Arc<dyn Fn(&str, &Path) + Send + Sync>;
 struct Consumer {
     slot: Arc<RolloutSlot>,
     handler: Arc<HandlerSlot>,
+    defaults: ConsumerDefaults,
 }
 
 /// Every consumer's rollout, for the admin endpoint: what it shows, and
@@ -548,16 +595,48 @@ impl Rollouts {
 
     /// Registers the consumer of `queue`; its pipeline routes through the
     /// slot returned.
-    pub fn add(&mut self, queue: &str, handler: Arc<HandlerSlot>) -> Arc<RolloutSlot> {
+    pub fn add(
+        &mut self,
+        queue: &str,
+        handler: Arc<HandlerSlot>,
+        concurrency: usize,
+    ) -> Arc<RolloutSlot> {
         let slot = Arc::new(RolloutSlot::default());
+        let defaults = ConsumerDefaults {
+            concurrency,
+            deadline: handler.current().context().limits.deadline,
+        };
         self.consumers.insert(
             queue.to_string(),
             Consumer {
                 slot: slot.clone(),
                 handler,
+                defaults,
             },
         );
         slot
+    }
+
+    /// [`start`](Self::start) for a rollout asked for in words (the admin
+    /// endpoint's query): the consumer's defaults fill in what it does not
+    /// say, and a field that cannot be used is refused, named.
+    pub async fn start_spec(
+        &self,
+        queue: &str,
+        spec: &PlanSpec,
+        candidate: std::path::PathBuf,
+    ) -> Result<RolloutView, Refusal> {
+        let consumer = self
+            .consumers
+            .get(queue)
+            .ok_or_else(|| Refusal::UnknownQueue(queue.to_string()))?;
+        let mut plan = spec
+            .plan(candidate, consumer.defaults)
+            .map_err(|bad| Refusal::Unusable(format!("{}: {}", bad.field, bad.reason)))?;
+        // The engine keeps room for a candidate as wide as the consumer
+        // (plugin/capacity.rs); a wider shadow is configured, not asked for.
+        plan.shadow_concurrency = plan.shadow_concurrency.min(consumer.defaults.concurrency);
+        self.start(queue, plan).await
     }
 
     fn setting(&self, queue: &str, handler: &Arc<HandlerSlot>) -> Setting {

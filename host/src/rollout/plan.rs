@@ -172,6 +172,163 @@ impl Plan {
     }
 }
 
+/// A rollout as asked for, in words (the config's `[consumers.candidate]`,
+/// the admin endpoint's query), before it is checked: everything but the
+/// candidate is optional, and [`PlanSpec::plan`] fills in the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct PlanSpec {
+    pub mode: Option<Mode>,
+    pub steps: Option<Vec<String>>,
+    pub share: Option<String>,
+    pub messages_per_step: Option<u64>,
+    pub max_fault_rate_increase: Option<String>,
+    pub max_set_aside_rate_increase: Option<String>,
+    pub max_call_time_ratio: Option<f64>,
+    pub on_restart: Option<OnRestart>,
+    pub shadow_concurrency: Option<usize>,
+    pub shadow_deadline: Option<Duration>,
+    pub keep_differences: Option<usize>,
+}
+
+/// A field of a [`PlanSpec`] that cannot be used: its name and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadField {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+/// What the consumer gives a plan that does not say: its concurrency (a
+/// shadow's calls at once) and its deadline (a shadow call's).
+#[derive(Debug, Clone, Copy)]
+pub struct ConsumerDefaults {
+    pub concurrency: usize,
+    pub deadline: Duration,
+}
+
+impl PlanSpec {
+    /// The spec an admin request's query fields say (`steps` comma
+    /// separated); a field that does not parse is refused, named.
+    pub fn from_query(
+        fields: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Self, BadField> {
+        fn parsed<T: std::str::FromStr>(
+            fields: &std::collections::BTreeMap<String, String>,
+            field: &'static str,
+        ) -> Result<Option<T>, BadField> {
+            fields
+                .get(field)
+                .map(|text| {
+                    text.trim().parse().map_err(|_| BadField {
+                        field,
+                        reason: format!("\"{text}\" is not a number"),
+                    })
+                })
+                .transpose()
+        }
+        let mode = match fields.get("mode").map(String::as_str) {
+            None | Some("canary") => Mode::Canary,
+            Some("shadow") => Mode::Shadow,
+            Some(other) => {
+                return Err(BadField {
+                    field: "mode",
+                    reason: format!("\"{other}\" is neither canary nor shadow"),
+                });
+            }
+        };
+        Ok(Self {
+            mode: Some(mode),
+            steps: fields
+                .get("steps")
+                .map(|steps| steps.split(',').map(|s| s.trim().to_string()).collect()),
+            share: fields.get("share").cloned(),
+            messages_per_step: parsed(fields, "messages_per_step")?,
+            max_fault_rate_increase: fields.get("max_fault_rate_increase").cloned(),
+            max_set_aside_rate_increase: fields.get("max_set_aside_rate_increase").cloned(),
+            max_call_time_ratio: parsed(fields, "max_call_time_ratio")?,
+            // Started by hand while the host runs: a restart resumes it.
+            on_restart: None,
+            shadow_concurrency: parsed(fields, "shadow_concurrency")?,
+            shadow_deadline: None,
+            keep_differences: parsed(fields, "keep_differences")?,
+        })
+    }
+
+    /// The plan, checked, with the defaults for what it does not say.
+    pub fn plan(&self, candidate: PathBuf, consumer: ConsumerDefaults) -> Result<Plan, BadField> {
+        let bad = |field: &'static str| move |reason: String| BadField { field, reason };
+        let mode = self.mode.unwrap_or(Mode::Canary);
+        let steps: Vec<Share> = match (mode, &self.steps, &self.share) {
+            (Mode::Canary, Some(steps), None) => steps
+                .iter()
+                .map(|s| Share::parse(s))
+                .collect::<Result<_, _>>()
+                .map_err(bad("steps"))?,
+            (Mode::Canary, None, None) => DEFAULT_STEPS
+                .iter()
+                .map(|s| Share::parse(s).expect("the default steps parse"))
+                .collect(),
+            (Mode::Shadow, None, share) => vec![match share {
+                Some(share) => Share::parse(share).map_err(bad("share"))?,
+                None => Share::ALL,
+            }],
+            (Mode::Canary, _, Some(_)) => {
+                return Err(bad("share")(
+                    "a canary steps through `steps`; `share` is a shadow's".to_string(),
+                ));
+            }
+            (Mode::Shadow, Some(_), _) => {
+                return Err(bad("steps")(
+                    "a shadow runs on one `share`; `steps` are a canary's".to_string(),
+                ));
+            }
+        };
+        Plan::check_steps(mode, &steps).map_err(bad("steps"))?;
+        let rate = |value: &Option<String>, field, default| match value {
+            None => Ok(default),
+            Some(text) => parse_rate(text).map_err(bad(field)),
+        };
+        let defaults = Thresholds::default();
+        let max_call_time_ratio = self
+            .max_call_time_ratio
+            .unwrap_or(defaults.max_call_time_ratio);
+        if max_call_time_ratio < 1.0 {
+            return Err(bad("max_call_time_ratio")(format!(
+                "{max_call_time_ratio} is below 1: the candidate could not be as fast as the current version"
+            )));
+        }
+        let messages_per_step = self.messages_per_step.unwrap_or(DEFAULT_MESSAGES_PER_STEP);
+        if messages_per_step == 0 {
+            return Err(bad("messages_per_step")("must be at least 1".to_string()));
+        }
+        Ok(Plan {
+            candidate,
+            mode,
+            steps,
+            messages_per_step,
+            thresholds: Thresholds {
+                max_fault_rate_increase: rate(
+                    &self.max_fault_rate_increase,
+                    "max_fault_rate_increase",
+                    defaults.max_fault_rate_increase,
+                )?,
+                max_set_aside_rate_increase: rate(
+                    &self.max_set_aside_rate_increase,
+                    "max_set_aside_rate_increase",
+                    defaults.max_set_aside_rate_increase,
+                )?,
+                max_call_time_ratio,
+            },
+            on_restart: self.on_restart.unwrap_or_default(),
+            shadow_concurrency: self
+                .shadow_concurrency
+                .unwrap_or(consumer.concurrency)
+                .max(1),
+            shadow_deadline: self.shadow_deadline.unwrap_or(consumer.deadline),
+            keep_differences: self.keep_differences.unwrap_or(DEFAULT_KEEP_DIFFERENCES),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,6 +345,41 @@ mod tests {
         }
         assert_eq!(parse_rate("0%").unwrap(), 0.0);
         assert_eq!(parse_rate("2.5%").unwrap(), 0.025);
+    }
+
+    #[test]
+    fn a_spec_fills_in_the_defaults_and_names_the_field_at_fault() {
+        let consumer = ConsumerDefaults {
+            concurrency: 4,
+            deadline: Duration::from_secs(2),
+        };
+        let plan = PlanSpec::default().plan("c.wasm".into(), consumer).unwrap();
+        assert_eq!(plan.mode, Mode::Canary);
+        assert_eq!(plan.steps.len(), DEFAULT_STEPS.len());
+        assert_eq!(plan.messages_per_step, DEFAULT_MESSAGES_PER_STEP);
+        assert_eq!(plan.shadow_concurrency, 4);
+        let shadow = PlanSpec {
+            mode: Some(Mode::Shadow),
+            share: Some("25%".into()),
+            ..PlanSpec::default()
+        }
+        .plan("c.wasm".into(), consumer)
+        .unwrap();
+        assert_eq!(shadow.steps, [Share::parse("25%").unwrap()]);
+        let bad = PlanSpec {
+            steps: Some(vec!["10%".into(), "5%".into()]),
+            ..PlanSpec::default()
+        }
+        .plan("c.wasm".into(), consumer)
+        .unwrap_err();
+        assert_eq!(bad.field, "steps");
+        let bad = PlanSpec {
+            share: Some("10%".into()),
+            ..PlanSpec::default()
+        }
+        .plan("c.wasm".into(), consumer)
+        .unwrap_err();
+        assert_eq!(bad.field, "share");
     }
 
     #[test]

@@ -5,6 +5,8 @@
 
 /// The version this build stamps on its outputs.
 const VERSION: &str = "v1";
+/// It stamps every message plainly.
+const QUIRK: stamp::Quirk = stamp::Quirk::None;
 
 mod stamp;
 

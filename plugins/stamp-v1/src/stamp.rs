@@ -1,17 +1,39 @@
-//! The stamp handler, shared by `stamp-v1` and `stamp-v2`: each crate's
-//! `lib.rs` defines `VERSION` and includes this file (`stamp-v2` through
-//! `#[path]`), so the two plugins differ by that constant alone.
+//! The stamp handler, shared by `stamp-v1`, `stamp-v2` and the rollout
+//! tests' `stamp-flaky` and `stamp-quirky`: each crate's `lib.rs` defines
+//! `VERSION` and `QUIRK` and includes this file (the others through
+//! `#[path]`), so the plugins differ by those constants alone.
 //!
 //! For each message: publishes
 //! `{"input": <body as text>, "version": VERSION, "input_id": <envelope id>}`
 //! (JSON) to the exchange in config key `out_exchange` with routing key
 //! `stamped`, and accepts. A body that is not UTF-8 is rejected; a consumer
-//! without `out_exchange` retries, as does a refused publish.
+//! without `out_exchange` retries, as does a refused publish. A [`Quirk`]
+//! changes that for bodies that are a multiple of some number: they trap,
+//! or are stamped `VERSION` followed by `-varied`.
 
 use acemq_guest::prelude::*;
 use serde::Serialize;
 
-use super::VERSION;
+use super::{QUIRK, VERSION};
+
+/// How a build departs from the plain stamp, for bodies that are a decimal
+/// number `n`: what the rollout tests need of a bad or a different version.
+#[allow(dead_code)] // each build uses one of them
+pub enum Quirk {
+    None,
+    /// Traps (a panic) when `n` is a multiple of this.
+    FaultEvery(u64),
+    /// Stamps `VERSION-varied` when `n` is a multiple of this.
+    VaryEvery(u64),
+}
+
+/// Whether `input` is a decimal number that is a multiple of `every`.
+fn multiple_of(input: &str, every: u64) -> bool {
+    input
+        .trim()
+        .parse::<u64>()
+        .is_ok_and(|n| n.is_multiple_of(every))
+}
 
 /// Consumer config key naming the exchange stamped messages go to.
 const OUT_EXCHANGE_KEY: &str = "out_exchange";
@@ -22,7 +44,7 @@ const STAMPED_ROUTING_KEY: &str = "stamped";
 #[derive(Serialize)]
 struct Stamped<'a> {
     input: &'a str,
-    version: &'static str,
+    version: &'a str,
     input_id: &'a str,
 }
 
@@ -31,13 +53,24 @@ pub struct Stamp;
 impl Handler for Stamp {
     fn handle(msg: Message) -> Result {
         let input = msg.text()?;
+        let varied;
+        let version = match QUIRK {
+            Quirk::FaultEvery(every) if multiple_of(input, every) => {
+                panic!("stamp: {input} is a multiple of {every}, which this build cannot stamp")
+            }
+            Quirk::VaryEvery(every) if multiple_of(input, every) => {
+                varied = format!("{VERSION}-varied");
+                varied.as_str()
+            }
+            _ => VERSION,
+        };
         let exchange = config(OUT_EXCHANGE_KEY).or_retry(format_args!(
             "the consumer's config sets no `{OUT_EXCHANGE_KEY}`, the exchange stamped messages go to"
         ))?;
         publish(&exchange, STAMPED_ROUTING_KEY)
             .json(&Stamped {
                 input,
-                version: VERSION,
+                version,
                 input_id: &msg.envelope().id,
             })
             .send()?;

@@ -70,12 +70,25 @@ function pluginCell(plugin) {
   return td;
 }
 
+function rolloutLine(rollout) {
+  if (!rollout) return null;
+  const what = rollout.status === "running"
+    ? rollout.mode + " " + rollout.candidate_sha256.slice(0, 12) + " at " + rollout.share
+    : rollout.mode + " " + rollout.candidate_sha256.slice(0, 12) + " " + rollout.status.replace("_", " ");
+  const line = element("div", "candidate: " + what, "rollout " + rollout.status);
+  line.title = rollout.candidate_path;
+  return line;
+}
+
 function drawConsumers(consumers) {
   replaceRows("#consumers", consumers.map((c) => {
+    const plugin = pluginCell(c.plugin);
+    const rollout = rolloutLine(c.rollout);
+    if (rollout) plugin.appendChild(rollout);
     const tr = row([
       element("td", c.queue, "queue"),
       element("td", c.reading.replace("_", " "), "reading " + c.reading),
-      pluginCell(c.plugin),
+      plugin,
       ...OUTCOMES.map((o) => rateCell(c, o)),
       element("td", c.in_flight, "number in-flight"),
       element("td", seconds(c.oldest_unacked_s), "number oldest"),
