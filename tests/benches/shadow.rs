@@ -67,8 +67,14 @@ fn main() -> Result<()> {
                 loadgen_result(&out, "steady_rate")?,
                 loadgen_result(&out, "steady_cpu_us_per_msg")?,
             );
+            // What the shadow ran on, and what it skipped for want of a place.
+            let shadowed = out
+                .lines()
+                .find(|l| l.starts_with("SHADOW "))
+                .map(|l| format!(" ({})", &l["SHADOW ".len()..]))
+                .unwrap_or_default();
             println!(
-                "  round {round}: {:<24} {rate:>8.0} msg/s {cpu:>7.1} µs CPU/msg",
+                "  round {round}: {:<24} {rate:>8.0} msg/s {cpu:>7.1} µs CPU/msg{shadowed}",
                 ["without a shadow", "with a 100% shadow"][which]
             );
             figures[which].0.push(rate);

@@ -675,8 +675,25 @@ async fn consume_host(args: HostArgs) -> Result<()> {
         .iter()
         .map(|outcome| metrics.consumed_count(&queue, outcome))
         .sum();
+    // A shadow's calls (a candidate in the config's tail), printed beside
+    // the figures: what its cost was the cost of.
+    let exposition = metrics.render();
+    let shadowed = |result| {
+        acemq_tests::host::metric_sum(
+            &exposition,
+            "acemq_shadow_calls_total",
+            &[("queue", queue.as_str()), ("result", result)],
+        )
+    };
+    let shadow = (
+        shadowed("same") + shadowed("different"),
+        shadowed("skipped"),
+    );
     shutdown.cancel();
     host.await??;
+    if shadow != (0.0, 0.0) {
+        println!("SHADOW compared={} skipped={}", shadow.0, shadow.1);
+    }
     if ready != 0 || other != 0 {
         bail!(
             "queue {queue:?} not drained cleanly: {ready} ready, {other} settled other than acked"
