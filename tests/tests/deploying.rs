@@ -594,33 +594,16 @@ fn the_container_image_holds_only_the_host_and_runs_it() {
             "/var/lib/acemq-host/plugins/echo.wasm",
         ],
     );
-    let version = buildah(
-        storage.path(),
-        &[
-            "run",
-            "--isolation",
-            "chroot",
-            &container,
-            "--",
-            "/usr/local/bin/acemq-host",
-            "--version",
-        ],
-    );
+    // `buildah run`, isolation chroot: the image's binary, its libraries.
+    let run = |args: &[&str]| {
+        let mut all = vec!["run", "--isolation", "chroot", container.as_str(), "--"];
+        all.push("/usr/local/bin/acemq-host");
+        all.extend(args);
+        buildah(storage.path(), &all)
+    };
+    let version = run(&["--version"]);
     assert!(version.starts_with("acemq-host "), "{version}");
-    let valid = buildah(
-        storage.path(),
-        &[
-            "run",
-            "--isolation",
-            "chroot",
-            &container,
-            "--",
-            "/usr/local/bin/acemq-host",
-            "validate",
-            "--config",
-            "/etc/acemq-host/host.toml",
-        ],
-    );
+    let valid = run(&["validate", "--config", "/etc/acemq-host/host.toml"]);
     assert!(
         valid.contains("valid (") && valid.contains("1 consumers"),
         "{valid}"

@@ -186,6 +186,24 @@ out_exchange = "{out}"
             .unwrap();
     }
 
+    /// Publishes `count` copies of `text` as a MessagePack string (a
+    /// one-byte header: `text` is under 32 bytes), content type
+    /// `application/msgpack`.
+    async fn publish_msgpack(&self, text: &str, count: u32) {
+        assert!(text.len() < 32, "a fixstr");
+        let mut packed = vec![0xa0 | text.len() as u8];
+        packed.extend(text.as_bytes());
+        let msgpack = BasicProperties::default().with_content_type("application/msgpack".into());
+        shared_broker()
+            .publish_many(
+                "",
+                &self.input,
+                (0..count).map(|_| (packed.clone(), msgpack.clone())),
+            )
+            .await
+            .unwrap();
+    }
+
     /// Drains `count` outputs; returns `seq -> version` after checking each
     /// output names its input.
     async fn outputs(&self, count: usize, host: &HostProcess) -> Vec<(u32, String)> {
@@ -730,17 +748,7 @@ async fn codecs_and_hot_swaps_under_load_never_leave_an_instance_without_a_slot(
     let mut host = tokio::task::block_in_place(|| HostProcess::start(&config, 1)).unwrap();
 
     // "sleep:100" as a MessagePack string; the codec makes it a JSON one.
-    let mut packed = vec![0xa0 | 9];
-    packed.extend(b"sleep:100");
-    let msgpack = BasicProperties::default().with_content_type("application/msgpack".into());
-    broker
-        .publish_many(
-            "",
-            &s.input,
-            (0..MESSAGES).map(|_| (packed.clone(), msgpack.clone())),
-        )
-        .await
-        .unwrap();
+    s.publish_msgpack("sleep:100", MESSAGES).await;
     for swap in 1..=SWAPS {
         tokio::time::sleep(Duration::from_millis(400)).await;
         let staged = s.dir.path().join(".handler.wasm.tmp");
@@ -892,19 +900,9 @@ async fn a_codec_swapped_under_load_loses_nothing_and_a_broken_one_is_refused() 
             ),
         );
     let mut host = tokio::task::block_in_place(|| HostProcess::start(&config, 1)).unwrap();
-    // "sleep:20" as a MessagePack string: only a working codec makes it
-    // text the handler accepts; undecoded, it would be parked.
-    let mut packed = vec![0xa0 | 8];
-    packed.extend(b"sleep:20");
-    let msgpack = BasicProperties::default().with_content_type("application/msgpack".into());
-    broker
-        .publish_many(
-            "",
-            &s.input,
-            (0..MESSAGES).map(|_| (packed.clone(), msgpack.clone())),
-        )
-        .await
-        .unwrap();
+    // Only a working codec makes it text the handler accepts; undecoded,
+    // it would be parked.
+    s.publish_msgpack("sleep:20", MESSAGES).await;
     let deploy = |bytes: &[u8]| {
         let staged = s.dir.path().join(".codec.wasm.tmp");
         std::fs::write(&staged, bytes).unwrap();
