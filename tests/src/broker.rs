@@ -49,6 +49,8 @@ pub struct Broker {
     amqp_url: String,
     amqp_host: String,
     amqp_port: u16,
+    /// The stream protocol's listener (the `rabbitmq_stream` plugin).
+    stream_port: u16,
     /// Percent-encoded for management API paths (`%2F` for `/`).
     vhost_path: String,
     mgmt_url: String,
@@ -154,6 +156,12 @@ impl Broker {
             amqp_url: amqp_url.to_owned(),
             amqp_host: host,
             amqp_port: uri.authority.port,
+            // An external broker's stream listener: the plugin's default
+            // unless the environment names another.
+            stream_port: std::env::var("ACEMQ_TEST_STREAM_PORT")
+                .ok()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(5552),
             vhost_path: encode_path_segment(&uri.vhost),
             mgmt_url: mgmt_url.trim_end_matches('/').to_owned(),
             mgmt_auth: basic_auth(&user, &password),
@@ -171,6 +179,7 @@ impl Broker {
             amqp_url: format!("amqp://guest:guest@127.0.0.1:{}/%2f", node.ports.amqp),
             amqp_host: "127.0.0.1".to_owned(),
             amqp_port: node.ports.amqp,
+            stream_port: node.ports.stream,
             vhost_path: "%2F".to_owned(),
             mgmt_url: format!("http://127.0.0.1:{}", node.ports.mgmt),
             mgmt_auth: basic_auth("guest", "guest"),
@@ -223,6 +232,11 @@ impl Broker {
     /// Port of the AMQP listener.
     pub fn amqp_port(&self) -> u16 {
         self.amqp_port
+    }
+
+    /// Port of the stream protocol's listener.
+    pub fn stream_port(&self) -> u16 {
+        self.stream_port
     }
 
     /// The AMQP listener's address: what a proxy in front of it forwards to.

@@ -114,6 +114,7 @@ fn main() -> ExitCode {
             .map(|broker| {
                 println!("amqp:       {}", broker.amqp_url);
                 println!("management: {} (guest / guest)", broker.mgmt_url);
+                println!("stream:     127.0.0.1:{}", broker.stream_port());
                 println!("folder:     {}", broker.dir.display());
                 eprintln!("broker: running until `scripts/broker stop`");
                 true

@@ -41,17 +41,23 @@ pub struct KeptBroker {
 }
 
 impl KeptBroker {
+    /// Port of its stream protocol's listener.
+    pub fn stream_port(&self) -> u16 {
+        self.ports.stream
+    }
+
     /// The state file's text: `key=value` lines.
     fn to_state(&self) -> String {
         format!(
-            "name={}\namqp_url={}\nmgmt_url={}\npid={}\namqp_port={}\nmgmt_port={}\ndist_port={}\n",
+            "name={}\namqp_url={}\nmgmt_url={}\npid={}\namqp_port={}\nmgmt_port={}\ndist_port={}\nstream_port={}\n",
             self.name,
             self.amqp_url,
             self.mgmt_url,
             self.pid,
             self.ports.amqp,
             self.ports.mgmt,
-            self.ports.dist
+            self.ports.dist,
+            self.ports.stream
         )
     }
 
@@ -72,6 +78,11 @@ impl KeptBroker {
                 amqp: get("amqp_port")?.parse().ok()?,
                 mgmt: get("mgmt_port")?.parse().ok()?,
                 dist: get("dist_port")?.parse().ok()?,
+                // Nodes kept by an older harness have no stream listener
+                // (0); they can still be found and stopped.
+                stream: get("stream_port")
+                    .and_then(|port| port.parse().ok())
+                    .unwrap_or(0),
             },
         })
     }
@@ -285,6 +296,7 @@ mod tests {
                 amqp: 40001,
                 mgmt: 40002,
                 dist: 40003,
+                stream: 40004,
             },
         };
         let text = state.to_state();

@@ -36,16 +36,18 @@ pub struct Ports {
     pub amqp: u16,
     pub mgmt: u16,
     pub dist: u16,
+    /// The stream protocol's listener (the `rabbitmq_stream` plugin).
+    pub stream: u16,
 }
 
 impl Ports {
     /// Asks the kernel for free loopback ports. All probe sockets stay open
-    /// until the three are chosen, so the three differ. Another process can
+    /// until all four are chosen, so they differ. Another process can
     /// still take one before the node binds it; the caller retries then.
     fn pick() -> io::Result<Ports> {
         let mut held = Vec::new();
         let mut ports = Vec::new();
-        while ports.len() < 3 {
+        while ports.len() < 4 {
             let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
             let port = listener.local_addr()?.port();
             // Unsuitable ports stay held too, so the kernel offers another.
@@ -58,6 +60,7 @@ impl Ports {
             amqp: ports[0],
             mgmt: ports[1],
             dist: ports[2],
+            stream: ports[3],
         })
     }
 }
@@ -563,6 +566,11 @@ fn write_node_files(dir: &Path, ports: &Ports, extra_config: &str, cookie: &str)
             "listeners.tcp.default = 127.0.0.1:{amqp}\n\
              management.tcp.ip = 127.0.0.1\n\
              management.tcp.port = {mgmt}\n\
+             stream.listeners.tcp.1 = 127.0.0.1:{stream}\n\
+             # What the broker tells stream clients to connect to (its\n\
+             # metadata): the loopback listener, not the machine's name.\n\
+             stream.advertised_host = 127.0.0.1\n\
+             stream.advertised_port = {stream}\n\
              # guest may log in over non-loopback addresses too (a proxy in\n\
              # front of the node, the machine's own IP).\n\
              loopback_users = none\n\
@@ -574,11 +582,15 @@ fn write_node_files(dir: &Path, ports: &Ports, extra_config: &str, cookie: &str)
              {extra_config}\n",
             amqp = ports.amqp,
             mgmt = ports.mgmt,
+            stream = ports.stream,
         ),
     )?;
-    // No stream plugin: streams over AMQP 0-9-1 need only the core, and one
-    // listener fewer is one port race fewer.
-    fs::write(dir.join("enabled_plugins"), "[rabbitmq_management].\n")?;
+    // The stream plugin: the host reads streams over the stream protocol
+    // when the broker offers it (and over AMQP 0-9-1 otherwise).
+    fs::write(
+        dir.join("enabled_plugins"),
+        "[rabbitmq_management,rabbitmq_stream].\n",
+    )?;
     // Empty, so /etc/rabbitmq/rabbitmq-env.conf of the machine is not read.
     fs::write(dir.join("rabbitmq-env.conf"), "")?;
     // Written up front: otherwise the server and the first CLI call race to
