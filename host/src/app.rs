@@ -15,11 +15,12 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::health::Readiness;
 use crate::broker::checkpoint::{BrokerCheckpoint, Cadence, Checkpoint, FileCheckpoint};
 use crate::broker::stream::{StreamOffset, StreamPosition};
+use crate::broker::stream_protocol::StreamEndpoints;
 use crate::broker::{
     Addresses, Board, Link, OnConnected, OneOff, PublishLink, PublishSettings, Recovery,
     SubscriptionEnv, SubscriptionSpec, Tls, resubscribe,
 };
-use crate::config::{ConsumerConfig, LoadedConfig, SchedulerConfig};
+use crate::config::{ConsumerConfig, LoadedConfig, SchedulerConfig, StreamProtocol};
 use crate::delivery::{self, ConsumerRules, Pipeline};
 use crate::plugin::capacity::{self, ConsumerDemand};
 use crate::plugin::swap::{CodecSpec, PluginSpec, Reloader};
@@ -70,6 +71,9 @@ pub struct PreparedConsumer {
     pub state: Option<Arc<ConsumerState>>,
     /// The rollout `[consumers.candidate]` asks for, its candidate loaded.
     pub rollout: Option<(Plan, Arc<HandlerVersion>)>,
+    /// How a stream consumer asks to read (decided once the broker is
+    /// reached: [`choose_stream_paths`]).
+    pub stream_protocol: StreamProtocol,
 }
 
 /// Checks the config, builds the topology, opens the state store and loads
@@ -463,6 +467,8 @@ fn prepare_consumer(
             ends_after: None,
             stream,
             consumer_tag: consumer.consumer_name.clone(),
+            // Chosen once the broker is reached (choose_stream_paths).
+            stream_protocol: None,
         },
         rules: ConsumerRules {
             policy,
@@ -473,6 +479,7 @@ fn prepare_consumer(
         plugin_path,
         state: consumer_state,
         rollout,
+        stream_protocol: consumer.stream_protocol,
     })
 }
 
@@ -646,6 +653,126 @@ fn stream_position(
         }
         Arc::new(position)
     }))
+}
+
+/// The stream listeners of the configured brokers, for connections named
+/// `{connection_name}.{purpose}`; why they cannot be used, when they cannot.
+pub fn stream_endpoints(
+    config: &LoadedConfig,
+) -> anyhow::Result<Result<Arc<StreamEndpoints>, String>> {
+    let urls = config.broker_urls()?;
+    let tls = match config
+        .tls_settings()
+        .map(|settings| Tls::new(&settings))
+        .transpose()
+    {
+        Ok(tls) => tls,
+        Err(e) => return Ok(Err(format!("broker.tls: {e}"))),
+    };
+    Ok(StreamEndpoints::new(
+        &urls,
+        config.config.broker.stream_port,
+        tls,
+        config.config.broker.connection_name.clone(),
+    )
+    .map(Arc::new)
+    .map_err(|e| e.to_string()))
+}
+
+/// Whether the broker offers the stream protocol to this configuration.
+pub enum StreamOffer {
+    /// Its listener answered.
+    Answered(Arc<StreamEndpoints>),
+    /// Its listener did not answer (why): the plugin is not enabled, or the
+    /// broker is down.
+    Silent(Arc<StreamEndpoints>, String),
+    /// The configuration cannot use it (why; see `stream_protocol/endpoint.rs`).
+    Unusable(String),
+}
+
+/// Asks the configured brokers' stream listener once.
+pub async fn stream_offer(config: &LoadedConfig) -> anyhow::Result<StreamOffer> {
+    Ok(match stream_endpoints(config)? {
+        Err(why) => StreamOffer::Unusable(why),
+        Ok(endpoints) => match crate::broker::stream_protocol::offered(&endpoints).await {
+            Ok(()) => StreamOffer::Answered(endpoints),
+            Err(why) => StreamOffer::Silent(endpoints, why),
+        },
+    })
+}
+
+/// Decides, once the broker is reached, how each stream consumer reads: over
+/// the stream protocol when it asks for it (`stream`), or when it leaves the
+/// choice to the host (`auto`) and the stream listener answers; over AMQP
+/// 0-9-1 otherwise. Each choice is logged with its reason. A consumer that
+/// asks for the stream protocol with TLS settings its client cannot honour
+/// fails the start; one whose listener does not answer yet keeps trying, as
+/// for a broker that is down.
+///
+/// On the stream protocol a named consumer's checkpoint is the broker's
+/// offset tracking; the checkpoint it was configured with (the queue
+/// `acemq.checkpoint.{name}` by default, or a file) is read while the broker
+/// tracks no offset for it yet.
+async fn choose_stream_paths(
+    config: &LoadedConfig,
+    consumers: &mut [PreparedConsumer],
+) -> anyhow::Result<()> {
+    let mut wanting: Vec<&mut PreparedConsumer> = consumers
+        .iter_mut()
+        .filter(|c| c.subscription.stream.is_some())
+        .filter(|c| c.stream_protocol != StreamProtocol::Amqp)
+        .collect();
+    if wanting.is_empty() {
+        return Ok(());
+    }
+    let offer = stream_offer(config).await?;
+    for consumer in wanting.iter_mut() {
+        let queue = consumer.subscription.queue.clone();
+        let setting = consumer.stream_protocol.word();
+        let only_stream = consumer.stream_protocol == StreamProtocol::Stream;
+        let endpoints = match &offer {
+            StreamOffer::Answered(endpoints) => endpoints.clone(),
+            StreamOffer::Silent(endpoints, why) if only_stream => {
+                tracing::warn!(queue = %queue, error = %why, "the stream listener does not answer yet; this consumer reads over the stream protocol only (stream_protocol = \"stream\") and keeps trying");
+                endpoints.clone()
+            }
+            StreamOffer::Unusable(why) if only_stream => anyhow::bail!(
+                "{}: consumer of '{queue}': stream_protocol = \"stream\", but {why}",
+                config.path.display()
+            ),
+            StreamOffer::Silent(_, why) | StreamOffer::Unusable(why) => {
+                tracing::info!(queue = %queue, protocol = "amqp", setting, reason = %why, "this stream consumer reads over AMQP 0-9-1: the stream protocol is not available");
+                continue;
+            }
+        };
+        tracing::info!(queue = %queue, protocol = "stream", setting, listener = %endpoints.shown(), "this stream consumer reads over the stream protocol");
+        use_stream_protocol(consumer, endpoints);
+    }
+    Ok(())
+}
+
+/// Moves `consumer` to the stream protocol, with the broker's offset
+/// tracking as a named consumer's checkpoint.
+fn use_stream_protocol(consumer: &mut PreparedConsumer, endpoints: Arc<StreamEndpoints>) {
+    let subscription = &mut consumer.subscription;
+    subscription.stream_protocol = Some(endpoints.clone());
+    let (Some(name), Some(position)) = (&subscription.consumer_tag, &mut subscription.stream)
+    else {
+        return;
+    };
+    let position =
+        Arc::get_mut(position).expect("a stream position is not shared before its consumer starts");
+    position.replace_checkpoint(|earlier| {
+        Checkpoint::Tracked(
+            crate::broker::stream_protocol::tracking::TrackedCheckpoint::new(
+                name,
+                &subscription.queue,
+                endpoints,
+                earlier.cadence(),
+                Some(earlier),
+            ),
+        )
+    });
 }
 
 /// What a consumer's handler may see and do: its queue, its config table,
@@ -858,6 +985,11 @@ pub async fn run(
         },
     );
     if let Err(e) = links.start(&shutdown).await {
+        admin.stop().await;
+        return Err(e);
+    }
+    let mut consumers = consumers;
+    if let Err(e) = choose_stream_paths(&config, &mut consumers).await {
         admin.stop().await;
         return Err(e);
     }
@@ -1155,12 +1287,22 @@ fn start_consumers(
             // publish connection; it outlives the consumers, whose last
             // saves it stores at their stop.
             savers.extend(position.spawn_saver(Some(links.publish.clone()), links_stop.clone()));
-            tokio::spawn(crate::broker::stream::probe_newest(
-                links.consume.clone(),
-                queue.to_string(),
-                position.clone(),
-                env.shutdown.clone(),
-            ));
+            match &consumer.subscription.stream_protocol {
+                Some(endpoints) => {
+                    tokio::spawn(crate::broker::stream_protocol::probe::probe_newest(
+                        endpoints.clone(),
+                        queue.to_string(),
+                        position.clone(),
+                        env.shutdown.clone(),
+                    ))
+                }
+                None => tokio::spawn(crate::broker::stream::probe_newest(
+                    links.consume.clone(),
+                    queue.to_string(),
+                    position.clone(),
+                    env.shutdown.clone(),
+                )),
+            };
         }
         running.spawn(resubscribe::keep_subscribed(
             links.consume.clone(),

@@ -23,11 +23,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use lapin::message::Delivery;
 
 use crate::broker::stream::StreamOffset;
-use crate::broker::stream_read::StreamRead;
-use crate::config::{ConsumerConfig, LoadedConfig};
+use crate::broker::stream_read::{StoredMessage, StreamRead};
+use crate::config::{ConsumerConfig, LoadedConfig, StreamProtocol};
 use crate::delivery;
 use crate::envelope::{self, Envelope};
 use crate::plugin::{CodecSet, HandlerSlot, HandlerVersion, PluginEngine};
@@ -47,6 +46,9 @@ pub struct ReplayRequest {
     pub from: String,
     pub to: Option<u64>,
     pub compare: bool,
+    /// How to read the stream; `None`: as the consumer's `stream_protocol`
+    /// says.
+    pub stream_protocol: Option<StreamProtocol>,
 }
 
 /// What a replay found.
@@ -130,21 +132,47 @@ pub async fn replay(
     let from =
         StreamOffset::parse_position(&request.from).map_err(|e| anyhow::anyhow!("--from: {e}"))?;
     let plugins = Plugins::load(config, consumer, request)?;
+    let stream = consumer.queue.get_ref();
+    let setting = request.stream_protocol.unwrap_or(consumer.stream_protocol);
+    if let Some(endpoints) = stream_protocol_endpoints(config, setting).await? {
+        let read = StreamRead::open_stream_protocol(&endpoints, stream, from, "replay").await?;
+        return read_through(read, &plugins, request.to).await;
+    }
     let broker = crate::app::connect_once(config, "replay").await?;
-    let read = StreamRead::open(
-        &broker,
-        consumer.queue.get_ref(),
-        from,
-        100,
-        "acemq-host.replay",
-    )
-    .await;
+    let read = StreamRead::open(&broker, stream, from, 100, "acemq-host.replay").await;
     let report = match read {
         Ok(read) => read_through(read, &plugins, request.to).await,
         Err(e) => Err(e),
     };
     broker.close("replay done").await;
     report
+}
+
+/// The stream listeners to replay through, or `None` to read over AMQP
+/// 0-9-1, as `setting` asks; the choice is logged, as a host's is.
+async fn stream_protocol_endpoints(
+    config: &LoadedConfig,
+    setting: StreamProtocol,
+) -> anyhow::Result<Option<Arc<crate::broker::stream_protocol::StreamEndpoints>>> {
+    if setting == StreamProtocol::Amqp {
+        return Ok(None);
+    }
+    use crate::app::StreamOffer;
+    match crate::app::stream_offer(config).await? {
+        StreamOffer::Answered(endpoints) => {
+            tracing::info!(protocol = "stream", listener = %endpoints.shown(), "replaying over the stream protocol");
+            Ok(Some(endpoints))
+        }
+        StreamOffer::Silent(_, why) | StreamOffer::Unusable(why)
+            if setting == StreamProtocol::Stream =>
+        {
+            anyhow::bail!("the stream protocol was asked for, but {why}")
+        }
+        StreamOffer::Silent(_, why) | StreamOffer::Unusable(why) => {
+            tracing::info!(protocol = "amqp", reason = %why, "replaying over AMQP 0-9-1: the stream protocol is not available");
+            Ok(None)
+        }
+    }
 }
 
 /// The consumer named `name`, or reading the queue `name`.
@@ -172,12 +200,11 @@ async fn read_through(
     let mut report = ReplayReport::default();
     let progress = Progress::new();
     while let Some(next) = read.next(QUIET_END).await? {
-        let offset = StreamOffset::of_delivery(next.properties.headers().as_ref()).unwrap_or(0);
+        let offset = next.offset;
         if to.is_some_and(|to| offset > to) {
             break;
         }
         plugins.run(&next, offset, &mut report).await;
-        read.done(&next).await?;
         report.read += 1;
         progress.read(report.read, offset);
         if to == Some(offset) {
@@ -233,13 +260,13 @@ impl Plugins {
 
     /// Runs one message through the candidate (timed), and through the
     /// current version to compare, into `report`.
-    async fn run(&self, next: &Delivery, offset: u64, report: &mut ReplayReport) {
+    async fn run(&self, next: &StoredMessage, offset: u64, report: &mut ReplayReport) {
         let envelope = Arc::new(Envelope::read(
             &next.properties,
             next.routing_key.as_str(),
             envelope::now_ms(),
         ));
-        let body = Bytes::from(next.data.clone());
+        let body = Bytes::from(next.body.clone());
         let input = |body: Bytes| {
             delivery::handler_input(
                 envelope.clone(),

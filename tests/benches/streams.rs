@@ -100,6 +100,7 @@ checkpoint = "{checkpoint}"
             from: "first".to_string(),
             to: Some(messages - 1),
             compare: false,
+            stream_protocol: None,
         };
         let started = Instant::now();
         let report = replay(&loaded, &request).await?;

@@ -58,6 +58,7 @@ async fn a_delivery_whose_handling_panics_is_requeued_and_handled_again() {
         ends_after: None,
         stream: None,
         consumer_tag: None,
+        stream_protocol: None,
     };
     let running = {
         let env = env.clone();

@@ -74,6 +74,9 @@ pub struct Saved {
 pub enum Checkpoint {
     File(FileCheckpoint),
     Broker(BrokerCheckpoint),
+    /// The broker's offset tracking: the checkpoint of a consumer that
+    /// reads over the stream protocol (`stream_protocol/tracking.rs`).
+    Tracked(super::stream_protocol::tracking::TrackedCheckpoint),
 }
 
 impl Checkpoint {
@@ -81,6 +84,7 @@ impl Checkpoint {
         match self {
             Checkpoint::File(file) => file.cadence,
             Checkpoint::Broker(broker) => broker.cadence,
+            Checkpoint::Tracked(tracked) => tracked.cadence(),
         }
     }
 
@@ -89,6 +93,7 @@ impl Checkpoint {
         match self {
             Checkpoint::File(file) => format!("the file {}", file.path.display()),
             Checkpoint::Broker(broker) => format!("the queue '{}'", broker.queue),
+            Checkpoint::Tracked(tracked) => tracked.place(),
         }
     }
 
@@ -115,6 +120,7 @@ impl Checkpoint {
             Checkpoint::Broker(broker) => {
                 bounded("reading the checkpoint", broker.load(connection)).await
             }
+            Checkpoint::Tracked(tracked) => tracked.load(connection).await,
         }
     }
 
@@ -142,6 +148,7 @@ impl Checkpoint {
                 .await;
                 done
             }
+            Checkpoint::Tracked(tracked) => tracked.reset(position).await,
         }
     }
 }
@@ -502,13 +509,17 @@ pub async fn keep_saving(
                     .await
                     .unwrap_or_else(|e| Err(format!("writing the checkpoint failed: {e}")))
             }
+            Checkpoint::Tracked(tracked) => match fence() {
+                true => tracked.store(request.offset).await,
+                false => Err(NOT_HELD.to_string()),
+            },
             Checkpoint::Broker(broker) => {
                 let Some(link) = &publish else {
                     tracing::error!(queue = %broker.queue, "no publish connection to save the stream checkpoint on");
                     break;
                 };
                 if !fence() {
-                    Err("this host no longer holds the consumer's lease, so its save is refused: another host may be reading".to_string())
+                    Err(NOT_HELD.to_string())
                 } else {
                     match on_broker
                         .store(link, broker, request.offset, &owner, &stop)
@@ -526,7 +537,13 @@ pub async fn keep_saving(
         saves.handled(request.seq, &result);
     }
     on_broker.close().await;
+    if let Checkpoint::Tracked(tracked) = &*store {
+        tracked.close().await;
+    }
 }
+
+/// Why a save is refused to a host that lost its consumer name's lease.
+const NOT_HELD: &str = "this host no longer holds the consumer's lease, so its save is refused: another host may be reading";
 
 /// The saver's channel on the publish connection: one at a time, opened
 /// again only when the connection was replaced or the channel failed.

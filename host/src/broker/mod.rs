@@ -25,6 +25,7 @@ pub mod publisher;
 pub mod resubscribe;
 pub mod set_aside;
 pub mod stream;
+pub mod stream_protocol;
 pub mod stream_read;
 pub mod subscription;
 pub mod tls;

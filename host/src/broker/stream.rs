@@ -272,6 +272,19 @@ impl StreamPosition {
         self
     }
 
+    /// Keeps the position in what `make` builds from the checkpoint it
+    /// has, if it has one (a consumer moved to the stream protocol keeps it
+    /// in the broker's offset tracking, reading the old one until that
+    /// holds an offset). Before the consumer starts.
+    pub fn replace_checkpoint(&mut self, make: impl FnOnce(Checkpoint) -> Checkpoint) {
+        let Some(current) = self.checkpoint.take() else {
+            return;
+        };
+        let current = Arc::try_unwrap(current)
+            .expect("a checkpoint is not shared before its consumer starts");
+        self.checkpoint = Some(Arc::new(make(current)));
+    }
+
     /// Reads only while holding the lease of `consumer_name` (see
     /// `lease.rs`): one reader of that name at a time, across hosts.
     pub fn with_lease(mut self, consumer_name: &str) -> Self {
@@ -386,11 +399,21 @@ impl StreamPosition {
                 );
                 return Err(self.start_failed(why).await);
             }
-            Ok(Some(saved)) => match resume {
-                Some(offset) if saved.owner.as_deref() == Some(self.owner.as_str()) => {
+            Ok(Some(saved)) => match (resume, saved.offset) {
+                (Some(offset), _) if saved.owner.as_deref() == Some(self.owner.as_str()) => {
                     return Ok((StreamOffset::At(offset), reports));
                 }
-                _ => {
+                // The broker's offset tracking names no writer. Read under
+                // the lease, it is this process's own saves (behind what it
+                // read since, by up to a save's cadence) or those of a host
+                // that read while this one stood by (ahead): the further of
+                // the two skips nothing done by neither.
+                (Some(offset), StreamOffset::At(tracked))
+                    if matches!(&**checkpoint, Checkpoint::Tracked(_)) =>
+                {
+                    StreamOffset::At(offset.max(tracked))
+                }
+                (resume, _) => {
                     if resume.is_some() {
                         tracing::info!(checkpoint = %checkpoint.place(), offset = ?saved.offset, writer = ?saved.owner, "another host moved the checkpoint since; resuming where it left off");
                     }

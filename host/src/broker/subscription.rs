@@ -48,6 +48,9 @@ pub struct SubscriptionSpec {
     /// The consumer tag, when the consumer has a stable name; a unique one
     /// otherwise.
     pub consumer_tag: Option<String>,
+    /// For a stream read over the stream protocol: its listeners (`None`:
+    /// over AMQP 0-9-1). See `stream_protocol/`.
+    pub stream_protocol: Option<Arc<super::stream_protocol::StreamEndpoints>>,
 }
 
 /// Shared by every subscription of the host.
@@ -224,9 +227,40 @@ impl Received {
                 tag: delivery.delivery_tag,
                 _in_hand: in_hand,
                 read_again,
-                acks,
-                acker: delivery.acker,
+                settle: Settle::Amqp {
+                    acks,
+                    acker: delivery.acker,
+                },
                 channel_lost,
+                settled: AtomicBool::new(false),
+            },
+            slot,
+        }
+    }
+
+    /// A message read over the stream protocol, at `offset` (its tag in
+    /// `position`), as an AMQP 0-9-1 consumer would have received it.
+    pub(super) fn from_stream_protocol(
+        view: super::stream_protocol::amqp10::Amqp091View,
+        offset: u64,
+        position: SubscriptionPosition,
+        places: (Slot, OwnedSemaphorePermit),
+        read_again: CancellationToken,
+        connection_lost: CancellationToken,
+    ) -> Self {
+        let (slot, in_hand) = places;
+        Self {
+            exchange: view.exchange.into(),
+            routing_key: view.routing_key.into(),
+            redelivered: false,
+            properties: view.properties,
+            body: view.body,
+            receipt: Receipt {
+                tag: offset,
+                _in_hand: Some(in_hand),
+                read_again: Some(read_again),
+                settle: Settle::StreamProtocol { position },
+                channel_lost: connection_lost,
                 settled: AtomicBool::new(false),
             },
             slot,
@@ -238,6 +272,12 @@ impl Received {
 /// next delivery start.
 pub struct Slot(#[allow(dead_code)] OwnedSemaphorePermit);
 
+impl Slot {
+    pub(super) fn new(permit: OwnedSemaphorePermit) -> Self {
+        Self(permit)
+    }
+}
+
 /// Settles one delivery: an ack (coalesced with others) or a requeue.
 pub struct Receipt {
     tag: u64,
@@ -247,8 +287,7 @@ pub struct Receipt {
     /// For a stream delivery: its subscription's signal that a delivery is
     /// to be read again ([`Receipt::read_again`]).
     read_again: Option<CancellationToken>,
-    acks: Arc<AckBatcher>,
-    acker: Acker,
+    settle: Settle,
     /// Cancelled when the channel it came on fails: it can no longer be
     /// settled, and the broker delivers it again.
     channel_lost: CancellationToken,
@@ -258,6 +297,16 @@ pub struct Receipt {
     /// otherwise it would stay unacknowledged, and hold back every
     /// `multiple` ack above it.
     settled: AtomicBool,
+}
+
+/// How a delivery's settlement reaches the broker.
+enum Settle {
+    /// Acked (coalesced with others) or nacked on its AMQP channel.
+    Amqp { acks: Arc<AckBatcher>, acker: Acker },
+    /// Read over the stream protocol: nothing goes back to the broker (the
+    /// credit is per chunk, see `stream_protocol/reader.rs`); its work done
+    /// moves the consumer's position.
+    StreamProtocol { position: SubscriptionPosition },
 }
 
 impl Receipt {
@@ -274,7 +323,10 @@ impl Receipt {
     /// The delivery's work is done: it is acked with the next batch.
     pub async fn ack(&self) {
         self.settled.store(true, Ordering::Relaxed);
-        self.acks.ready(self.tag).await;
+        match &self.settle {
+            Settle::Amqp { acks, .. } => acks.ready(self.tag).await,
+            Settle::StreamProtocol { position } => position.done(self.tag),
+        }
     }
 
     /// Gives the delivery back to its queue now; it comes back as a new
@@ -283,8 +335,13 @@ impl Receipt {
     /// not deliver a requeued stream message again, and closes the channel
     /// (see [`Receipt::read_again`]).
     pub async fn requeue(&self) {
-        self.settled.store(true, Ordering::Relaxed);
-        requeue(&self.acker, &self.acks, self.tag).await;
+        match &self.settle {
+            Settle::Amqp { acks, acker } => {
+                self.settled.store(true, Ordering::Relaxed);
+                requeue(acker, acks, self.tag).await;
+            }
+            Settle::StreamProtocol { .. } => self.read_again(),
+        }
     }
 
     /// Refuses the delivery for good (`basic.reject`, no requeue): the
@@ -292,15 +349,24 @@ impl Receipt {
     /// a message that can never be handled (the scheduler's, missing the
     /// headers that say where it goes).
     pub async fn reject(&self) {
+        let Settle::Amqp { acks, acker } = &self.settle else {
+            // A stream keeps every message: there is nothing to refuse.
+            tracing::error!(
+                offset = self.tag,
+                "a stream message cannot be rejected; it is read again"
+            );
+            self.read_again();
+            return;
+        };
         self.settled.store(true, Ordering::Relaxed);
         let options = BasicNackOptions {
             multiple: false,
             requeue: false,
         };
-        if let Err(e) = self.acker.nack(options).await {
+        if let Err(e) = acker.nack(options).await {
             tracing::warn!(delivery_tag = self.tag, error = %e, "reject failed; the broker will redeliver");
         }
-        self.acks.forget(self.tag);
+        acks.forget(self.tag);
     }
 
     /// Whether it came from a stream.
@@ -317,7 +383,9 @@ impl Receipt {
         self.settled.store(true, Ordering::Relaxed);
         // Never acked now, and never to be nacked: no `multiple` ack may
         // wait for it (a stream's acks only give the broker credit).
-        self.acks.forget(self.tag);
+        if let Settle::Amqp { acks, .. } = &self.settle {
+            acks.forget(self.tag);
+        }
         if let Some(read_again) = &self.read_again {
             read_again.cancel();
         }
@@ -341,7 +409,10 @@ impl Drop for Receipt {
             delivery_tag = self.tag,
             "a delivery was dropped unsettled (its handling panicked or was cancelled); requeueing it"
         );
-        let (acker, acks, tag) = (self.acker.clone(), self.acks.clone(), self.tag);
+        let Settle::Amqp { acks, acker } = &self.settle else {
+            return;
+        };
+        let (acker, acks, tag) = (acker.clone(), acks.clone(), self.tag);
         // Drop cannot wait: the nack goes out on the runtime, if it still
         // runs (at exit, closing the channel gives the delivery back).
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -398,8 +469,16 @@ where
             return Err(e.into());
         }
     };
-    tracing::info!(queue, offset = ?start, "reading the stream");
-    let result = consume(connection, spec, env, handle, Some((start, reading))).await;
+    tracing::info!(queue, offset = ?start, protocol = if spec.stream_protocol.is_some() { "stream" } else { "amqp" }, "reading the stream");
+    let result = match spec.stream_protocol.clone() {
+        Some(endpoints) => {
+            super::stream_protocol::subscription::consume(
+                &endpoints, &spec, &env, handle, start, reading,
+            )
+            .await
+        }
+        None => consume(connection, spec, env, handle, Some((start, reading))).await,
+    };
     // Every delivery that could finish did: where the next run resumes.
     position.finish().await;
     result

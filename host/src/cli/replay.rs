@@ -31,6 +31,10 @@ pub struct ReplayArgs {
     /// With --compare: how many differing messages still exit 0.
     #[arg(long, default_value_t = 0)]
     max_diff: usize,
+    /// How to read the stream: `auto`, `stream` or `amqp`. By default, as
+    /// the consumer's `stream_protocol` says.
+    #[arg(long, value_enum)]
+    stream_protocol: Option<crate::config::StreamProtocol>,
 }
 
 /// `replay --to`: an offset, or `None` for the end of what the stream holds.
@@ -56,6 +60,7 @@ pub fn run(args: ReplayArgs) -> ExitCode {
         to,
         compare,
         max_diff,
+        stream_protocol,
     } = args;
     let request = ReplayRequest {
         consumer,
@@ -63,6 +68,7 @@ pub fn run(args: ReplayArgs) -> ExitCode {
         from,
         to: to.0,
         compare,
+        stream_protocol,
     };
     with_broker_task(&config, |config| async move {
         let report = replay::replay(&config, &request).await?;

@@ -134,8 +134,13 @@ pub struct BrokerConfig {
     /// How long a confirm, or a place among the unconfirmed, is waited for.
     #[serde(default = "defaults::confirm_timeout", with = "humantime_serde")]
     pub confirm_timeout: Duration,
-    /// TLS for `amqps://` addresses.
+    /// TLS for `amqps://` addresses (and the stream protocol's listener
+    /// behind an `amqps://` address).
     pub tls: Option<TlsConfig>,
+    /// The port of the stream protocol's listener (the `rabbitmq_stream`
+    /// plugin) on each node, at the AMQP address's host: by default 5552,
+    /// or 5551 for `amqps://`.
+    pub stream_port: Option<u16>,
 }
 
 /// `[broker.tls]`: how `amqps://` addresses are reached. Paths are relative
@@ -178,6 +183,7 @@ impl fmt::Debug for BrokerConfig {
             .field("max_unconfirmed", &self.max_unconfirmed)
             .field("confirm_timeout", &self.confirm_timeout)
             .field("tls", &self.tls)
+            .field("stream_port", &self.stream_port)
             .finish()
     }
 }
@@ -194,6 +200,7 @@ impl Default for BrokerConfig {
             max_unconfirmed: defaults::max_unconfirmed(),
             confirm_timeout: defaults::confirm_timeout(),
             tls: None,
+            stream_port: None,
         }
     }
 }
@@ -365,6 +372,33 @@ pub struct RetryConfig {
     pub wait_in_broker_from: Option<Duration>,
 }
 
+/// How a stream consumer reads its stream (`[[consumers]] stream_protocol`,
+/// `replay --stream-protocol`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum StreamProtocol {
+    /// The stream protocol when the broker offers it (its listener answers
+    /// when the host starts), AMQP 0-9-1 otherwise; the choice is logged.
+    #[default]
+    Auto,
+    /// The stream protocol only: the host does not start without a usable
+    /// stream listener configuration, and waits for the listener as for
+    /// the broker.
+    Stream,
+    /// AMQP 0-9-1 (`x-stream-offset`), as the AceMQ libraries read streams.
+    Amqp,
+}
+
+impl StreamProtocol {
+    pub fn word(self) -> &'static str {
+        match self {
+            StreamProtocol::Auto => "auto",
+            StreamProtocol::Stream => "stream",
+            StreamProtocol::Amqp => "amqp",
+        }
+    }
+}
+
 /// How a consumer gets plugin instances.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -412,6 +446,10 @@ pub struct ConsumerConfig {
     /// ...or once this long has passed since the last save.
     #[serde(default = "defaults::checkpoint_interval", with = "humantime_serde")]
     pub checkpoint_interval: Duration,
+    /// How a stream consumer reads: `"auto"` (the default), `"stream"` or
+    /// `"amqp"`; see [`StreamProtocol`].
+    #[serde(default)]
+    pub stream_protocol: StreamProtocol,
     /// Exchanges the plugin may publish to.
     #[serde(default)]
     pub publish_to: Vec<String>,

@@ -160,6 +160,7 @@ impl Control {
             ends_after: None,
             stream: None,
             consumer_tag: None,
+            stream_protocol: None,
         }
     }
 

@@ -1,0 +1,272 @@
+//! A stream consumer's subscription over the stream protocol: the same
+//! mechanics as an AMQP subscription (`broker/subscription.rs`: a window of
+//! `prefetch` messages in hand, `concurrency` worked on at once, a stop that
+//! drains), on a stream connection of its own.
+//!
+//! Nothing is acknowledged to the broker: a stream keeps every message, the
+//! broker sends chunks for the credit the reader gives (`reader.rs`), and a
+//! message's work done moves the consumer's position, which the checkpoint
+//! keeps (the broker's offset tracking on this path). A message read again
+//! ([`super::super::subscription::Receipt::read_again`]) ends the
+//! subscription, and the next one starts at the lowest offset not done, as
+//! on the AMQP path.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::amqp10::{self, Amqp091View};
+use super::endpoint::StreamEndpoints;
+use super::reader::{Chunk, ChunkReader};
+use crate::broker::offset::{OFFSET_ARGUMENT, StreamOffset};
+use crate::broker::stream::SubscriptionPosition;
+use crate::broker::subscription::{Reading, Received, Slot, SubscriptionEnv, SubscriptionSpec};
+
+/// Reads `spec.queue` from `start` over the stream protocol, handing each
+/// message to `handle`, until shutdown, `ends_after`, a message to be read
+/// again, or the subscription failing (the error says why). Whatever ends
+/// it, what is running finishes (up to the drain timeout) before this
+/// returns.
+pub async fn consume<H, F>(
+    endpoints: &StreamEndpoints,
+    spec: &SubscriptionSpec,
+    env: &SubscriptionEnv,
+    handle: &H,
+    start: StreamOffset,
+    reading: SubscriptionPosition,
+) -> anyhow::Result<()>
+where
+    H: Fn(Received) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let queue = spec.queue.as_str();
+    let opened = tokio::select! {
+        biased;
+        _ = env.shutdown.cancelled() => return Ok(()),
+        opened = open(endpoints, queue, start) => opened,
+    };
+    let mut reader = match opened {
+        Ok(reader) => reader,
+        Err(why) => {
+            env.board.set(
+                queue,
+                Reading::Stopped {
+                    reason: why.clone(),
+                },
+            );
+            anyhow::bail!(why);
+        }
+    };
+    env.board.set(queue, Reading::Consuming);
+    tracing::info!(
+        queue,
+        prefetch = spec.prefetch,
+        concurrency = spec.concurrency,
+        protocol = "stream",
+        listener = %endpoints.shown(),
+        "consuming"
+    );
+    let mut receiving = Receiving::new(spec, reading);
+    let failure = receiving
+        .receive(&mut reader, handle, &env.shutdown, spec.ends_after)
+        .await;
+    if let Some(failure) = &failure {
+        env.board.set(
+            queue,
+            Reading::Stopped {
+                reason: format!("{failure:#}"),
+            },
+        );
+    }
+    receiving.drain(queue, env.drain_timeout).await;
+    reader.close().await;
+    tracing::info!(queue, "stream consumer stopped");
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+async fn open(
+    endpoints: &StreamEndpoints,
+    queue: &str,
+    start: StreamOffset,
+) -> Result<ChunkReader, String> {
+    let connection = endpoints.connect(&format!("stream.{queue}")).await?;
+    ChunkReader::open(connection, queue, start).await
+}
+
+/// The receive phase: each message takes a place in the window of
+/// `prefetch` in hand, then one of `concurrency`, and runs on a task of its
+/// own.
+struct Receiving {
+    queue: String,
+    reading: SubscriptionPosition,
+    permits: Arc<Semaphore>,
+    in_hand: Arc<Semaphore>,
+    /// Cancelled when a message is to be read again.
+    read_again: CancellationToken,
+    /// Cancelled when the subscription ends by a failure: work still
+    /// running stops waiting on what it cannot finish, and is read again.
+    lost: CancellationToken,
+    running: JoinSet<()>,
+}
+
+impl Receiving {
+    fn new(spec: &SubscriptionSpec, reading: SubscriptionPosition) -> Self {
+        Self {
+            queue: spec.queue.clone(),
+            reading,
+            permits: Arc::new(Semaphore::new(spec.concurrency)),
+            in_hand: Arc::new(Semaphore::new(usize::from(spec.prefetch.max(1)))),
+            read_again: CancellationToken::new(),
+            lost: CancellationToken::new(),
+            running: JoinSet::new(),
+        }
+    }
+
+    async fn receive<H, F>(
+        &mut self,
+        reader: &mut ChunkReader,
+        handle: &H,
+        shutdown: &CancellationToken,
+        ends_after: Option<Duration>,
+    ) -> Option<anyhow::Error>
+    where
+        H: Fn(Received) -> F,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let time_up = tokio::time::sleep(ends_after.unwrap_or(Duration::MAX / 4));
+        tokio::pin!(time_up);
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return None,
+                _ = &mut time_up => return None,
+                _ = self.read_again.cancelled() => return Some(self.read_again_error()),
+                next = reader.next() => next,
+            };
+            match next {
+                Ok(chunk) => {
+                    if let Some(stop) = self.admit(chunk, handle, shutdown, &mut time_up).await {
+                        return stop;
+                    }
+                }
+                Err(why) => {
+                    self.lost.cancel();
+                    return Some(anyhow::anyhow!(
+                        "the subscription to stream '{}' failed: {why}",
+                        self.queue
+                    ));
+                }
+            }
+            while self.running.try_join_next().is_some() {}
+        }
+    }
+
+    fn read_again_error(&self) -> anyhow::Error {
+        anyhow::anyhow!(
+            "a message of the stream '{}' is to be read again; resubscribing from offset {:?}, the lowest not done",
+            self.queue,
+            self.reading.resume()
+        )
+    }
+
+    /// Starts `handle` on each message of `chunk` as places free up; or
+    /// the receiving stops (`Some`, with the failure if it is one).
+    async fn admit<H, F>(
+        &mut self,
+        chunk: Chunk,
+        handle: &H,
+        shutdown: &CancellationToken,
+        time_up: &mut std::pin::Pin<&mut tokio::time::Sleep>,
+    ) -> Option<Option<anyhow::Error>>
+    where
+        H: Fn(Received) -> F,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        for (offset, message) in chunk.into_offsets() {
+            // Not yet received: a message left unstarted at a stop is read
+            // again by the next subscription.
+            let places = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Some(None),
+                _ = time_up.as_mut() => return Some(None),
+                _ = self.read_again.cancelled() => return Some(Some(self.read_again_error())),
+                places = self.places() => places,
+            };
+            self.reading.received(offset, offset);
+            let view = self.view_of(&message, offset);
+            self.running.spawn(handle(Received::from_stream_protocol(
+                view,
+                offset,
+                self.reading.clone(),
+                places,
+                self.read_again.clone(),
+                self.lost.clone(),
+            )));
+        }
+        None
+    }
+
+    /// A place in the window, then one among `concurrency`.
+    async fn places(&self) -> (Slot, tokio::sync::OwnedSemaphorePermit) {
+        let held = self.in_hand.clone().acquire_owned().await;
+        let permit = self.permits.clone().acquire_owned().await;
+        (
+            Slot::new(permit.expect("semaphore never closed")),
+            held.expect("semaphore never closed"),
+        )
+    }
+
+    /// `message` as an AMQP 0-9-1 consumer of the stream receives it.
+    fn view_of(&self, message: &bytes::Bytes, offset: u64) -> Amqp091View {
+        amqp10::to_amqp091(message, &self.queue, offset).unwrap_or_else(|why| {
+            // Handed over all the same, as the broker hands over a body it
+            // cannot map: its AMQP 1.0 bytes, typed so. Never dropped.
+            tracing::error!(queue = %self.queue, offset, error = %why, "a stream message could not be read as AMQP 0-9-1 would see it; the plugin gets its AMQP 1.0 bytes");
+            undecodable(&self.queue, offset, message.to_vec())
+        })
+    }
+
+    /// What is running finishes, up to `drain_timeout`.
+    async fn drain(&mut self, queue: &str, drain_timeout: Duration) {
+        let drained = tokio::time::timeout(drain_timeout, async {
+            while self.running.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                queue,
+                stranded = self.running.len(),
+                drain_timeout_ms = drain_timeout.as_millis() as u64,
+                "stream messages still running at the drain timeout; they are read again"
+            );
+            self.running.abort_all();
+        }
+    }
+}
+
+/// A message the host could not map: its bytes as the body, typed
+/// `amqp-1.0`, with its offset.
+fn undecodable(stream: &str, offset: u64, bytes: Vec<u8>) -> Amqp091View {
+    let mut headers = FieldTable::default();
+    headers.insert(
+        OFFSET_ARGUMENT.into(),
+        AMQPValue::LongLongInt(i64::try_from(offset).unwrap_or(i64::MAX)),
+    );
+    Amqp091View {
+        exchange: String::new(),
+        routing_key: stream.to_string(),
+        properties: BasicProperties::default()
+            .with_type(ShortString::from("amqp-1.0"))
+            .with_headers(headers),
+        body: bytes,
+    }
+}
