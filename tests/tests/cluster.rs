@@ -450,3 +450,85 @@ fn a_set_aside_waits_while_the_dlq_s_node_is_down_and_lands_when_it_is_back() {
     assert_eq!(rt.block_on(calm.message_count(&input)).unwrap(), 0);
     host.terminate(Duration::from_secs(30)).unwrap();
 }
+
+/// A stream read over the stream protocol keeps being read when the node
+/// whose listener the host was configured with goes down: the host learned
+/// the other members' listeners from the broker's metadata, reconnects to
+/// one, and resumes from the offset the broker tracks, skipping nothing.
+#[test]
+fn a_stream_read_over_the_stream_protocol_survives_the_loss_of_its_node() {
+    const BEFORE: usize = 500;
+    const AFTER: usize = 300;
+    let cluster = shared_cluster();
+    let _turn = cluster.faults();
+    let (stream, output, exchange) = (
+        unique_name("cluster.stream"),
+        unique_name("cluster.stream.out"),
+        unique_name("cluster.stream.x"),
+    );
+    let broker = format!(
+        "{}\nstream_port = {}",
+        broker_lines(cluster, [0, 1, 2]),
+        cluster.node(0).stream_port()
+    );
+    let consumer = format!(
+        "offset = \"first\"\nconsumer_name = \"projection-{stream}\"\nstream_protocol = \"stream\""
+    );
+    let config = StampConfig {
+        broker: &broker,
+        input_queue: "type = \"stream\"",
+        consumer: &consumer,
+        ..StampConfig::new(&stream, &output, &exchange)
+    }
+    .toml();
+    let mut host = HostProcess::start(&config, 1).unwrap();
+    let calm = cluster.node(2);
+    let rt = runtime();
+    let ids = |range: std::ops::Range<usize>| range.map(|i| format!("m{i}")).collect::<Vec<_>>();
+    let append = |ids: Vec<String>| {
+        let messages = ids.into_iter().map(|id| {
+            let properties = BasicProperties::default().with_message_id(id.as_str().into());
+            (id.into_bytes(), properties)
+        });
+        rt.block_on(calm.publish_many("", &stream, messages))
+            .unwrap();
+    };
+    append(ids(0..BEFORE));
+    rt.block_on(calm.wait_for_message_count(&output, BEFORE as u32, Duration::from_secs(60)))
+        .unwrap();
+
+    cluster.stop_app(0).unwrap();
+    append(ids(BEFORE..BEFORE + AFTER));
+    let resumed = host.wait_for_log(": consuming queue=", 2, Duration::from_secs(90));
+    let landed = rt.block_on(calm.wait_for_message_count(
+        &output,
+        (BEFORE + AFTER) as u32,
+        Duration::from_secs(90),
+    ));
+    let started = cluster.start_app(0);
+    resumed.unwrap_or_else(|e| panic!("{e:#}\n{}", host.log_text()));
+    landed.unwrap_or_else(|e| panic!("{e:#}\n{}", host.log_text()));
+    started.unwrap();
+    let count = rt.block_on(calm.message_count(&output)).unwrap() as usize;
+    let outputs = rt
+        .block_on(calm.drain(&output, count, Duration::from_secs(30)))
+        .unwrap();
+    let seen: BTreeSet<String> = outputs
+        .iter()
+        .map(|m| {
+            let body: Value = serde_json::from_slice(&m.body).unwrap();
+            body["input"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let missing: Vec<String> = ids(0..BEFORE + AFTER)
+        .into_iter()
+        .filter(|id| !seen.contains(id))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "skipped: {missing:?}\n{}",
+        host.log_text()
+    );
+    assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
+    rt.block_on(calm.delete_queue(&stream)).unwrap();
+}

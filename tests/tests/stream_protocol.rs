@@ -549,3 +549,216 @@ async fn stream_reset_moves_the_broker_offset_tracking_and_replay_reads_either_w
         .unwrap();
     broker.delete_queue(&stream).await.unwrap();
 }
+
+/// `config` with the stream listener at `port` (a proxy's, say) and, when
+/// given, an admin endpoint at `admin`.
+fn with_stream_port_and_admin(
+    broker: &Broker,
+    config: &str,
+    port: u16,
+    admin: Option<&str>,
+) -> String {
+    let mut config = config.replacen(
+        &format!("stream_port = {}", broker.stream_port()),
+        &format!("stream_port = {port}"),
+        1,
+    );
+    if let Some(admin) = admin {
+        config = format!("[host]\nadmin_listen = \"{admin}\"\n\n{config}");
+    }
+    config
+}
+
+fn get(url: &str) -> String {
+    tokio::task::block_in_place(|| acemq_tests::host::http_get(url))
+        .unwrap()
+        .1
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_stream_connection_is_reopened_and_reading_resumes_skipping_nothing() {
+    const MESSAGES: usize = 3000;
+    const PREFETCH: usize = 10;
+    let broker = shared_broker();
+    let stream = unique_name("sp.lost");
+    let output = unique_name("sp.lost.out");
+    declare_stream(broker, &stream).await;
+    append(broker, &stream, ids("m", 0..MESSAGES)).await;
+    let upstream = format!("127.0.0.1:{}", broker.stream_port())
+        .parse()
+        .unwrap();
+    let proxy = acemq_tests::FaultProxy::start(upstream).unwrap();
+    let admin = format!("127.0.0.1:{}", acemq_tests::host::free_port());
+    let config = with_stream_port_and_admin(
+        broker,
+        &config(
+            broker,
+            &stream,
+            &output,
+            "stream",
+            &format!("prefetch = {PREFETCH}"),
+        ),
+        proxy.port(),
+        Some(&admin),
+    );
+    let host = host(&config);
+    broker
+        .wait_for_message_count(&output, (MESSAGES / 3) as u32, Duration::from_secs(60))
+        .await
+        .unwrap();
+    proxy.cut_all();
+    let seen = stamped_until(broker, &output, MESSAGES).await;
+    assert_eq!(seen.len(), MESSAGES, "no offset was skipped");
+    // What was in hand when the connection dropped, no more: the next
+    // subscription starts at the lowest offset not done.
+    let again: usize = seen.values().map(|n| n - 1).sum();
+    assert!(again <= PREFETCH, "{again} read twice");
+    assert!(
+        proxy.accepted() >= 2,
+        "the stream connection was opened again"
+    );
+    let log = host.log_text();
+    assert!(log.contains("the subscription to stream"), "{log}");
+    // Back to normal: /health UP, the position at the end.
+    let health: Value = serde_json::from_str(&get(&format!("http://{admin}/health"))).unwrap();
+    assert_eq!(health["status"], "UP", "{health}");
+    let metrics = get(&format!("http://{admin}/metrics"));
+    let position =
+        acemq_tests::host::metric_sum(&metrics, "acemq_stream_position", &[("queue", &stream)]);
+    assert_eq!(position as usize, MESSAGES, "{metrics}");
+    assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
+    broker.delete_queue(&stream).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_the_stream_protocol_set_asides_go_beside_the_stream_and_a_retry_is_dead_lettered() {
+    let broker = shared_broker();
+    let stream = unique_name("sp.aside");
+    let output = unique_name("sp.aside.out");
+    declare_stream(broker, &stream).await;
+    let config = config(broker, &stream, &output, "stream", "").replacen(
+        &format!("plugin = \"{}\"", plugin_path("stamp-v1").display()),
+        &format!("plugin = \"{}\"", plugin_path("outcomes").display()),
+        1,
+    );
+    assert!(config.contains("outcomes"), "{config}");
+    let host = host(&config);
+    append(
+        broker,
+        &stream,
+        ["reject:bad order", "park:later", "retry:db down", "accept"].map(String::from),
+    )
+    .await;
+    let dead = broker
+        .drain(&format!("{stream}.dlq"), 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let reasons: Vec<String> = dead.iter().map(|m| m.acemq_error()).collect();
+    assert_eq!(dead.len(), 2, "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r.contains("bad order")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.starts_with(&format!(
+            "a handler reading the stream '{stream}' asked to retry message"
+        ))),
+        "{reasons:?}"
+    );
+    let parked = broker
+        .drain(&format!("{stream}.parked"), 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(parked.len(), 1);
+    assert!(parked[0].acemq_error().contains("later"));
+    // Each set-aside done: the position passed all four.
+    assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
+    assert_eq!(
+        tracked_offset(broker, &stream, &format!("projection-{stream}")).await,
+        Some(4)
+    );
+    for queue in [format!("{stream}.dlq"), format!("{stream}.parked"), stream] {
+        broker.delete_queue(&queue).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hosts_with_one_consumer_name_on_the_stream_protocol_read_one_at_a_time() {
+    const MESSAGES: usize = 1000;
+    const LATER: usize = 200;
+    let broker = shared_broker();
+    let stream = unique_name("sp.pair");
+    let output = unique_name("sp.pair.out");
+    declare_stream(broker, &stream).await;
+    append(broker, &stream, ids("m", 0..MESSAGES)).await;
+    let config = config(broker, &stream, &output, "stream", "");
+    let a = host(&config);
+    let mut b = {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.toml");
+        std::fs::write(&path, &config).unwrap();
+        let options = HostOptions {
+            consumers: 0,
+            ..HostOptions::default()
+        };
+        HostProcess::start_with(&path, dir, &options).unwrap()
+    };
+    b.wait_for_log("standing by", 1, Duration::from_secs(60))
+        .unwrap();
+    let seen = stamped_until(broker, &output, MESSAGES).await;
+    assert_eq!(seen.len(), MESSAGES);
+    assert!(seen.values().all(|n| *n == 1), "read by one host only");
+    assert!(a.terminate(Duration::from_secs(30)).unwrap().success());
+    b.wait_for_log(acemq_tests::host::SUBSCRIBED, 1, Duration::from_secs(30))
+        .unwrap();
+    append(broker, &stream, ids("later", 0..LATER)).await;
+    let seen = stamped_until(broker, &output, LATER).await;
+    let mut expected = ids("later", 0..LATER);
+    expected.sort();
+    assert_eq!(seen.keys().cloned().collect::<Vec<_>>(), expected);
+    assert!(seen.values().all(|n| *n == 1), "{seen:?}");
+    assert!(b.terminate(Duration::from_secs(30)).unwrap().success());
+    broker.delete_queue(&stream).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_broker_restart_a_stream_protocol_reader_resumes_and_skips_nothing() {
+    const MESSAGES: usize = 3000;
+    const PREFETCH: usize = 10;
+    // A node of its own: it is killed and started again.
+    let broker = tokio::task::block_in_place(Broker::start).unwrap();
+    let stream = unique_name("sp.restart");
+    let output = unique_name("sp.restart.out");
+    declare_stream(&broker, &stream).await;
+    append(&broker, &stream, ids("m", 0..MESSAGES)).await;
+    let host = host(&config(
+        &broker,
+        &stream,
+        &output,
+        "stream",
+        &format!("prefetch = {PREFETCH}"),
+    ));
+    broker
+        .wait_for_message_count(&output, (MESSAGES / 3) as u32, Duration::from_secs(60))
+        .await
+        .unwrap();
+    // Counted before the kill: a queue's unconfirmed outputs may be lost
+    // with the node, so only what reached the output counts as done.
+    let before = stamped_until(&broker, &output, 1).await;
+    tokio::task::block_in_place(|| {
+        broker.kill();
+        broker.restart()
+    })
+    .unwrap();
+    let mut seen = stamped_until(&broker, &output, MESSAGES).await;
+    for (input, times) in before {
+        *seen.entry(input).or_insert(0) += times;
+    }
+    let missing: Vec<String> = ids("m", 0..MESSAGES)
+        .into_iter()
+        .filter(|id| !seen.contains_key(id))
+        .collect();
+    assert!(missing.is_empty(), "skipped: {missing:?}");
+    assert!(host.terminate(Duration::from_secs(60)).unwrap().success());
+    tokio::task::block_in_place(|| broker.stop()).unwrap();
+}

@@ -472,8 +472,15 @@ where
     tracing::info!(queue, offset = ?start, protocol = if spec.stream_protocol.is_some() { "stream" } else { "amqp" }, "reading the stream");
     let result = match spec.stream_protocol.clone() {
         Some(endpoints) => {
+            // The consume connection holds the consumer name's lease: once
+            // it is gone another host may read, so this one stops too.
+            let lease_lost = async {
+                while connection.status().connected() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            };
             super::stream_protocol::subscription::consume(
-                &endpoints, &spec, &env, handle, start, reading,
+                &endpoints, &spec, &env, handle, start, reading, lease_lost,
             )
             .await
         }

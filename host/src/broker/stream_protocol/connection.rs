@@ -343,6 +343,16 @@ impl StreamConnection {
         }
     }
 
+    /// Where `stream`'s members are (see [`wire::Members`]).
+    pub async fn members(&self, stream: &str) -> Result<wire::Members, String> {
+        let rest = self
+            .expect_ok("asking for the stream's metadata", |c| {
+                wire::metadata(c, &[stream])
+            })
+            .await?;
+        wire::members_of(rest, stream).map_err(|e| e.to_string())
+    }
+
     /// Closes the connection: the broker's close handshake, bounded; the
     /// socket goes with `self` in any case.
     pub async fn close(self) {

@@ -8,6 +8,7 @@
 //! TLS is the AMQP connection's own (`[broker.tls]`: the CA file or the
 //! built-in roots, a client certificate, a server name), set up once.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lapin::uri::AMQPScheme;
@@ -33,7 +34,10 @@ struct Endpoint {
 
 /// The stream listeners of the configured nodes, tried in turn.
 pub struct StreamEndpoints {
-    endpoints: Vec<Endpoint>,
+    /// The configured nodes' listeners, then those the broker advertised
+    /// for a stream's members (a cluster's other nodes: where to go when
+    /// the configured ones are down).
+    endpoints: Mutex<Vec<Endpoint>>,
     /// The connections' name in the management UI.
     name: String,
     /// The endpoint tried first by the next connect (the one that last
@@ -44,7 +48,7 @@ pub struct StreamEndpoints {
 impl std::fmt::Debug for StreamEndpoints {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the password.
-        let shown: Vec<String> = self.endpoints.iter().map(Endpoint::shown).collect();
+        let shown: Vec<String> = self.snapshot().iter().map(Endpoint::shown).collect();
         f.debug_struct("StreamEndpoints")
             .field("endpoints", &shown)
             .finish_non_exhaustive()
@@ -89,7 +93,7 @@ impl StreamEndpoints {
             .map(|url| endpoint_of(url, port, tls.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
-            endpoints,
+            endpoints: Mutex::new(endpoints),
             name,
             next: AtomicUsize::new(0),
         })
@@ -97,11 +101,9 @@ impl StreamEndpoints {
 
     /// Where the next connection goes, as shown in logs.
     pub fn shown(&self) -> String {
-        let at = self.next.load(Ordering::Relaxed) % self.endpoints.len().max(1);
-        self.endpoints
-            .get(at)
-            .map(Endpoint::shown)
-            .unwrap_or_default()
+        let endpoints = self.snapshot();
+        let at = self.next.load(Ordering::Relaxed) % endpoints.len().max(1);
+        endpoints.get(at).map(Endpoint::shown).unwrap_or_default()
     }
 
     /// Connects to the first listener that answers, starting with the one
@@ -109,12 +111,13 @@ impl StreamEndpoints {
     /// listener tried and why it failed.
     pub async fn connect(&self, purpose: &str) -> Result<StreamConnection, String> {
         let name = format!("{}.{purpose}", self.name);
-        let count = self.endpoints.len();
+        let endpoints = self.snapshot();
+        let count = endpoints.len();
         let first = self.next.load(Ordering::Relaxed);
         let mut failures = Vec::new();
         for step in 0..count {
             let at = (first + step) % count;
-            let endpoint = &self.endpoints[at];
+            let endpoint = &endpoints[at];
             match StreamConnection::open(&endpoint.target(name.clone())).await {
                 Ok(client) => {
                     self.next.store(at, Ordering::Relaxed);
@@ -128,6 +131,50 @@ impl StreamEndpoints {
             "cannot reach the stream protocol ({})",
             failures.join("; ")
         ))
+    }
+}
+
+impl StreamEndpoints {
+    fn snapshot(&self) -> Vec<Endpoint> {
+        self.endpoints.lock().expect("endpoints poisoned").clone()
+    }
+
+    /// Connects (see [`StreamEndpoints::connect`]) to read `stream`, and
+    /// learns where the stream's members listen, so that a later connect
+    /// reaches another member when the configured nodes are down.
+    pub async fn connect_to_read(
+        &self,
+        purpose: &str,
+        stream: &str,
+    ) -> Result<StreamConnection, String> {
+        let connection = self.connect(purpose).await?;
+        match connection.members(stream).await {
+            Ok(members) => self.learn(members.leader.iter().chain(&members.replicas)),
+            Err(why) => {
+                tracing::debug!(stream, error = %why, "cannot learn where the stream's members listen")
+            }
+        }
+        Ok(connection)
+    }
+
+    /// Adds the listeners at `places` not known yet, with the credentials
+    /// and TLS of the first configured one.
+    fn learn<'a>(&self, places: impl Iterator<Item = &'a (String, u16)>) {
+        let mut endpoints = self.endpoints.lock().expect("endpoints poisoned");
+        let Some(model) = endpoints.first().cloned() else {
+            return;
+        };
+        for (host, port) in places {
+            if endpoints.iter().any(|e| e.host == *host && e.port == *port) {
+                continue;
+            }
+            tracing::debug!(host = %host, port, "learned a stream listener from the broker's metadata");
+            endpoints.push(Endpoint {
+                host: host.clone(),
+                port: *port,
+                ..model.clone()
+            });
+        }
     }
 }
 
@@ -176,7 +223,7 @@ mod tests {
             "acemq-host.stream".into(),
         )
         .unwrap();
-        let endpoint = &endpoints.endpoints[0];
+        let endpoint = &endpoints.snapshot()[0];
         assert_eq!(endpoint.host, "rabbit-1");
         assert_eq!(endpoint.port, DEFAULT_PORT);
         assert_eq!(endpoint.user, "app");
@@ -192,8 +239,8 @@ mod tests {
             String::new(),
         )
         .unwrap();
-        assert_eq!(configured.endpoints[0].port, 15552);
-        assert_eq!(configured.endpoints[0].vhost, "/");
+        assert_eq!(configured.snapshot()[0].port, 15552);
+        assert_eq!(configured.snapshot()[0].vhost, "/");
     }
 
     #[test]
@@ -205,8 +252,8 @@ mod tests {
             String::new(),
         )
         .unwrap();
-        assert_eq!(endpoints.endpoints[0].port, DEFAULT_TLS_PORT);
-        assert!(endpoints.endpoints[0].tls.is_some());
+        assert_eq!(endpoints.snapshot()[0].port, DEFAULT_TLS_PORT);
+        assert!(endpoints.snapshot()[0].tls.is_some());
         assert_eq!(endpoints.shown(), "rabbitmq-stream+tls://rabbit-1:5551");
     }
 }

@@ -33,6 +33,10 @@ use crate::broker::subscription::{Reading, Received, Slot, SubscriptionEnv, Subs
 /// again, or the subscription failing (the error says why). Whatever ends
 /// it, what is running finishes (up to the drain timeout) before this
 /// returns.
+///
+/// `amqp_lost` completes when the host's consume connection is lost: it
+/// holds a named consumer's lease (`lease.rs`), so the subscription ends
+/// then as it does on the AMQP path, and resumes once it is back.
 pub async fn consume<H, F>(
     endpoints: &StreamEndpoints,
     spec: &SubscriptionSpec,
@@ -40,6 +44,7 @@ pub async fn consume<H, F>(
     handle: &H,
     start: StreamOffset,
     reading: SubscriptionPosition,
+    amqp_lost: impl Future<Output = ()>,
 ) -> anyhow::Result<()>
 where
     H: Fn(Received) -> F,
@@ -73,9 +78,12 @@ where
         "consuming"
     );
     let mut receiving = Receiving::new(spec, reading);
-    let failure = receiving
-        .receive(&mut reader, handle, &env.shutdown, spec.ends_after)
-        .await;
+    let failure = tokio::select! {
+        failure = receiving.receive(&mut reader, handle, &env.shutdown, spec.ends_after) => failure,
+        _ = amqp_lost => Some(anyhow::anyhow!(
+            "the host's consume connection was lost; the stream '{queue}' is read again once it is back"
+        )),
+    };
     if let Some(failure) = &failure {
         env.board.set(
             queue,
@@ -98,7 +106,9 @@ async fn open(
     queue: &str,
     start: StreamOffset,
 ) -> Result<ChunkReader, String> {
-    let connection = endpoints.connect(&format!("stream.{queue}")).await?;
+    let connection = endpoints
+        .connect_to_read(&format!("stream.{queue}"), queue)
+        .await?;
     ChunkReader::open(connection, queue, start).await
 }
 

@@ -26,6 +26,7 @@ pub mod key {
     pub const STORE_OFFSET: u16 = 0x000a;
     pub const QUERY_OFFSET: u16 = 0x000b;
     pub const UNSUBSCRIBE: u16 = 0x000c;
+    pub const METADATA: u16 = 0x000f;
     pub const METADATA_UPDATE: u16 = 0x0010;
     pub const PEER_PROPERTIES: u16 = 0x0011;
     pub const SASL_HANDSHAKE: u16 = 0x0012;
@@ -243,6 +244,61 @@ pub fn unsubscribe(correlation: u32, id: u8) -> Vec<u8> {
     Frame::request(key::UNSUBSCRIBE, correlation).u8(id).done()
 }
 
+pub fn metadata(correlation: u32, streams: &[&str]) -> Vec<u8> {
+    let mut frame = Frame::request(key::METADATA, correlation);
+    frame.0.put_i32(streams.len() as i32);
+    streams
+        .iter()
+        .fold(frame, |frame, stream| frame.string(stream))
+        .done()
+}
+
+/// Where a stream's members are: the stream listeners (host, port) of its
+/// leader's node and of its replicas' nodes, as the broker advertises them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Members {
+    /// The stream's own code (`ok`, or why it has no members).
+    pub code: u16,
+    pub leader: Option<(String, u16)>,
+    pub replicas: Vec<(String, u16)>,
+}
+
+/// Reads a metadata response (after its code) for `stream`.
+pub fn members_of(mut rest: Bytes, stream: &str) -> Result<Members, WireError> {
+    let brokers = get_u32(&mut rest, "the brokers")? as i32;
+    let mut listeners = std::collections::HashMap::new();
+    for _ in 0..brokers.max(0) {
+        let reference = get_u16(&mut rest, "a broker")?;
+        let host = get_string(&mut rest, "a broker's host")?;
+        let port = get_u32(&mut rest, "a broker's port")?;
+        listeners.insert(reference, (host, u16::try_from(port).unwrap_or(0)));
+    }
+    let streams = get_u32(&mut rest, "the streams")? as i32;
+    for _ in 0..streams.max(0) {
+        let name = get_string(&mut rest, "a stream's name")?;
+        let code = get_u16(&mut rest, "a stream's code")?;
+        let leader = get_u16(&mut rest, "a stream's leader")?;
+        let replicas = get_u32(&mut rest, "a stream's replicas")? as i32;
+        let replicas = (0..replicas.max(0))
+            .map(|_| get_u16(&mut rest, "a replica"))
+            .collect::<Result<Vec<_>, _>>()?;
+        if name == stream {
+            return Ok(Members {
+                code,
+                leader: listeners.get(&leader).cloned(),
+                replicas: replicas
+                    .iter()
+                    .filter_map(|r| listeners.get(r).cloned())
+                    .collect(),
+            });
+        }
+    }
+    Ok(Members {
+        code: code::STREAM_DOES_NOT_EXIST,
+        ..Members::default()
+    })
+}
+
 /// Why received bytes cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
@@ -359,6 +415,13 @@ pub fn parse(mut frame: Bytes) -> Result<Incoming, WireError> {
             correlation: get_u32(&mut frame, "the close")?,
             code: get_u16(&mut frame, "the close")?,
             reason: get_string(&mut frame, "the close")?,
+        },
+        // The one response without a code: each stream has its own.
+        k if k == key::METADATA | key::RESPONSE => Incoming::Response {
+            key: key::METADATA,
+            correlation: get_u32(&mut frame, "the metadata")?,
+            code: code::OK,
+            rest: frame,
         },
         // The one response without a correlation id.
         k if k == key::CREDIT | key::RESPONSE => Incoming::CreditRefused {
@@ -562,6 +625,30 @@ mod tests {
             parse(Bytes::from_static(&[0x00, 0x14, 0])).unwrap_err(),
             WireError::Truncated("the version")
         );
+    }
+
+    #[test]
+    fn metadata_names_the_listeners_of_a_streams_members() {
+        let mut b = Vec::new();
+        b.put_u32(2);
+        for (reference, host, port) in [(0u16, "node-a", 5552u32), (1, "node-b", 5553)] {
+            b.put_u16(reference);
+            b.put_i16(host.len() as i16);
+            b.put_slice(host.as_bytes());
+            b.put_u32(port);
+        }
+        b.put_u32(1);
+        b.put_i16(6);
+        b.put_slice(b"orders");
+        b.put_u16(code::OK);
+        b.put_u16(1);
+        b.put_u32(1);
+        b.put_u16(0);
+        let members = members_of(Bytes::from(b.clone()), "orders").unwrap();
+        assert_eq!(members.leader, Some(("node-b".into(), 5553)));
+        assert_eq!(members.replicas, vec![("node-a".into(), 5552)]);
+        let other = members_of(Bytes::from(b), "invoices").unwrap();
+        assert_eq!(other.code, code::STREAM_DOES_NOT_EXIST);
     }
 
     #[test]
