@@ -101,10 +101,16 @@ impl ChunkReader {
 
     /// Ends the subscription and closes its connection, each step bounded.
     pub async fn close(self) {
-        if !self.connection.is_closed() {
-            let _ = self.connection.unsubscribe(SUBSCRIPTION_ID).await;
+        let Self {
+            connection, events, ..
+        } = self;
+        // Nothing more is read: a chunk still coming is dropped at once
+        // rather than wait for room, so the answers below get through.
+        drop(events);
+        if !connection.is_closed() {
+            let _ = connection.unsubscribe(SUBSCRIPTION_ID).await;
         }
-        self.connection.close().await;
+        connection.close().await;
     }
 }
 
