@@ -12,9 +12,61 @@
 //! assert!(config.toml().contains("routing_key = \"stamped\""));
 //! ```
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
+use crate::broker::Broker;
 use crate::host::plugin_path;
+
+/// How many times each input was stamped among the outputs `output` holds
+/// now (taken off it): the `input` field of each stamped body.
+pub async fn drain_stamped(broker: &Broker, output: &str) -> BTreeMap<String, usize> {
+    let count = broker.message_count(output).await.unwrap() as usize;
+    let mut seen = BTreeMap::new();
+    for message in broker
+        .drain(output, count, Duration::from_secs(10))
+        .await
+        .unwrap()
+    {
+        let body: serde_json::Value = serde_json::from_slice(&message.body).unwrap();
+        *seen
+            .entry(body["input"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    seen
+}
+
+/// Like [`drain_stamped`], again and again until `distinct` different
+/// inputs were stamped (duplicates make the output count alone
+/// misleading), or a minute passed.
+pub async fn stamped_until(
+    broker: &Broker,
+    output: &str,
+    distinct: usize,
+) -> BTreeMap<String, usize> {
+    stamped_within(broker, output, distinct, Duration::from_secs(60)).await
+}
+
+/// [`stamped_until`] with a wait of `within`.
+pub async fn stamped_within(
+    broker: &Broker,
+    output: &str,
+    distinct: usize,
+    within: Duration,
+) -> BTreeMap<String, usize> {
+    let mut seen = BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + within;
+    while seen.len() < distinct && tokio::time::Instant::now() < deadline {
+        let _ = broker
+            .wait_for_message_count(output, 1, Duration::from_secs(5))
+            .await;
+        for (input, times) in drain_stamped(broker, output).await {
+            *seen.entry(input).or_insert(0) += times;
+        }
+    }
+    seen
+}
 
 /// What varies between the tests that run the stamp pipeline; every field
 /// holding lines is pasted into its TOML table as it is.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use acemq_tests::host::{InProcessHost, plugin_path};
-use acemq_tests::stamp::StampConfig;
+use acemq_tests::stamp::{StampConfig, drain_stamped};
 use acemq_tests::{FaultProxy, shared_broker, unique_name};
 use lapin::BasicProperties;
 use lapin::options::QueueDeclareOptions;
@@ -81,33 +81,13 @@ async fn stamped(output: &str, expected: u32) -> BTreeMap<String, usize> {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let count = broker.message_count(output).await.unwrap() as usize;
-    let mut seen = BTreeMap::new();
-    for message in broker
-        .drain(output, count, Duration::from_secs(10))
-        .await
-        .unwrap()
-    {
-        let body: Value = serde_json::from_slice(&message.body).unwrap();
-        *seen
-            .entry(body["input"].as_str().unwrap().to_string())
-            .or_insert(0) += 1;
-    }
-    seen
+    drain_stamped(broker, output).await
 }
 
-/// Like [`stamped`], but keeps draining until `distinct` different inputs
-/// were stamped (duplicates make the output count alone misleading).
+/// Every input stamped into `output`, once `distinct` were (see
+/// [`acemq_tests::stamp::stamped_until`]).
 async fn stamped_until(output: &str, distinct: usize) -> BTreeMap<String, usize> {
-    let mut seen = BTreeMap::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while seen.len() < distinct && tokio::time::Instant::now() < deadline {
-        let wanted = (distinct - seen.len()) as u32;
-        for (input, times) in stamped(output, wanted).await {
-            *seen.entry(input).or_insert(0) += times;
-        }
-    }
-    seen
+    acemq_tests::stamp::stamped_until(shared_broker(), output, distinct).await
 }
 
 fn names(seen: &BTreeMap<String, usize>) -> Vec<&str> {
