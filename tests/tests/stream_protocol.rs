@@ -746,3 +746,25 @@ async fn after_a_broker_restart_a_stream_protocol_reader_resumes_and_skips_nothi
     assert!(host.terminate(Duration::from_secs(60)).unwrap().success());
     tokio::task::block_in_place(|| broker.stop()).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lag_probe_finds_the_newest_offset_over_the_stream_protocol() {
+    use acemq_host::broker::stream_protocol::probe::newest_offset;
+    let broker = shared_broker();
+    let stream = unique_name("sp.newest");
+    declare_stream(broker, &stream).await;
+    let endpoints = endpoints_of(broker);
+    assert_eq!(
+        newest_offset(&endpoints, &stream).await.unwrap(),
+        None,
+        "empty"
+    );
+    append(broker, &stream, ids("m", 0..25)).await;
+    // Offsets count from 0: 25 messages end at 24.
+    assert_eq!(newest_offset(&endpoints, &stream).await.unwrap(), Some(24));
+    let missing = newest_offset(&endpoints, "sp.no-such-stream")
+        .await
+        .unwrap_err();
+    assert!(missing.contains("does not exist"), "{missing}");
+    broker.delete_queue(&stream).await.unwrap();
+}
