@@ -1,6 +1,7 @@
 //! `amqps://`: the host reaches a broker that requires TLS and a client
 //! certificate, trusting only the configured CA, and handles messages over
-//! it; a broker whose certificate that CA did not sign is refused.
+//! it (a queue over AMQP, a stream over the stream protocol's TLS
+//! listener); a broker whose certificate that CA did not sign is refused.
 
 use std::time::Duration;
 
@@ -36,8 +37,10 @@ async fn the_host_handles_messages_over_mutual_tls_and_refuses_a_broker_its_ca_d
         ExtendedKeyUsagePurpose::ClientAuth,
     );
     let ssl_port = free_port();
+    let stream_ssl_port = free_port();
     let broker = Broker::start_with_config(&format!(
         "listeners.ssl.default = 127.0.0.1:{ssl_port}\n\
+         stream.listeners.ssl.1 = 127.0.0.1:{stream_ssl_port}\n\
          ssl_options.cacertfile = {ca}\n\
          ssl_options.certfile = {cert}\n\
          ssl_options.keyfile = {key}\n\
@@ -85,6 +88,40 @@ async fn the_host_handles_messages_over_mutual_tls_and_refuses_a_broker_its_ca_d
         .filter(|l| *l == "true\tCN=acemq-host")
         .count();
     assert_eq!(ours, 2, "{connections}");
+    assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
+
+    // A stream read over the stream protocol's TLS listener, with the same
+    // CA and client certificate.
+    let stream = unique_name("tls.stream");
+    let stream_output = unique_name("tls.stream.out");
+    let streamed = StampConfig {
+        broker: &format!(
+            "url = \"{url}\"\nstream_port = {stream_ssl_port}\nconnect_timeout = \"3s\"\n\n[broker.tls]\n{tls}"
+        ),
+        input_queue: "type = \"stream\"",
+        consumer: "offset = \"first\"\nconsumer_name = \"tls-projection\"\nstream_protocol = \"stream\"",
+        ..StampConfig::new(&stream, &stream_output, &exchange)
+    }
+    .toml();
+    std::fs::write(&config, streamed).unwrap();
+    let host = HostProcess::start_with(
+        &config,
+        tempfile::tempdir().unwrap(),
+        &HostOptions::default(),
+    )
+    .expect("the host reads the stream over TLS");
+    let inputs = (0..50).map(|i| (format!("{i}").into_bytes(), BasicProperties::default()));
+    broker.publish_many("", &stream, inputs).await.unwrap();
+    broker
+        .wait_for_message_count(&stream_output, 50, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        host.log_text()
+            .contains("listener=rabbitmq-stream+tls://localhost:"),
+        "{}",
+        host.log_text()
+    );
     assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
 
     // A CA that did not sign the broker's certificate: refused, and said so.
