@@ -716,6 +716,31 @@ pub async fn stream_offer(config: &LoadedConfig) -> anyhow::Result<StreamOffer> 
 async fn choose_stream_paths(
     config: &LoadedConfig,
     consumers: &mut [PreparedConsumer],
+    metrics: &Metrics,
+) -> anyhow::Result<()> {
+    let chosen = choose_stream_protocols(config, consumers).await;
+    for consumer in consumers.iter() {
+        if consumer.subscription.stream.is_some() {
+            let protocol = match consumer.subscription.stream_protocol {
+                Some(_) => "stream",
+                None => "amqp",
+            };
+            metrics
+                .stream_protocol
+                .get_or_create(&crate::telemetry::StreamProtocolLabels {
+                    queue: consumer.subscription.queue.clone(),
+                    protocol,
+                })
+                .set(1);
+        }
+    }
+    chosen
+}
+
+/// [`choose_stream_paths`]' choices.
+async fn choose_stream_protocols(
+    config: &LoadedConfig,
+    consumers: &mut [PreparedConsumer],
 ) -> anyhow::Result<()> {
     let mut wanting: Vec<&mut PreparedConsumer> = consumers
         .iter_mut()
@@ -989,7 +1014,7 @@ pub async fn run(
         return Err(e);
     }
     let mut consumers = consumers;
-    if let Err(e) = choose_stream_paths(&config, &mut consumers).await {
+    if let Err(e) = choose_stream_paths(&config, &mut consumers, &metrics).await {
         admin.stop().await;
         return Err(e);
     }

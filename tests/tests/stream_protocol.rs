@@ -602,6 +602,12 @@ async fn a_lost_stream_connection_is_reopened_and_reading_resumes_skipping_nothi
     let position =
         acemq_tests::host::metric_sum(&metrics, "acemq_stream_position", &[("queue", &stream)]);
     assert_eq!(position as usize, MESSAGES, "{metrics}");
+    let labels = [("queue", stream.as_str()), ("protocol", "stream")];
+    assert_eq!(
+        acemq_tests::host::metric_sum(&metrics, "acemq_stream_protocol", &labels),
+        1.0,
+        "{metrics}"
+    );
     assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
     broker.delete_queue(&stream).await.unwrap();
 }

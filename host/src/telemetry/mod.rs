@@ -95,6 +95,13 @@ pub struct PluginSwapLabels {
     pub result: String,
 }
 
+/// A stream consumer and the protocol it reads over (`stream`, `amqp`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamProtocolLabels {
+    pub queue: String,
+    pub protocol: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PluginVersionLabels {
     pub queue: String,
@@ -345,6 +352,8 @@ pub struct Metrics {
     pub plugin_faulting: Family<QueueLabel, Gauge>,
     /// Each stream consumer's position: the offset it resumes from.
     pub stream_position: Family<QueueLabel, Gauge>,
+    /// 1 for the protocol each stream consumer reads over.
+    pub stream_protocol: Family<StreamProtocolLabels, Gauge>,
     /// Messages between each stream consumer's position and the newest
     /// offset of its stream (probed every 30 s).
     pub stream_lag: Family<QueueLabel, Gauge>,
@@ -512,6 +521,7 @@ impl Metrics {
             oldest_unacked_seconds: Family::default(),
             plugin_faulting: Family::default(),
             stream_position: Family::default(),
+            stream_protocol: Family::default(),
             stream_lag: Family::default(),
             stream_checkpoint_age_seconds: Family::default(),
             stream_checkpoint_failures: Family::default(),
@@ -678,6 +688,12 @@ impl Metrics {
             "The offset each stream consumer resumes from",
             &["queue"],
             self.stream_position.clone(),
+        );
+        declare.register(
+            "acemq_stream_protocol",
+            "1 for the protocol each stream consumer reads over, chosen at start (stream or amqp)",
+            &["queue", "protocol"],
+            self.stream_protocol.clone(),
         );
         declare.register(
             "acemq_stream_lag",
@@ -1174,6 +1190,12 @@ mod tests {
         m.oldest_unacked_seconds.get_or_create(&q).set(1.0);
         m.plugin_faulting.get_or_create(&q).set(1);
         m.stream_position.get_or_create(&q).set(1);
+        m.stream_protocol
+            .get_or_create(&StreamProtocolLabels {
+                queue: "q".into(),
+                protocol: "stream",
+            })
+            .set(1);
         m.stream_lag.get_or_create(&q).set(1);
         m.stream_checkpoint_age_seconds.get_or_create(&q).set(1.0);
         m.stream_checkpoint_failures.get_or_create(&q).inc();
