@@ -686,7 +686,7 @@ pub enum StreamOffer {
     /// Its listener did not answer (why): the plugin is not enabled, or the
     /// broker is down.
     Silent(Arc<StreamEndpoints>, String),
-    /// The configuration cannot use it (why; see `stream_protocol/endpoint.rs`).
+    /// The configuration cannot use it: its TLS files cannot be loaded (why).
     Unusable(String),
 }
 
