@@ -266,7 +266,7 @@ impl Plugins {
             next.routing_key.as_str(),
             envelope::now_ms(),
         ));
-        let body = Bytes::from(next.body.clone());
+        let body = next.body.clone();
         let input = |body: Bytes| {
             delivery::handler_input(
                 envelope.clone(),

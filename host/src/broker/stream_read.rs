@@ -28,7 +28,7 @@ pub struct StoredMessage {
     pub routing_key: String,
     pub redelivered: bool,
     pub properties: BasicProperties,
-    pub body: Vec<u8>,
+    pub body: bytes::Bytes,
 }
 
 /// One read of a stream.
@@ -106,7 +106,7 @@ impl StreamRead {
                         routing_key: delivery.routing_key.to_string(),
                         redelivered: delivery.redelivered,
                         properties: delivery.properties,
-                        body: delivery.data,
+                        body: delivery.data.into(),
                     }))
                 }
                 Ok(Some(Err(e))) => anyhow::bail!("reading the stream '{stream}' failed: {e}"),

@@ -201,7 +201,8 @@ pub struct Received {
     pub routing_key: ShortString,
     pub redelivered: bool,
     pub properties: BasicProperties,
-    pub body: Vec<u8>,
+    /// Not copied: lapin's buffer, or a slice of a stream chunk.
+    pub body: bytes::Bytes,
     /// The only way to settle it.
     pub receipt: Receipt,
     /// One of the subscription's `concurrency` places, held until dropped.
@@ -222,7 +223,7 @@ impl Received {
             routing_key: delivery.routing_key,
             redelivered: delivery.redelivered,
             properties: delivery.properties,
-            body: delivery.data,
+            body: delivery.data.into(),
             receipt: Receipt {
                 tag: delivery.delivery_tag,
                 _in_hand: in_hand,

@@ -158,8 +158,8 @@ impl Pipeline {
             receipt,
             slot,
         } = received;
-        // Shared with the handler call and with any republish, never copied.
-        let body = Bytes::from(body);
+        // `body` is shared with the handler call and with any republish,
+        // never copied.
         // Reading is inside the fault boundary too: a panic there (in code
         // that reads what a producer wrote) would otherwise drop the
         // receipt, requeue the delivery and meet the same panic again, for

@@ -197,7 +197,6 @@ impl Control {
                 return;
             }
         };
-        let body = Bytes::from(body);
         let moved = self.move_on(&properties, &body, &schedule).await;
         let settled = match moved {
             Ok(moved) => {

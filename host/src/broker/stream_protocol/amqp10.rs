@@ -20,6 +20,7 @@
 use std::fmt;
 
 use base64::Engine as _;
+use bytes::Bytes;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, ByteArray, FieldTable, LongString, ShortString};
 
@@ -29,7 +30,8 @@ pub struct Amqp091View {
     pub exchange: String,
     pub routing_key: String,
     pub properties: lapin::BasicProperties,
-    pub body: Vec<u8>,
+    /// A slice of the stored message: the body is not copied.
+    pub body: Bytes,
 }
 
 /// Where in a stored message something is.
@@ -201,7 +203,7 @@ pub enum DecodeError {
 /// A malformed message is an error naming what is wrong and where; one that
 /// RabbitMQ 3.10 would not deliver to a 0-9-1 consumer is
 /// [`DecodeError::Undeliverable`].
-pub fn to_amqp091(message: &[u8], stream: &str, offset: u64) -> Result<Amqp091View, DecodeError> {
+pub fn to_amqp091(message: &Bytes, stream: &str, offset: u64) -> Result<Amqp091View, DecodeError> {
     let sections = read_sections(message)?;
     let kept = KeptSections::from_sections(&sections)?;
     // Without the annotations the message most likely came in over the
@@ -214,7 +216,10 @@ pub fn to_amqp091(message: &[u8], stream: &str, offset: u64) -> Result<Amqp091Vi
         .address_annotation(ROUTING_KEY_ANNOTATION)?
         .unwrap_or_else(|| stream.to_owned());
     let properties = kept.basic_properties(offset)?;
-    let body = kept.body.map(<[u8]>::to_vec).unwrap_or_default();
+    let body = kept
+        .body
+        .map(|body| message.slice_ref(body))
+        .unwrap_or_default();
     Ok(Amqp091View {
         exchange,
         routing_key,
@@ -1371,6 +1376,11 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
+    /// [`super::to_amqp091`] of bytes the test built.
+    fn to_amqp091(message: &[u8], stream: &str, offset: u64) -> Result<Amqp091View, DecodeError> {
+        super::to_amqp091(&Bytes::copy_from_slice(message), stream, offset)
+    }
+
     // A tiny AMQP 1.0 encoder, enough to write the messages under test.
 
     fn fixed(code: u8, bytes: &[u8]) -> Vec<u8> {
@@ -1534,7 +1544,7 @@ mod tests {
         ]);
         assert_eq!(view.exchange, "");
         assert_eq!(view.routing_key, STREAM);
-        assert_eq!(view.body, b"hello");
+        assert_eq!(view.body, &b"hello"[..]);
         assert_eq!(
             view.properties,
             with_headers(&[]).with_content_type("text/plain".into())
@@ -1544,7 +1554,7 @@ mod tests {
     #[test]
     fn an_empty_message_is_an_empty_body_with_only_the_offset_header() {
         let view = deliver(&[]);
-        assert_eq!(view.body, b"");
+        assert_eq!(view.body, &b""[..]);
         assert_eq!(view.properties, with_headers(&[]));
         assert_eq!(
             (view.exchange.as_str(), view.routing_key.as_str()),
@@ -1893,7 +1903,7 @@ mod tests {
     #[test]
     fn the_last_of_several_data_sections_is_the_body() {
         let view = deliver(&[data(b"first"), data(b"second")]);
-        assert_eq!(view.body, b"second");
+        assert_eq!(view.body, &b"second"[..]);
     }
 
     #[test]
@@ -1918,7 +1928,7 @@ mod tests {
             described("amqp:properties:list", list(&[str8("id")])),
             described("amqp:data:binary", bin(b"body")),
         ]);
-        assert_eq!(view.body, b"body");
+        assert_eq!(view.body, &b"body"[..]);
         assert_eq!(
             view.properties,
             with_headers(&[]).with_message_id("id".into())

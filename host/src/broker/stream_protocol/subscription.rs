@@ -321,7 +321,7 @@ impl Receiving {
             // Handed over all the same, as the broker hands over a body it
             // cannot map: its AMQP 1.0 bytes, typed so. Never dropped.
             tracing::error!(queue = %self.queue, offset, error = %why, "a stream message could not be read as AMQP 0-9-1 would see it; the plugin gets its AMQP 1.0 bytes");
-            undecodable(&self.queue, offset, message.to_vec())
+            undecodable(&self.queue, offset, message.clone())
         })
     }
 
@@ -345,7 +345,7 @@ impl Receiving {
 
 /// A message the host could not map: its bytes as the body, typed
 /// `amqp-1.0`, with its offset.
-fn undecodable(stream: &str, offset: u64, bytes: Vec<u8>) -> Amqp091View {
+fn undecodable(stream: &str, offset: u64, bytes: bytes::Bytes) -> Amqp091View {
     let mut headers = FieldTable::default();
     headers.insert(
         OFFSET_ARGUMENT.into(),
