@@ -508,10 +508,13 @@ impl Pipeline {
         redelivered: bool,
         body: &Bytes,
     ) -> Read {
+        // A stream consumer's messages are named by their offsets.
+        let stream = self.stream.as_ref().map(|_| self.queue.as_str());
         let envelope = Arc::new(Envelope::read_delivery(
             properties,
             routing_key,
             body,
+            stream,
             envelope::now_ms(),
         ));
         let trace = DeliveryTrace::start(&self.tracer, properties.headers().as_ref());

@@ -70,7 +70,7 @@ pub use bounds::{
     FrameTooSmall, HEADER_FRAME_OVERHEAD, MAX_REASON_BYTES, bound_reason, check_frame,
     header_frame_size, set_aside_within_frame, truncate_middle,
 };
-pub use derived_id::derived_input_id;
+pub use derived_id::{derived_input_id, stream_message_id};
 pub use fields::{ChosenFields, MAX_FIELD_BYTES, OutputFields, check_length, parse_id};
 pub use headers::{
     HeaderError, HeaderValue, MAX_SHORT_STRING, check_plugin_headers, plugin_headers_size,
@@ -80,7 +80,7 @@ pub use properties::{
     DEFAULT_CONTENT_TYPE, PERSISTENT, TRANSIENT, outgoing_properties, republish_properties,
     retry_properties, set_aside_properties,
 };
-pub use read::{AppHeaders, split_headers, split_table};
+pub use read::{AppHeaders, split_headers, split_table, stream_offset};
 pub use replay::{ReplayStamps, parse_rfc3339_ms, replay_properties, rfc3339_millis, stamp};
 pub use reply::{
     DEFAULT_REPLY_TYPE, ErrorType, NO_REPLY_ADDRESS, Reply, Request, error_reply, error_reply_id,

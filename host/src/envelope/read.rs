@@ -38,6 +38,15 @@ pub fn split_headers(properties: &BasicProperties) -> AppHeaders {
     split_table(properties.headers().as_ref())
 }
 
+/// The broker's `x-stream-offset` of a delivery, read as [`split_headers`]
+/// does, without reading the other headers.
+#[must_use]
+pub fn stream_offset(properties: &BasicProperties) -> Option<u64> {
+    let headers = properties.headers().as_ref()?;
+    let value = headers.inner().get(header::STREAM_OFFSET)?;
+    integer(value).and_then(|n| u64::try_from(n).ok())
+}
+
 /// [`split_headers`] over a bare header table.
 #[must_use]
 pub fn split_table(headers: Option<&FieldTable>) -> AppHeaders {
@@ -141,10 +150,15 @@ impl Envelope {
     /// ([`derived_input_id`](super::derived_input_id)), the same at every
     /// delivery of it, instead of a fresh one each time.
     #[must_use]
+    ///
+    /// `stream` is the name of the stream the consumer reads, when it reads
+    /// one: there a message's offset names it
+    /// ([`stream_message_id`](super::stream_message_id)).
     pub fn read_delivery(
         properties: &BasicProperties,
         routing_key: &str,
         body: &[u8],
+        stream: Option<&str>,
         now_ms: u64,
     ) -> Self {
         Self::from_headers_or(
@@ -152,7 +166,10 @@ impl Envelope {
             properties.message_id().as_ref().map(ShortString::as_str),
             routing_key,
             now_ms,
-            || super::derived_input_id(properties, body),
+            || match stream.zip(stream_offset(properties)) {
+                Some((stream, offset)) => super::stream_message_id(stream, offset),
+                None => super::derived_input_id(properties, body),
+            },
         )
     }
 
@@ -452,12 +469,12 @@ mod tests {
     #[test]
     fn a_delivery_with_no_id_gets_the_same_derived_id_at_every_delivery() {
         let properties = with_headers(vec![("tenant", ls("acme"))]);
-        let first = Envelope::read_delivery(&properties, "k", b"{}", NOW);
+        let first = Envelope::read_delivery(&properties, "k", b"{}", None, NOW);
         let redelivered = with_headers(vec![
             ("tenant", ls("acme")),
             ("x-delivery-count", AMQPValue::LongLongInt(1)),
         ]);
-        let again = Envelope::read_delivery(&redelivered, "k", b"{}", NOW + 1);
+        let again = Envelope::read_delivery(&redelivered, "k", b"{}", None, NOW + 1);
         assert_eq!(
             first.id,
             crate::envelope::derived_input_id(&properties, b"{}")
@@ -467,9 +484,43 @@ mod tests {
         // An id the message carries is kept as it is.
         let named = properties.clone().with_message_id("from-property".into());
         assert_eq!(
-            Envelope::read_delivery(&named, "k", b"{}", NOW).id,
+            Envelope::read_delivery(&named, "k", b"{}", None, NOW).id,
             "from-property"
         );
+    }
+
+    #[test]
+    fn a_stream_consumers_message_with_no_id_is_named_by_its_stream_and_offset() {
+        let at = |offset: i64, tenant: &str| {
+            with_headers(vec![
+                ("tenant", ls(tenant)),
+                (header::STREAM_OFFSET, AMQPValue::LongLongInt(offset)),
+            ])
+        };
+        let read = |properties: &BasicProperties, body: &[u8], stream| {
+            Envelope::read_delivery(properties, "k", body, stream, NOW).id
+        };
+        let id = read(&at(7, "acme"), b"{}", Some("orders.log"));
+        assert_eq!(id, crate::envelope::stream_message_id("orders.log", 7));
+        // The offset names it: the body is not read again for it.
+        assert_eq!(id, read(&at(7, "acme"), b"{\"n\":2}", Some("orders.log")));
+        assert_ne!(id, read(&at(8, "acme"), b"{}", Some("orders.log")));
+        // On a queue an offset header is a producer's word, not a name.
+        let on_a_queue = read(&at(7, "acme"), b"{}", None);
+        assert_eq!(
+            on_a_queue,
+            crate::envelope::derived_input_id(&at(7, "acme"), b"{}")
+        );
+        assert_ne!(on_a_queue, read(&at(7, "other"), b"{}", None));
+        // A stream message without an offset header is hashed as before,
+        // and an id the message carries is kept on a stream too.
+        let no_offset = with_headers(vec![("tenant", ls("acme"))]);
+        assert_eq!(
+            read(&no_offset, b"{}", Some("orders.log")),
+            crate::envelope::derived_input_id(&no_offset, b"{}")
+        );
+        let named = at(7, "acme").with_message_id("from-property".into());
+        assert_eq!(read(&named, b"{}", Some("orders.log")), "from-property");
     }
 
     #[test]
@@ -682,7 +733,11 @@ mod tests {
     #[test]
     fn stream_offset_is_read_tolerantly() {
         let offset = |value: AMQPValue| {
-            split_table(Some(&table(vec![("x-stream-offset", value)]))).stream_offset
+            let headers = table(vec![("x-stream-offset", value)]);
+            let split = split_table(Some(&headers)).stream_offset;
+            let direct = stream_offset(&BasicProperties::default().with_headers(headers));
+            assert_eq!(split, direct, "both readings agree");
+            split
         };
         assert_eq!(offset(AMQPValue::LongLongInt(7)), Some(7));
         assert_eq!(offset(AMQPValue::LongUInt(7)), Some(7));
