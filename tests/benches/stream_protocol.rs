@@ -10,7 +10,13 @@
 //! ```
 //!
 //! One stream of `ACEMQ_BENCH_STREAM_MESSAGES` (1,000,000) messages of
-//! 1 KiB is published once (AMQP 0-9-1, 500 confirms in flight). Each of
+//! 1 KiB is published once (AMQP 0-9-1, over `ACEMQ_BENCH_PUBLISHERS` (8)
+//! channels at once, 500 confirms in flight). The broker stores what
+//! arrived while it wrote the chunk before as one chunk, so a stream many
+//! producers feed, the case of a week of events, is stored in full chunks
+//! (about 1,700 messages here), and one publisher makes chunks of about 17,
+//! where the broker's cost per chunk bounds every reader of either protocol
+//! at about 66,000 msg/s on this machine (docs/benchmarks.md). Each of
 //! `ACEMQ_BENCH_ROUNDS` (3) rounds then reads it from `first` with every
 //! row below, in reverse order every other round:
 //!
@@ -31,7 +37,11 @@
 //! 8. a bare AMQP 0-9-1 reader (lapin, `x-stream-offset` = `first`,
 //!    prefetch `ACEMQ_BENCH_AMQP_PREFETCH` (1000) against the host's 10,
 //!    a `multiple` ack every `ACEMQ_BENCH_MULTI_ACK` (100), pipelined):
-//!    the best the AMQP path does.
+//!    the best the AMQP path does;
+//! 9. a bare reader with RabbitMQ's own Rust client, `rabbitmq-stream-client`
+//!    0.4.4 (the last release that connects to RabbitMQ 3.10), a consumer
+//!    from `first` taking each decoded message's body: the issue's
+//!    baseline for the host on the stream protocol.
 //!
 //! The AMQP rows (2, 4, 8) are slow: they read only the first
 //! `ACEMQ_BENCH_AMQP_MESSAGES` (200,000) messages, and say so. Before the
@@ -47,9 +57,9 @@
 //! VM's (`/proc/PID/stat` of the node's pid file), when the broker is one
 //! this bench started. Each round prints its rows; then the medians and
 //! the ratios the target names (stream ≥ 5× AMQP for the host and for
-//! replay, the host ≥ 0.8× of the bare stream reader), each the ratio of
-//! the medians with the rounds' own ratios beside it, and the load
-//! average at the start and the end. Asserts nothing.
+//! replay, the host ≥ 0.8× of the bare `rabbitmq-stream-client` reader),
+//! each the ratio of the medians with the rounds' own ratios beside it, and
+//! the load average at the start and the end. Asserts nothing.
 //!
 //! The in-process host logs nothing (no subscriber unless `ACEMQ_TEST_LOG`
 //! is set); replay's progress lines on stderr are silenced while a replay
@@ -57,14 +67,12 @@
 //!
 //! For diagnosis: `ACEMQ_BENCH_ROWS` (a comma-separated list of `host-stream`,
 //! `host-amqp`, `replay-stream`, `replay-amqp`, `bare-decode`, `bare-count`,
-//! `bare-credit`, `bare-amqp`; all when unset) runs only those rows (under
+//! `bare-credit`, `bare-amqp`, `bare-client`; all when unset) runs only those rows (under
 //! `perf record`, say), and `ACEMQ_BENCH_HOST_PREFETCH` and
 //! `ACEMQ_BENCH_HOST_CONCURRENCY` set the host consumers' `prefetch` and
 //! `concurrency` (unset: the host's defaults, 10 and 1 for a stream; the
-//! output says when they are not). `ACEMQ_BENCH_PUBLISHERS` (1) publishes
-//! the stream over that many channels at once: the broker stores what
-//! arrived while it wrote the chunk before as one chunk, so more
-//! publishers make fuller chunks (the rows print the chunks' size).
+//! output says when they are not). `ACEMQ_BENCH_PUBLISHERS=1` writes the
+//! stream of small chunks (the rows print the chunks' size).
 
 use std::time::{Duration, Instant};
 
@@ -112,9 +120,10 @@ enum Kind {
     BareCount,
     BareCredit,
     BareAmqp,
+    BareClient,
 }
 
-const KINDS: [Kind; 8] = [
+const KINDS: [Kind; 9] = [
     Kind::HostStream,
     Kind::HostAmqp,
     Kind::ReplayStream,
@@ -123,6 +132,7 @@ const KINDS: [Kind; 8] = [
     Kind::BareCount,
     Kind::BareCredit,
     Kind::BareAmqp,
+    Kind::BareClient,
 ];
 
 impl Kind {
@@ -136,6 +146,7 @@ impl Kind {
             Kind::BareCount => "bare stream reader, count only".into(),
             Kind::BareCredit => format!("bare stream, count only, {credit} credits"),
             Kind::BareAmqp => "bare lapin reader, AMQP 0-9-1".into(),
+            Kind::BareClient => "bare rabbitmq-stream-client 0.4.4 reader".into(),
         }
     }
 
@@ -150,6 +161,7 @@ impl Kind {
             Kind::BareCount => "bare-count",
             Kind::BareCredit => "bare-credit",
             Kind::BareAmqp => "bare-amqp",
+            Kind::BareClient => "bare-client",
         }
     }
 
@@ -215,7 +227,7 @@ async fn run() -> Result<()> {
     let host_prefetch: u16 = env_or("ACEMQ_BENCH_HOST_PREFETCH", 0)?;
     let host_concurrency: usize = env_or("ACEMQ_BENCH_HOST_CONCURRENCY", 0)?;
     let wanted: String = env_or("ACEMQ_BENCH_ROWS", String::new())?;
-    let publishers: u64 = env_or::<u64>("ACEMQ_BENCH_PUBLISHERS", 1)?.max(1);
+    let publishers: u64 = env_or::<u64>("ACEMQ_BENCH_PUBLISHERS", 8)?.max(1);
     let kinds: Vec<Kind> = KINDS
         .iter()
         .copied()
@@ -426,10 +438,22 @@ async fn run() -> Result<()> {
         Some(5.0),
     );
     ratio(
+        "host stream / bare rabbitmq-stream-client",
+        Kind::HostStream,
+        Kind::BareClient,
+        Some(0.8),
+    );
+    ratio(
         "host stream / bare stream reader + decode",
         Kind::HostStream,
         Kind::BareDecode,
-        Some(0.8),
+        None,
+    );
+    ratio(
+        "bare stream decode / bare rabbitmq-stream-client",
+        Kind::BareDecode,
+        Kind::BareClient,
+        None,
     );
     ratio(
         "host stream / bare stream reader, count only",
@@ -536,6 +560,7 @@ stream_protocol = "{protocol}"
             Kind::BareCount => self.bare_stream(false).await,
             Kind::BareCredit => self.bare_credit().await,
             Kind::BareAmqp => self.bare_amqp().await,
+            Kind::BareClient => self.bare_client().await,
         }
     }
 
@@ -674,6 +699,46 @@ stream_protocol = "{protocol}"
         );
         let row = span.end(read, note);
         reader.close().await;
+        Ok(row)
+    }
+
+    /// RabbitMQ's own client for the stream protocol, reading from `first`
+    /// as its documentation shows: a consumer whose deliveries are each
+    /// message decoded (AMQP 1.0) with its offset; each body's length is
+    /// added up, so nothing goes unread.
+    async fn bare_client(&self) -> Result<Row> {
+        use rabbitmq_stream_client::Environment;
+        use rabbitmq_stream_client::types::OffsetSpecification;
+        let environment = Environment::builder()
+            .host("127.0.0.1")
+            .port(self.broker.stream_port())
+            .build()
+            .await
+            .map_err(|e| anyhow!("rabbitmq-stream-client: {e:?}"))?;
+        let span = self.span();
+        let mut consumer = environment
+            .consumer()
+            .offset(OffsetSpecification::First)
+            .build(&self.stream)
+            .await
+            .map_err(|e| anyhow!("rabbitmq-stream-client: {e:?}"))?;
+        let (mut read, mut body_bytes) = (0u64, 0usize);
+        while read < self.messages {
+            let delivery = consumer
+                .next()
+                .await
+                .context("the rabbitmq-stream-client consumer ended")?
+                .map_err(|e| anyhow!("rabbitmq-stream-client: {e:?}"))?;
+            body_bytes += delivery.message().data().map_or(0, <[u8]>::len);
+            read += 1;
+        }
+        let note = if body_bytes == read as usize * BODY_BYTES {
+            String::new()
+        } else {
+            " (bodies of the wrong size!)".into()
+        };
+        let row = span.end(read, note);
+        let _ = consumer.handle().close().await;
         Ok(row)
     }
 
