@@ -87,6 +87,7 @@ use acemq_host::config::{LoadedConfig, StreamProtocol};
 use acemq_host::replay::{ReplayRequest, replay};
 use acemq_tests::host::{InProcessHost, plugin_path};
 use acemq_tests::machine::{cpu_seconds, cpus, load_average};
+use acemq_tests::stream_reader::StreamReaderConfig;
 use acemq_tests::{Broker, env_or, median, shared_broker, unique_name};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::future::BoxFuture;
@@ -517,30 +518,11 @@ fn print_row(label: &str, row: &Row) {
 
 impl Bench {
     fn host_config(&self, name: &str, protocol: &str, checkpoint: &str) -> String {
-        format!(
-            r#"
-[broker]
-url = "{url}"
-stream_port = {port}
-
-[[queues]]
-name = "{stream}"
-type = "stream"
-
-[[consumers]]
-queue = "{stream}"
-plugin = "{plugin}"
-offset = "first"
-consumer_name = "{name}"
-checkpoint = "{checkpoint}"
-stream_protocol = "{protocol}"
-{tuning}"#,
-            tuning = self.host_tuning,
-            url = self.broker.amqp_url(),
-            port = self.broker.stream_port(),
-            stream = self.stream,
-            plugin = plugin_path("echo").display(),
-        )
+        let mut config =
+            StreamReaderConfig::echo(self.broker.amqp_url(), &self.stream, name, checkpoint);
+        config.broker_lines = format!("stream_port = {}\n", self.broker.stream_port());
+        config.consumer_lines = format!("stream_protocol = \"{protocol}\"\n{}", self.host_tuning);
+        config.toml()
     }
 
     async fn measure(&self, kind: Kind) -> Result<Row> {

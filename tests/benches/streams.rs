@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use acemq_host::config::LoadedConfig;
 use acemq_host::replay::{ReplayRequest, replay};
 use acemq_tests::host::{InProcessHost, plugin_path};
+use acemq_tests::stream_reader::StreamReaderConfig;
 use acemq_tests::{env_or, median, shared_broker, unique_name};
 use anyhow::Result;
 use lapin::BasicProperties;
@@ -37,25 +38,7 @@ async fn run() -> Result<()> {
     let broker = shared_broker();
     let stream = unique_name("bench.stream");
     let config = |checkpoint: &str, name: &str| {
-        format!(
-            r#"
-[broker]
-url = "{url}"
-
-[[queues]]
-name = "{stream}"
-type = "stream"
-
-[[consumers]]
-queue = "{stream}"
-plugin = "{plugin}"
-offset = "first"
-consumer_name = "{name}"
-checkpoint = "{checkpoint}"
-"#,
-            url = broker.amqp_url(),
-            plugin = plugin_path("echo").display(),
-        )
+        StreamReaderConfig::echo(broker.amqp_url(), &stream, name, checkpoint).toml()
     };
     // Declares the stream, then the messages go in.
     InProcessHost::start(&config("none", &unique_name("bench.declare")))

@@ -30,6 +30,7 @@ pub mod scheduler_peer;
 pub mod stamp;
 pub mod state_cases;
 pub mod state_host;
+pub mod stream_reader;
 pub mod tally;
 pub mod watchdog;
 
