@@ -21,6 +21,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use acemq_tests::host::{HostOptions, HostProcess, free_port, host_binary, plugin_path};
+use acemq_tests::stamp::StampConfig;
 use acemq_tests::{shared_broker, unique_name};
 
 const TOKEN: &str = "rollout-test-token-0123456789";
@@ -55,55 +56,23 @@ impl Scene {
     /// The host's config, the current version `stamp-v1`, and `candidate`
     /// (lines of a `[consumers.candidate]`, or none).
     fn config(&self, candidate: &str) -> PathBuf {
-        let config = format!(
-            r#"
-[broker]
-url = "{url}"
-
-[host]
-admin_listen = "{admin}"
-rollout_state_dir = "rollouts"
-
-[[exchanges]]
-name = "{exchange}"
-kind = "direct"
-
-[[queues]]
-name = "{input}"
-dead_letter = true
-
-[[queues]]
-name = "{output}"
-
-[[bindings]]
-queue = "{output}"
-exchange = "{exchange}"
-routing_key = "stamped"
-
-[retry.quick]
-kind = "fixed"
-attempts = 4
-initial = "300ms"
-
-[[consumers]]
-queue = "{input}"
-plugin = "{current}"
-publish_to = ["{exchange}"]
-retry = "quick"
-prefetch = 20
-concurrency = 2
-
-[consumers.config]
-out_exchange = "{exchange}"
-{candidate}
-"#,
-            url = shared_broker().amqp_url(),
-            admin = self.admin,
-            exchange = self.exchange,
-            input = self.input,
-            output = self.output,
-            current = plugin_path("stamp-v1").display(),
+        // A retry table is a table of its own: it goes after the broker's
+        // lines, as a `[broker.tls]` would.
+        let broker = format!(
+            "url = \"{}\"\n\n[retry.quick]\nkind = \"fixed\"\nattempts = 4\ninitial = \"300ms\"",
+            shared_broker().amqp_url()
         );
+        let host = format!(
+            "admin_listen = \"{}\"\nrollout_state_dir = \"rollouts\"",
+            self.admin
+        );
+        let mut scene = StampConfig::new(&self.input, &self.output, &self.exchange);
+        scene.broker = &broker;
+        scene.host = &host;
+        scene.input_queue = "dead_letter = true";
+        scene.consumer = "retry = \"quick\"\nprefetch = 20\nconcurrency = 2";
+        // `[consumers.candidate]` belongs to the consumer above it.
+        let config = format!("{}{candidate}\n", scene.toml());
         let path = self.dir.path().join("host.toml");
         std::fs::write(&path, config).unwrap();
         path
