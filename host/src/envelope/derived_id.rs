@@ -66,10 +66,7 @@ pub fn derived_input_id(properties: &BasicProperties, body: &[u8]) -> String {
         Err(_) => part(&mut hash, format!("{stable:?}").as_bytes()),
     }
     part(&mut hash, body);
-    let digest = hash.finalize();
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    uuid::Uuid::new_v8(bytes).to_string()
+    uuid_of(hash)
 }
 
 /// Keeps the hash of a stream message's id apart from the others.
@@ -95,6 +92,13 @@ pub fn stream_message_id(stream: &str, offset: u64) -> String {
     hash.update(STREAM_DOMAIN);
     part(&mut hash, stream.as_bytes());
     hash.update(offset.to_be_bytes());
+    uuid_of(hash)
+}
+
+/// The UUID (version 8, RFC 9562's custom layout) made of the first 16
+/// bytes of `hash`: how every id the host derives looks like every other
+/// AceMQ id.
+pub(super) fn uuid_of(hash: Sha256) -> String {
     let digest = hash.finalize();
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
@@ -102,7 +106,7 @@ pub fn stream_message_id(stream: &str, offset: u64) -> String {
 }
 
 /// Length-prefixed, so no two different inputs hash the same bytes.
-fn part(hash: &mut Sha256, bytes: &[u8]) {
+pub(super) fn part(hash: &mut Sha256, bytes: &[u8]) {
     hash.update((bytes.len() as u64).to_be_bytes());
     hash.update(bytes);
 }

@@ -229,14 +229,9 @@ pub fn output_id(input_id: &str, version: &str, position: usize) -> String {
         version.as_bytes(),
         &position.to_be_bytes(),
     ] {
-        // Length-prefixed, so no two different triples hash the same bytes.
-        hash.update((part.len() as u64).to_be_bytes());
-        hash.update(part);
+        derived_id::part(&mut hash, part);
     }
-    let digest = hash.finalize();
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    uuid::Uuid::new_v8(bytes).to_string()
+    derived_id::uuid_of(hash)
 }
 
 impl Envelope {

@@ -43,7 +43,12 @@ pub fn split_headers(properties: &BasicProperties) -> AppHeaders {
 #[must_use]
 pub fn stream_offset(properties: &BasicProperties) -> Option<u64> {
     let headers = properties.headers().as_ref()?;
-    let value = headers.inner().get(header::STREAM_OFFSET)?;
+    offset_value(headers.inner().get(header::STREAM_OFFSET)?)
+}
+
+/// An `x-stream-offset` value, read tolerantly: `None` when negative or
+/// unreadable.
+fn offset_value(value: &AMQPValue) -> Option<u64> {
     integer(value).and_then(|n| u64::try_from(n).ok())
 }
 
@@ -59,7 +64,7 @@ pub fn split_table(headers: Option<&FieldTable>) -> AppHeaders {
             continue;
         }
         if name.as_str() == header::STREAM_OFFSET {
-            out.stream_offset = integer(value).and_then(|n| u64::try_from(n).ok());
+            out.stream_offset = offset_value(value);
         }
         if let Some(visible) = HeaderValue::from_amqp(value) {
             out.visible.push((name.as_str().to_owned(), visible));
@@ -149,11 +154,11 @@ impl Envelope {
     /// no id gets the one derived from what the broker delivered
     /// ([`derived_input_id`](super::derived_input_id)), the same at every
     /// delivery of it, instead of a fresh one each time.
-    #[must_use]
     ///
     /// `stream` is the name of the stream the consumer reads, when it reads
     /// one: there a message's offset names it
     /// ([`stream_message_id`](super::stream_message_id)).
+    #[must_use]
     pub fn read_delivery(
         properties: &BasicProperties,
         routing_key: &str,
