@@ -110,6 +110,16 @@ fn main() -> Result<()> {
     runtime.block_on(run())
 }
 
+/// A row's note when the bodies it read do not add up to `read` bodies of
+/// `BODY_BYTES`: what it measured is not the work it claims.
+fn wrong_bodies(read: u64, body_bytes: usize) -> &'static str {
+    if body_bytes == read as usize * BODY_BYTES {
+        ""
+    } else {
+        " (bodies of the wrong size!)"
+    }
+}
+
 /// What a row reads with.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -673,8 +683,8 @@ impl Bench {
             "{chunks} chunks ({:.0} msgs each), {:.0} % of the time waiting for a chunk{}",
             read as f64 / chunks as f64,
             waiting.as_secs_f64() * 100.0 / span.at.elapsed().as_secs_f64(),
-            if decode && body_bytes != read as usize * BODY_BYTES {
-                " (bodies of the wrong size!)"
+            if decode {
+                wrong_bodies(read, body_bytes)
             } else {
                 ""
             }
@@ -714,12 +724,7 @@ impl Bench {
             body_bytes += delivery.message().data().map_or(0, <[u8]>::len);
             read += 1;
         }
-        let note = if body_bytes == read as usize * BODY_BYTES {
-            String::new()
-        } else {
-            " (bodies of the wrong size!)".into()
-        };
-        let row = span.end(read, note);
+        let row = span.end(read, wrong_bodies(read, body_bytes).into());
         let _ = consumer.handle().close().await;
         Ok(row)
     }
