@@ -345,6 +345,11 @@ fn engine_config(
     // tick whether its running call yields or ends (pool.rs).
     config.epoch_interruption(true);
     config.consume_fuel(settings.fuel_metering);
+    if perf_map_requested() {
+        // Names the plugins' compiled functions for `perf report`
+        // (/tmp/perf-<pid>.map); it changes no compiled code.
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     if pooling {
         let slots = settings.max_instances.max(1);
         // The pool admits exactly what each store's `MemoryLimiter` admits
@@ -388,6 +393,15 @@ fn engine_config(
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     config
+}
+
+/// Set to `1`, the host writes a perf map of the plugins' compiled
+/// functions, so that a profile names the guest code it ran
+/// (docs/operating.md, "Tuning and profiling").
+pub const PERF_MAP_VARIABLE: &str = "ACEMQ_PERF_MAP";
+
+fn perf_map_requested() -> bool {
+    std::env::var_os(PERF_MAP_VARIABLE).is_some_and(|value| value == "1")
 }
 
 fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) {
