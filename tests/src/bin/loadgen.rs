@@ -6,6 +6,9 @@
 //! loadgen consume-bare --url URL --queue Q -C 50000 --prefetch 200 [-A 20] [--transform-to X]
 //! loadgen consume-host --url URL --queue Q -C 50000 --prefetch 200 --plugin target/plugins/echo.wasm
 //! loadgen consume-host --url URL --queue Q -C 50000 --prefetch 200 --transform-to X
+//! loadgen publish      --url URL --queue Q -C 20000 --orders
+//! loadgen consume-host --url URL --queue Q -C 20000 --plugin target/plugins/order-router-py.wasm \
+//!     --transform-to X --exchange-key events_exchange
 //! ```
 //!
 //! `publish` declares the queue (durable) and publishes persistent messages
@@ -26,6 +29,9 @@
 //! the bare loop does the same work natively on one confirm channel, with
 //! up to the prefetch of publishes awaiting their confirms, settled in
 //! publish order, and acks every `-A` confirmed inputs (with `multiple`).
+//! Another plugin that publishes (the order routers, on the orders that
+//! `publish --orders` writes) is given the exchange under the config key
+//! `--exchange-key`.
 //!
 //! Each mode ends with one machine-readable line on stdout:
 //!
@@ -120,6 +126,11 @@ struct PublishArgs {
     /// Type of the durable queue to declare.
     #[arg(long, value_enum, default_value_t = QueueType::Quorum)]
     queue_type: QueueType,
+    /// Publish valid JSON orders for the order routers (`{"id", "customer",
+    /// "total"}`, each different, about 60 bytes) instead of `-s` bytes of
+    /// letters.
+    #[arg(long, conflicts_with = "size")]
+    orders: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -177,6 +188,11 @@ struct HostArgs {
     /// otherwise) and publish to this exchange (see the module docs).
     #[arg(long)]
     transform_to: Option<String>,
+    /// With `--transform-to`: the key of the consumer's `[consumers.config]`
+    /// that names the exchange to the plugin (`events_exchange` for the
+    /// order routers).
+    #[arg(long, default_value = "out_exchange", requires = "transform_to")]
+    exchange_key: String,
     /// Lines added to the consumer's `[[consumers]]` entry (`state = "bench"`).
     #[arg(long)]
     consumer_keys: Option<String>,
@@ -230,11 +246,16 @@ async fn publish(args: PublishArgs) -> Result<()> {
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
     }
-    let body: Vec<u8> = (0..args.size).map(|i| b'a' + (i % 26) as u8).collect();
+    let letters: Vec<u8> = (0..args.size).map(|i| b'a' + (i % 26) as u8).collect();
+    let content_type = if args.orders {
+        "application/json"
+    } else {
+        "application/octet-stream"
+    };
     // Persistent (delivery mode 2), as PerfTest's `-f persistent`.
     let properties = BasicProperties::default()
         .with_delivery_mode(2)
-        .with_content_type("application/octet-stream".into());
+        .with_content_type(content_type.into());
     let options = BasicPublishOptions {
         mandatory: true,
         ..BasicPublishOptions::default()
@@ -242,7 +263,14 @@ async fn publish(args: PublishArgs) -> Result<()> {
 
     let started = Instant::now();
     let mut pending = VecDeque::with_capacity(args.confirm);
-    for _ in 0..args.count {
+    for n in 0..args.count {
+        let order;
+        let body = if args.orders {
+            order = order_body(n);
+            order.as_bytes()
+        } else {
+            &letters
+        };
         if args.confirm > 0
             && pending.len() >= args.confirm
             && let Some(confirm) = pending.pop_front()
@@ -254,7 +282,7 @@ async fn publish(args: PublishArgs) -> Result<()> {
                 "".into(),
                 args.queue.as_str().into(),
                 options,
-                &body,
+                body,
                 properties.clone(),
             )
             .await?;
@@ -277,6 +305,17 @@ async fn publish(args: PublishArgs) -> Result<()> {
         args.count
     );
     Ok(())
+}
+
+/// The `n`th order of `publish --orders`: valid for the order routers
+/// (a positive total), and each one different, as real orders are.
+fn order_body(n: u64) -> String {
+    format!(
+        r#"{{"id":"o-{n}","customer":"customer-{}","total":{}.{}}}"#,
+        n % 97,
+        1 + n % 500,
+        n % 100
+    )
 }
 
 async fn declare(connection: &Connection, queue: &str, queue_type: QueueType) -> Result<()> {
@@ -621,7 +660,9 @@ async fn consume_host(args: HostArgs) -> Result<()> {
         &plugin,
         args.concurrency,
         args.plugin_cache_dir.as_deref(),
-        args.transform_to.as_deref(),
+        args.transform_to
+            .as_deref()
+            .map(|exchange| (exchange, args.exchange_key.as_str())),
         args.consumer_keys.as_deref(),
     );
     if let Some(tail) = &args.config_tail {
@@ -710,7 +751,7 @@ fn host_config(
     plugin: &Path,
     concurrency: Option<usize>,
     cache: Option<&Path>,
-    transform_to: Option<&str>,
+    transform_to: Option<(&str, &str)>,
     consumer_keys: Option<&str>,
 ) -> String {
     let quoted = |s: &str| toml::Value::String(s.to_string()).to_string();
@@ -737,9 +778,9 @@ fn host_config(
     if let Some(keys) = consumer_keys {
         text.push_str(&format!("{keys}\n"));
     }
-    if let Some(exchange) = transform_to {
+    if let Some((exchange, key)) = transform_to {
         text.push_str(&format!(
-            "publish_to = [{0}]\n\n[consumers.config]\nout_exchange = {0}\n",
+            "publish_to = [{0}]\n\n[consumers.config]\n{key} = {0}\n",
             quoted(exchange)
         ));
     }
