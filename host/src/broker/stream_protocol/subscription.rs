@@ -271,7 +271,7 @@ impl Running {
         match self {
             Running::Inline(running) => running.push(Box::pin(work)),
             Running::Spawned(running) => {
-                running.spawn(work);
+                crate::broker::subscription::spawn_boxed(running, work);
                 while running.try_join_next().is_some() {}
             }
         }
