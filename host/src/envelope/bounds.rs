@@ -7,15 +7,14 @@
 //! stops, and on restart the same message does it again. So nothing here
 //! trusts a size it did not measure: reasons are cut to
 //! [`MAX_REASON_BYTES`] before they are written or logged, and properties
-//! are measured with lapin's own encoder before a publish
-//! ([`check_frame`]). A set-aside copy is made to fit
+//! are measured before a publish ([`check_frame`]), counted byte for byte
+//! as lapin's encoder writes them ([`super::wire_size`]). A set-aside copy is made to fit
 //! ([`set_aside_within_frame`]) rather than refused, because it is where a
 //! message goes when nothing else can be done with it.
 
 use std::borrow::Cow;
 
 use lapin::BasicProperties;
-use lapin::protocol::basic::gen_properties;
 use lapin::types::FieldTable;
 
 use super::Envelope;
@@ -97,14 +96,10 @@ fn ceil_boundary(text: &str, mut at: usize) -> usize {
 }
 
 /// Bytes the content header frame carrying `properties` takes on the wire,
-/// measured with the encoder lapin writes it with.
+/// as the encoder lapin writes it with would write them.
 #[must_use]
 pub fn header_frame_size(properties: &BasicProperties) -> usize {
-    // Writing into a Vec fails only if the table holds a value the encoder
-    // cannot write; count that as too big for any frame rather than panic.
-    gen_properties::<Vec<u8>>(properties)(Vec::new().into())
-        .map_or(usize::MAX, |written| written.write.len())
-        .saturating_add(HEADER_FRAME_OVERHEAD)
+    super::wire_size::encoded_properties_len(properties).saturating_add(HEADER_FRAME_OVERHEAD)
 }
 
 /// A message whose properties would not fit in one frame.

@@ -44,22 +44,33 @@ const DOMAIN: &[u8] = b"acemq-host derived input id v1";
 /// id (or a timestamp, or any header that differs).
 #[must_use]
 pub fn derived_input_id(properties: &BasicProperties, body: &[u8]) -> String {
-    let mut stable = properties.clone();
-    if let Some(headers) = properties.headers() {
-        let kept: FieldTable = headers
-            .into_iter()
-            .filter(|(name, _)| !changed_by_the_broker(name.as_str()))
-            .map(|(name, value)| (name.clone(), value.clone()))
-            .collect::<std::collections::BTreeMap<_, _>>()
-            .into();
-        stable = stable.with_headers(kept);
-    }
+    // A copy without the broker's headers only when there are some: the
+    // first delivery of a message (most of them) has none, and the copy
+    // cost as much as the hash of a small body.
+    let without_the_brokers;
+    let stable = match properties.headers() {
+        Some(headers)
+            if headers
+                .into_iter()
+                .any(|(name, _)| changed_by_the_broker(name.as_str())) =>
+        {
+            let kept: FieldTable = headers
+                .into_iter()
+                .filter(|(name, _)| !changed_by_the_broker(name.as_str()))
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+                .into();
+            without_the_brokers = properties.clone().with_headers(kept);
+            &without_the_brokers
+        }
+        _ => properties,
+    };
     let mut hash = Sha256::new();
     hash.update(DOMAIN);
     // The AMQP encoding of the properties: the same bytes for the same
     // properties (the header table is ordered by name), whatever the
     // version of this host.
-    match gen_properties::<Vec<u8>>(&stable)(Vec::new().into()) {
+    match gen_properties::<Vec<u8>>(stable)(Vec::new().into()) {
         Ok(written) => part(&mut hash, &written.write),
         // Only for a value the encoder cannot write, which a delivery that
         // was read off the wire does not hold.
@@ -112,11 +123,14 @@ pub(super) fn part(hash: &mut Sha256, bytes: &[u8]) {
 }
 
 fn changed_by_the_broker(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    CHANGED_BY_THE_BROKER.contains(&lower.as_str())
-        || CHANGED_BY_THE_BROKER_PREFIXES
-            .iter()
-            .any(|prefix| lower.starts_with(prefix))
+    // In any case, compared without a lowercased copy of every name.
+    CHANGED_BY_THE_BROKER
+        .iter()
+        .any(|changed| name.eq_ignore_ascii_case(changed))
+        || CHANGED_BY_THE_BROKER_PREFIXES.iter().any(|prefix| {
+            name.get(..prefix.len())
+                .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+        })
 }
 
 #[cfg(test)]
@@ -223,5 +237,28 @@ mod tests {
         let a = derived_input_id(&with_headers(vec![tenant()]), b"same");
         let b = derived_input_id(&with_headers(vec![tenant()]), b"same");
         assert_eq!(a, b);
+    }
+
+    /// The ids of fixed deliveries, as every version of the host has
+    /// derived them: a redelivery after an upgrade keeps its id (and its
+    /// outputs theirs), so the derivation may be made faster, never
+    /// different. The broker's headers are left out in any case.
+    #[test]
+    fn the_derivation_never_changes() {
+        let first = with_headers(vec![tenant()]).with_delivery_mode(2);
+        let redelivered = with_headers(vec![
+            tenant(),
+            ("X-Delivery-Count", AMQPValue::LongLongInt(2)),
+            ("x-Last-Death-Queue", ls("q")),
+        ])
+        .with_delivery_mode(2);
+        let body = br#"{"order":17}"#;
+        let pinned = "ff7db554-9cae-881d-9cf7-768c382e7b84";
+        assert_eq!(derived_input_id(&first, body), pinned);
+        assert_eq!(derived_input_id(&redelivered, body), pinned);
+        assert_eq!(
+            derived_input_id(&BasicProperties::default(), b""),
+            "9e0fec11-5fa1-8975-bae1-c64353eb5cd8"
+        );
     }
 }

@@ -31,7 +31,8 @@
 //!   of an output built from them ([`Envelope::output_of`]).
 //! * `bounds.rs`, for whoever publishes: the sizes the broker enforces
 //!   ([`MAX_REASON_BYTES`], [`check_frame`]), and a set-aside copy made to
-//!   fit them ([`set_aside_within_frame`]).
+//!   fit them ([`set_aside_within_frame`]); `wire_size.rs` counts the
+//!   bytes of a message's properties as lapin's encoder writes them.
 //! * `replay.rs`, for the set-aside tools (`acemq-host dlq`): the replay
 //!   stamps ([`stamp`], [`ReplayStamps`]) and the properties of a message
 //!   moved back to its queue ([`replay_properties`]).
@@ -64,6 +65,7 @@ mod reply;
 mod slip;
 #[cfg(test)]
 mod test_support;
+mod wire_size;
 
 pub(crate) use amqp::{integer_value, long_string};
 pub use bounds::{
