@@ -659,12 +659,14 @@ fn publish_span(
 
 /// The AMQP properties a plugin's output goes out with: a new AceMQ
 /// message caused by the delivery whose envelope is `parent` (the `x-acemq-*`
-/// headers after the plugin's own), before any trace context is stamped.
-/// `plugin run` shows the same, so what it prints is what a host publishes.
+/// headers after the plugin's own), then `added`: the trace's headers on
+/// the broker, none in `plugin run`, which shows the rest as a host
+/// publishes it.
 pub fn output_properties(
     parent: &Envelope,
     output: &Outgoing,
     now_ms: u64,
+    added: impl IntoIterator<Item = (lapin::types::ShortString, lapin::types::AMQPValue)>,
 ) -> Result<lapin::BasicProperties, String> {
     let child = Envelope::output_of(
         parent,
@@ -678,6 +680,7 @@ pub fn output_properties(
         output.content_type.as_deref(),
         output.persistent,
         &output.headers,
+        added,
     )
     .map_err(|e| e.to_string())
 }
@@ -693,8 +696,12 @@ fn output_publication(
     frame_max: u32,
     span: &TraceParent,
 ) -> Result<Publication, String> {
-    let properties = output_properties(subject.envelope, &output, now_ms)?;
-    let properties = subject.trace.stamp(properties, span);
+    let properties = output_properties(
+        subject.envelope,
+        &output,
+        now_ms,
+        subject.trace.headers(span),
+    )?;
     let publication = Publication {
         exchange: output.exchange,
         routing_key: output.routing_key,

@@ -9,7 +9,7 @@
 //! integers, absent optional fields omitted rather than written empty.
 
 use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use super::amqp::{long_string, short_string};
 use super::headers::{
@@ -40,6 +40,21 @@ impl Envelope {
             }
         }
         self.stamp(&mut table);
+        table
+    }
+
+    /// [`Envelope::to_headers`] of a table of the plugin's that holds no
+    /// reserved name already ([`plugin_headers_to_table`] leaves them out),
+    /// taken as it is rather than copied, with `added` after the envelope.
+    fn stamped(
+        &self,
+        mut table: FieldTable,
+        added: impl IntoIterator<Item = (ShortString, AMQPValue)>,
+    ) -> FieldTable {
+        self.stamp(&mut table);
+        for (name, value) in added {
+            table.insert(name, value);
+        }
         table
     }
 
@@ -174,7 +189,8 @@ pub fn set_aside_properties(
 /// The properties of a new message a plugin publishes: `content-type` (empty
 /// or absent means [`DEFAULT_CONTENT_TYPE`]), `message-id` = envelope id,
 /// delivery mode 2 when `persistent` else 1, headers = the plugin's headers
-/// followed by the envelope.
+/// followed by the envelope, then `added` (the trace's, which replace any
+/// of the plugin's of the same name).
 ///
 /// The headers are checked here as well as when the plugin buffered them:
 /// a refusal is an answer for the plugin, never a silently altered message.
@@ -183,6 +199,7 @@ pub fn outgoing_properties(
     content_type: Option<&str>,
     persistent: bool,
     headers: &[(String, HeaderValue)],
+    added: impl IntoIterator<Item = (ShortString, AMQPValue)>,
 ) -> Result<BasicProperties, HeaderError> {
     check_plugin_headers(headers)?;
     let content_type = content_type
@@ -196,7 +213,7 @@ pub fn outgoing_properties(
     let mut properties = BasicProperties::default()
         .with_content_type(content_type)
         .with_delivery_mode(if persistent { PERSISTENT } else { TRANSIENT })
-        .with_headers(envelope.to_headers(&plugin_headers_to_table(headers)));
+        .with_headers(envelope.stamped(plugin_headers_to_table(headers), added));
     if let Some(id) = short_string(&envelope.id) {
         properties = properties.with_message_id(id);
     }
@@ -440,7 +457,7 @@ mod tests {
         let copy = retry_properties(&BasicProperties::default(), &envelope);
         assert_eq!(copy.message_id(), &None);
         assert_eq!(get(headers_of(&copy), header::ID), Some(&ls(&envelope.id)));
-        let out = outgoing_properties(&envelope, None, true, &[]).expect("accepted");
+        let out = outgoing_properties(&envelope, None, true, &[], []).expect("accepted");
         assert_eq!(out.message_id(), &None);
     }
 
@@ -477,7 +494,7 @@ mod tests {
             HeaderValue::Text(TRACEPARENT.into()),
         )];
 
-        let persistent = outgoing_properties(&envelope, None, true, &headers).unwrap();
+        let persistent = outgoing_properties(&envelope, None, true, &headers, []).unwrap();
         assert_eq!(
             persistent.content_type().as_ref().map(ShortString::as_str),
             Some(DEFAULT_CONTENT_TYPE)
@@ -493,13 +510,13 @@ mod tests {
         assert_eq!(get(&table, header::ORIGIN), Some(&ls(default_origin())));
         assert_eq!(Envelope::read(&persistent, "ignored", NOW + 5), envelope);
 
-        let transient = outgoing_properties(&envelope, Some("text/plain"), false, &[]).unwrap();
+        let transient = outgoing_properties(&envelope, Some("text/plain"), false, &[], []).unwrap();
         assert_eq!(transient.delivery_mode(), &Some(TRANSIENT));
         assert_eq!(
             transient.content_type().as_ref().map(ShortString::as_str),
             Some("text/plain")
         );
-        let empty = outgoing_properties(&envelope, Some(""), true, &[]).unwrap();
+        let empty = outgoing_properties(&envelope, Some(""), true, &[], []).unwrap();
         assert_eq!(
             empty.content_type().as_ref().map(ShortString::as_str),
             Some(DEFAULT_CONTENT_TYPE)
@@ -507,18 +524,34 @@ mod tests {
     }
 
     #[test]
+    fn added_headers_come_after_the_envelope_and_replace_the_plugins_own() {
+        let envelope = Envelope::new("order.placed", "", NOW);
+        let headers = vec![
+            ("traceparent".to_owned(), HeaderValue::Text("forged".into())),
+            ("tenant".to_owned(), HeaderValue::Text("acme".into())),
+        ];
+        let added = [("traceparent".into(), ls(TRACEPARENT))];
+        let properties = outgoing_properties(&envelope, None, true, &headers, added).unwrap();
+        let table = over_the_wire(headers_of(&properties));
+        assert_eq!(get(&table, "traceparent"), Some(&ls(TRACEPARENT)));
+        assert_eq!(get(&table, "tenant"), Some(&ls("acme")));
+        assert_eq!(get(&table, header::ID), Some(&ls(&envelope.id)));
+        assert_eq!(Envelope::read(&properties, "ignored", NOW + 5), envelope);
+    }
+
+    #[test]
     fn outgoing_properties_refuse_reserved_headers_and_long_content_types() {
         let envelope = Envelope::new("t", "", NOW);
         let forged = vec![("x-acemq-attempt".to_owned(), HeaderValue::Int(9))];
         assert_eq!(
-            outgoing_properties(&envelope, None, true, &forged),
+            outgoing_properties(&envelope, None, true, &forged, []),
             Err(HeaderError::Reserved {
                 name: "x-acemq-attempt".into()
             })
         );
         let long = "a".repeat(256);
         assert!(matches!(
-            outgoing_properties(&envelope, Some(&long), true, &[]),
+            outgoing_properties(&envelope, Some(&long), true, &[], []),
             Err(HeaderError::ContentTypeTooLong { len: 256, .. })
         ));
     }

@@ -154,7 +154,7 @@ pub fn reply_properties(
     content_type: Option<&str>,
     headers: &[(String, HeaderValue)],
 ) -> Result<BasicProperties, HeaderError> {
-    let properties = outgoing_properties(envelope, content_type, true, headers)?;
+    let properties = outgoing_properties(envelope, content_type, true, headers, [])?;
     Ok(match &request.amqp_correlation_id {
         Some(id) => properties.with_correlation_id(id.clone()),
         None => properties,

@@ -425,7 +425,7 @@ fn render_output(n: usize, output: &Outgoing, parent: &Envelope, at_ms: u64) -> 
     // What a host publishes: the properties and headers come from the
     // function the host's settlement uses, the envelope's `x-acemq-*`
     // headers after the plugin's own.
-    match delivery::settle::output_properties(parent, output, at_ms) {
+    match delivery::settle::output_properties(parent, output, at_ms, []) {
         Ok(properties) => {
             for (name, value) in dlq::format::property_lines(&properties) {
                 out.push_str(&format!("     {name}: {value}\n"));

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use opentelemetry::KeyValue;
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
@@ -103,17 +103,28 @@ impl DeliveryTrace {
     /// this delivery's `tracestate`.
     pub fn stamp(&self, properties: BasicProperties, span: &TraceParent) -> BasicProperties {
         let mut headers = properties.headers().clone().unwrap_or_default();
-        headers.insert(
-            TRACEPARENT.into(),
-            AMQPValue::LongString(LongString::from(span.header())),
-        );
-        if let Some(state) = &self.tracestate {
-            headers.insert(
-                TRACESTATE.into(),
-                AMQPValue::LongString(LongString::from(state.as_str())),
-            );
+        for (name, value) in self.headers(span) {
+            headers.insert(name, value);
         }
         properties.with_headers(headers)
+    }
+
+    /// The headers [`DeliveryTrace::stamp`] writes: `span` as the
+    /// `traceparent`, and this delivery's `tracestate` when it has one. For
+    /// a message whose header table is still being built, so that it is not
+    /// copied again to take them.
+    pub fn headers(&self, span: &TraceParent) -> impl Iterator<Item = (ShortString, AMQPValue)> {
+        let parent = (
+            ShortString::from(TRACEPARENT),
+            AMQPValue::LongString(LongString::from(span.header())),
+        );
+        let state = self.tracestate.as_ref().map(|state| {
+            (
+                ShortString::from(TRACESTATE),
+                AMQPValue::LongString(LongString::from(state.as_str())),
+            )
+        });
+        std::iter::once(parent).chain(state)
     }
 
     /// Records a finished publish span, when exporting.

@@ -489,6 +489,7 @@ fn stamped_properties() -> Result<BasicProperties> {
         Some("application/json"),
         true,
         &[],
+        [],
     )?)
 }
 
