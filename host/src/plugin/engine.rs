@@ -398,7 +398,7 @@ fn engine_config(
 /// Set to `1`, the host writes a perf map of the plugins' compiled
 /// functions, so that a profile names the guest code it ran
 /// (docs/operating.md, "Tuning and profiling").
-pub const PERF_MAP_VARIABLE: &str = "ACEMQ_PERF_MAP";
+const PERF_MAP_VARIABLE: &str = "ACEMQ_PERF_MAP";
 
 fn perf_map_requested() -> bool {
     std::env::var_os(PERF_MAP_VARIABLE).is_some_and(|value| value == "1")
