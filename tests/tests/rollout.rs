@@ -188,6 +188,12 @@ fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Call times are not what these tests judge: with the other test binaries
+/// running beside them, a few slow calls among a step's 30 once made a good
+/// candidate's 99th percentile 4 times the current version's (7.5 against
+/// 1.9 ms) and rolled it back. The judge's unit tests hold that rule.
+const CALL_TIME_NOT_JUDGED: &str = "max_call_time_ratio = 1000\n";
+
 /// A canary that traps on 5 % of its messages, against 1 % allowed over
 /// steps of 100 calls: rolled back at its second fault, long before its
 /// step ends. Its faulted messages are retried on the current version once
@@ -198,7 +204,7 @@ async fn a_candidate_faulting_on_five_percent_is_rolled_back_and_nothing_is_lost
     const MESSAGES: u32 = 1000;
     let s = Scene::new("rollout.bad");
     let config = s.config(&format!(
-        "[consumers.candidate]\nplugin = \"{}\"\nsteps = [\"20%\", \"100%\"]\nmessages_per_step = 100\nmax_fault_rate_increase = \"1%\"\n",
+        "[consumers.candidate]\nplugin = \"{}\"\nsteps = [\"20%\", \"100%\"]\nmessages_per_step = 100\nmax_fault_rate_increase = \"1%\"\n{CALL_TIME_NOT_JUDGED}",
         plugin_path("stamp-flaky").display()
     ));
     let mut host = tokio::task::block_in_place(|| s.start(&config));
@@ -260,7 +266,7 @@ async fn a_candidate_faulting_on_five_percent_is_rolled_back_and_nothing_is_lost
 async fn a_good_candidate_is_promoted_through_its_steps_and_a_restart_keeps_it() {
     let s = Scene::new("rollout.good");
     let config = s.config(&format!(
-        "[consumers.candidate]\nplugin = \"{}\"\nsteps = [\"10%\", \"50%\", \"100%\"]\nmessages_per_step = 30\n",
+        "[consumers.candidate]\nplugin = \"{}\"\nsteps = [\"10%\", \"50%\", \"100%\"]\nmessages_per_step = 30\n{CALL_TIME_NOT_JUDGED}",
         plugin_path("stamp-v2").display()
     ));
     let mut host = tokio::task::block_in_place(|| s.start(&config));
