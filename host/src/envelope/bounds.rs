@@ -8,9 +8,9 @@
 //! trusts a size it did not measure: reasons are cut to
 //! [`MAX_REASON_BYTES`] before they are written or logged, and properties
 //! are measured before a publish ([`check_frame`]), counted byte for byte
-//! as lapin's encoder writes them ([`super::wire_size`]). A set-aside copy is made to fit
-//! ([`set_aside_within_frame`]) rather than refused, because it is where a
-//! message goes when nothing else can be done with it.
+//! as lapin's encoder writes them ([`super::wire_size`]). A set-aside copy
+//! is made to fit ([`set_aside_within_frame`]) rather than refused, because
+//! it is where a message goes when nothing else can be done with it.
 
 use std::borrow::Cow;
 

@@ -39,8 +39,7 @@ impl Envelope {
                 table.insert(name.clone(), value.clone());
             }
         }
-        self.stamp(&mut table);
-        table
+        self.stamped(table, [])
     }
 
     /// [`Envelope::to_headers`] of a table of the plugin's that holds no
