@@ -133,7 +133,7 @@ fn text(output: &Output) -> (Option<i32>, String, String) {
 /// header of its own.
 fn copy(id: &str, message_type: &str, reason: &str, body: &[u8]) -> (Vec<u8>, BasicProperties) {
     let mut envelope = Envelope::new(message_type, "acemq@test", now_ms() - 60_000);
-    envelope.id = id.to_owned();
+    envelope.id = id.into();
     envelope.attempt = 3;
     let mut app = FieldTable::default();
     app.insert(

@@ -158,6 +158,9 @@ impl Pipeline {
             receipt,
             slot,
         } = received;
+        // Shared with the envelope, which derives an id from them only if
+        // something reads it (`MessageId::derived`).
+        let properties = Arc::new(properties);
         // `body` is shared with the handler call and with any republish,
         // never copied.
         // Reading is inside the fault boundary too: a panic there (in code
@@ -502,7 +505,7 @@ impl Pipeline {
     /// should see (unreadable as sent, or a body over `max_body_bytes`).
     fn read(
         &self,
-        properties: &BasicProperties,
+        properties: &Arc<BasicProperties>,
         exchange: &str,
         routing_key: &str,
         redelivered: bool,

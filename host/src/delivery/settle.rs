@@ -329,7 +329,7 @@ async fn in_progress(
     wait: Duration,
     reason: &str,
 ) -> Result<Done, Setback> {
-    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    let (queue, id) = (subject.queue, &subject.envelope.id);
     wait_in_consumer(port, wait, "while it waited on another host's claim").await?;
     if subject.from_stream {
         return Ok(give_back(port, subject, reason).await);
@@ -341,7 +341,7 @@ async fn in_progress(
         return Err(broker_trouble_or(e, Setback::RetryNotPublished));
     }
     port.ack().await;
-    tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), reason, "claimed by another host; republished to wait its turn");
+    tracing::info!(queue, message_id = %id, trace_id = %subject.trace.trace_id(), reason, "claimed by another host; republished to wait its turn");
     Ok(Done::Retried(RetryPlace::InProgress))
 }
 
@@ -354,7 +354,7 @@ async fn accept(
     reply: Option<Reply>,
     version: &str,
 ) -> Result<Done, Setback> {
-    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    let (queue, id) = (subject.queue, &subject.envelope.id);
     let (now_ms, frame_max) = (port.now_ms(), port.frame_max());
     let (mut publications, mut spans) =
         output_publications(subject, outputs, now_ms, frame_max).map_err(Setback::OutputsFailed)?;
@@ -392,16 +392,16 @@ async fn accept(
     let duplicate = match port.commit_state().await {
         StateCommitted::Ack { duplicate } => duplicate,
         StateCommitted::Refused(why) => {
-            tracing::warn!(queue, message_id = id, error = %why, "its state was not committed; the input fails");
+            tracing::warn!(queue, message_id = %id, error = %why, "its state was not committed; the input fails");
             return Err(Setback::StateRefused(why));
         }
         StateCommitted::Unavailable(why) => {
-            tracing::warn!(queue, message_id = id, error = %why, "its state could not be committed now; the input waits");
+            tracing::warn!(queue, message_id = %id, error = %why, "its state could not be committed now; the input waits");
             return Err(Setback::StoreTrouble(why));
         }
     };
     port.ack().await;
-    tracing::debug!(queue, message_id = id, answered, duplicate, "acked");
+    tracing::debug!(queue, message_id = %id, answered, duplicate, "acked");
     Ok(match (answered, duplicate) {
         (true, _) => Done::Answered,
         (false, true) => Done::Duplicate,
@@ -428,7 +428,7 @@ async fn answer_with_error(
     let published = port.publish(std::slice::from_ref(&reply)).await;
     publish_span(subject, span, &reply, started, &published);
     published.map_err(|e| {
-        let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+        let (queue, id) = (subject.queue, &subject.envelope.id);
         log_publish_failure(queue, id, "the error reply was not confirmed", &e);
         broker_trouble_or(e, Setback::SetAsideFailed)
     })
@@ -456,7 +456,7 @@ async fn retry_in_consumer(
     wait: Duration,
     reason: &str,
 ) -> Result<Done, Setback> {
-    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    let (queue, id) = (subject.queue, &subject.envelope.id);
     // Checked before the wait: a copy that cannot be sent is not worth
     // waiting for.
     let (properties, span) = retry_copy(subject, port.frame_max())?;
@@ -466,7 +466,7 @@ async fn retry_in_consumer(
         return Err(broker_trouble_or(e, Setback::RetryNotPublished));
     }
     port.ack().await;
-    tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), wait_ms = wait.as_millis() as u64, reason, "retried after waiting in the consumer");
+    tracing::info!(queue, message_id = %id, trace_id = %subject.trace.trace_id(), wait_ms = wait.as_millis() as u64, reason, "retried after waiting in the consumer");
     Ok(Done::Retried(RetryPlace::Consumer))
 }
 
@@ -477,12 +477,12 @@ async fn retry_in_broker(
     rung: &str,
     reason: &str,
 ) -> Result<Done, Setback> {
-    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    let (queue, id) = (subject.queue, &subject.envelope.id);
     let (properties, span) = retry_copy(subject, port.frame_max())?;
     match republish(port, subject, rung, properties, span).await {
         Ok(()) => {
             port.ack().await;
-            tracing::info!(queue, message_id = id, trace_id = %subject.trace.trace_id(), rung = %rung, reason = %reason, "retrying through the broker");
+            tracing::info!(queue, message_id = %id, trace_id = %subject.trace.trace_id(), rung = %rung, reason = %reason, "retrying through the broker");
             Ok(Done::Retried(RetryPlace::Broker))
         }
         Err(PublishError::Unroutable { .. }) => {
@@ -504,9 +504,9 @@ async fn set_aside(
     target: &str,
     reason: &str,
 ) -> Result<Done, Setback> {
-    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    let (queue, id) = (subject.queue, &subject.envelope.id);
     let Some((properties, span)) = set_aside_copy(subject, reason, port.frame_max()) else {
-        tracing::error!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, "even its envelope alone is too big for a frame; requeueing");
+        tracing::error!(queue, message_id = %id, trace_id = %subject.trace.trace_id(), to = %target, "even its envelope alone is too big for a frame; requeueing");
         return Err(Setback::SetAsideFailed(
             "even its envelope alone is too big for the broker's frame".to_string(),
         ));
@@ -521,23 +521,23 @@ async fn set_aside(
         return Err(broker_trouble_or(e, Setback::SetAsideFailed));
     }
     port.ack().await;
-    tracing::warn!(queue, message_id = id, trace_id = %subject.trace.trace_id(), to = %target, reason = %reason, "set aside");
+    tracing::warn!(queue, message_id = %id, trace_id = %subject.trace.trace_id(), to = %target, reason = %reason, "set aside");
     Ok(Done::SetAside)
 }
 
 /// Gives the delivery back: requeued, or, from a stream, left to be read
 /// again.
 async fn give_back(port: &impl BrokerPort, subject: Subject<'_>, why: &str) -> Done {
-    let (queue, id) = (subject.queue, subject.envelope.id.as_str());
+    let (queue, id) = (subject.queue, &subject.envelope.id);
     // Decided for queues only (see decide::follow_up); a stream delivery
     // that got here anyway is read again, never requeued.
     if subject.from_stream {
         port.read_again();
-        tracing::info!(queue, message_id = id, why = %why, "left to be read again from its stream offset");
+        tracing::info!(queue, message_id = %id, why = %why, "left to be read again from its stream offset");
         return Done::Retried(RetryPlace::ReadAgain);
     }
     port.requeue().await;
-    tracing::debug!(queue, message_id = id, why = %why, "requeued");
+    tracing::debug!(queue, message_id = %id, why = %why, "requeued");
     Done::Retried(RetryPlace::Requeued)
 }
 
@@ -546,9 +546,9 @@ async fn give_back(port: &impl BrokerPort, subject: Subject<'_>, why: &str) -> D
 /// per delivery would bury that one.
 fn log_publish_failure(queue: &str, id: &str, what: &str, error: &PublishError) {
     if error.is_broker_trouble() {
-        tracing::debug!(queue, message_id = id, error = %error, "{what}");
+        tracing::debug!(queue, message_id = %id, error = %error, "{what}");
     } else {
-        tracing::warn!(queue, message_id = id, error = %error, "{what}");
+        tracing::warn!(queue, message_id = %id, error = %error, "{what}");
     }
 }
 

@@ -63,7 +63,7 @@ impl SetAside {
             reason: envelope.error.clone().or_else(broker_reason),
             first_seen_ms: has(header::FIRST_SEEN).then_some(envelope.first_seen_ms),
             replays: ReplayStamps::read(headers),
-            id: envelope.id.clone(),
+            id: envelope.id.to_string(),
             message_type: envelope.message_type.clone(),
             attempt: envelope.attempt,
         }
@@ -89,7 +89,7 @@ mod tests {
         assert_eq!(
             read,
             SetAside {
-                id: envelope.id.clone(),
+                id: envelope.id.to_string(),
                 message_type: "order.placed".into(),
                 attempt: 3,
                 reason: Some("exhausted: boom".into()),

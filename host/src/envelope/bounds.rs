@@ -322,7 +322,7 @@ mod tests {
     #[test]
     fn an_envelope_too_big_for_any_frame_cannot_be_set_aside() {
         let (original, mut envelope) = delivered(0);
-        envelope.id = "i".repeat(10_000);
+        envelope.id = "i".repeat(10_000).into();
         assert_eq!(
             set_aside_within_frame(&original, &envelope, "x", 4096),
             None

@@ -161,12 +161,12 @@ impl Envelope {
             .clone()
             .unwrap_or_else(|| routing_key.to_string());
         let mut child = Self::child_of(parent, message_type, origin, now_ms);
-        child.id.clone_from(&fields.id);
+        child.id = fields.id.as_str().into();
         if let Some(version) = fields.version {
             child.version = version;
         }
         if let Some(correlation) = &fields.correlation_id {
-            child.correlation_id.clone_from(correlation);
+            child.correlation_id = correlation.as_str().into();
         }
         if let Some(causation) = &fields.causation_id {
             child.causation_id = Some(causation.clone());

@@ -25,7 +25,9 @@
 //!   plugin output ([`outgoing_properties`]), and [`Envelope::to_headers`],
 //!   which writes the envelope into them.
 //! * `derived_id.rs`, for the consumer: the id of a delivery that names
-//!   none, the same at every delivery of it ([`derived_input_id`]).
+//!   none, the same at every delivery of it ([`derived_input_id`]);
+//!   `message_id.rs` holds an id, deriving it only once something reads
+//!   it ([`MessageId`]).
 //! * `fields.rs`, for plugins: the envelope fields a plugin may choose for
 //!   what it sends ([`ChosenFields`], checked strictly), and the envelope
 //!   of an output built from them ([`Envelope::output_of`]).
@@ -58,6 +60,7 @@ mod fields;
 #[cfg(test)]
 mod fuzz;
 mod headers;
+mod message_id;
 mod properties;
 mod read;
 mod replay;
@@ -78,6 +81,7 @@ pub use headers::{
     HeaderError, HeaderValue, MAX_SHORT_STRING, check_plugin_headers, plugin_headers_size,
     plugin_headers_to_table, preview,
 };
+pub use message_id::MessageId;
 pub use properties::{
     DEFAULT_CONTENT_TYPE, PERSISTENT, TRANSIENT, outgoing_properties, republish_properties,
     retry_properties, set_aside_properties,
@@ -187,13 +191,13 @@ fn origin_for(hostname: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
     /// `x-acemq-id`, also the AMQP `message-id`.
-    pub id: String,
+    pub id: MessageId,
     /// `x-acemq-type`; never empty.
     pub message_type: String,
     /// `x-acemq-version`, at least 1.
     pub version: u32,
     /// `x-acemq-correlation`; never empty.
-    pub correlation_id: String,
+    pub correlation_id: MessageId,
     /// `x-acemq-causation`.
     pub causation_id: Option<String>,
     /// `x-acemq-attempt`, at least 1.
@@ -243,7 +247,7 @@ impl Envelope {
     /// so neither is ever written empty.
     #[must_use]
     pub fn new(message_type: impl Into<String>, origin: &str, now_ms: u64) -> Self {
-        let id = uuid::Uuid::new_v4().to_string();
+        let id = MessageId::from(uuid::Uuid::new_v4().to_string());
         Self {
             correlation_id: id.clone(),
             id,
@@ -272,7 +276,7 @@ impl Envelope {
     pub fn child_of(parent: &Envelope, message_type: String, origin: &str, now_ms: u64) -> Self {
         Self {
             correlation_id: parent.correlation_id.clone(),
-            causation_id: Some(parent.id.clone()),
+            causation_id: Some(parent.id.to_string()),
             ..Self::new(message_type, origin, now_ms)
         }
     }

@@ -278,7 +278,7 @@ mod tests {
         // Hand-built envelopes with empty strings still write no empty header.
         let hand_built = Envelope {
             message_type: String::new(),
-            correlation_id: String::new(),
+            correlation_id: String::new().into(),
             causation_id: Some(String::new()),
             origin: Some(String::new()),
             version: 0,
@@ -450,7 +450,7 @@ mod tests {
     #[test]
     fn an_id_too_long_for_message_id_is_carried_by_the_header_alone() {
         let envelope = Envelope {
-            id: "i".repeat(300),
+            id: "i".repeat(300).into(),
             ..full_envelope()
         };
         let copy = retry_properties(&BasicProperties::default(), &envelope);

@@ -7,12 +7,15 @@
 //! or as bytes is accepted, and anything missing or unreadable takes the
 //! contract's default. Nothing here fails.
 
+use std::sync::Arc;
+
+use bytes::Bytes;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use super::amqp::integer_value;
 use super::headers::HeaderValue;
-use super::{Envelope, header, is_reserved, non_empty, or_default_type};
+use super::{Envelope, MessageId, header, is_reserved, non_empty, or_default_type};
 
 /// What a plugin sees of a delivery's headers: the envelope taken out.
 ///
@@ -158,11 +161,14 @@ impl Envelope {
     /// `stream` is the name of the stream the consumer reads, when it reads
     /// one: there a message's offset names it
     /// ([`stream_message_id`](super::stream_message_id)).
+    ///
+    /// The derived id is made when something first reads it
+    /// ([`MessageId::derived`]): a handler that only acks needs none.
     #[must_use]
     pub fn read_delivery(
-        properties: &BasicProperties,
+        properties: &Arc<BasicProperties>,
         routing_key: &str,
-        body: &[u8],
+        body: &Bytes,
         stream: Option<&str>,
         now_ms: u64,
     ) -> Self {
@@ -172,8 +178,11 @@ impl Envelope {
             routing_key,
             now_ms,
             || match stream.zip(stream_offset(properties)) {
-                Some((stream, offset)) => super::stream_message_id(stream, offset),
-                None => super::derived_input_id(properties, body),
+                Some((stream, offset)) => super::stream_message_id(stream, offset).into(),
+                None => {
+                    let (properties, body) = (properties.clone(), body.clone());
+                    MessageId::derived(move || super::derived_input_id(&properties, &body))
+                }
             },
         )
     }
@@ -187,7 +196,7 @@ impl Envelope {
         now_ms: u64,
     ) -> Self {
         Self::from_headers_or(headers, message_id, routing_key, now_ms, || {
-            uuid::Uuid::new_v4().to_string()
+            uuid::Uuid::new_v4().to_string().into()
         })
     }
 
@@ -198,7 +207,7 @@ impl Envelope {
         message_id: Option<&str>,
         routing_key: &str,
         now_ms: u64,
-        no_id: impl FnOnce() -> String,
+        no_id: impl FnOnce() -> MessageId,
     ) -> Self {
         let reserved = ReservedHeaders::collect(headers);
 
@@ -209,7 +218,7 @@ impl Envelope {
             .id
             .and_then(text)
             .or_else(|| message_id.and_then(non_empty))
-            .unwrap_or_else(no_id);
+            .map_or_else(no_id, MessageId::from);
         let message_type = reserved
             .message_type
             .and_then(text)
@@ -217,7 +226,7 @@ impl Envelope {
         let correlation_id = reserved
             .correlation
             .and_then(text)
-            .unwrap_or_else(|| id.clone());
+            .map_or_else(|| id.clone(), MessageId::from);
         // Below 1 is not a version or an attempt; 1 is what a message that
         // never said reads as. Beyond u32 saturates: it is still a large
         // number, and for the attempt that means "give up", not "start over".
@@ -471,15 +480,26 @@ mod tests {
         assert_eq!(first.message_type, DEFAULT_MESSAGE_TYPE);
     }
 
+    /// [`Envelope::read_delivery`] of a delivery on routing key `k`.
+    fn delivered(
+        properties: &BasicProperties,
+        body: &[u8],
+        stream: Option<&str>,
+        now_ms: u64,
+    ) -> Envelope {
+        let (properties, body) = (Arc::new(properties.clone()), Bytes::copy_from_slice(body));
+        Envelope::read_delivery(&properties, "k", &body, stream, now_ms)
+    }
+
     #[test]
     fn a_delivery_with_no_id_gets_the_same_derived_id_at_every_delivery() {
         let properties = with_headers(vec![("tenant", ls("acme"))]);
-        let first = Envelope::read_delivery(&properties, "k", b"{}", None, NOW);
+        let first = delivered(&properties, b"{}", None, NOW);
         let redelivered = with_headers(vec![
             ("tenant", ls("acme")),
             ("x-delivery-count", AMQPValue::LongLongInt(1)),
         ]);
-        let again = Envelope::read_delivery(&redelivered, "k", b"{}", None, NOW + 1);
+        let again = delivered(&redelivered, b"{}", None, NOW + 1);
         assert_eq!(
             first.id,
             crate::envelope::derived_input_id(&properties, b"{}")
@@ -488,10 +508,7 @@ mod tests {
         assert_eq!(first.correlation_id, first.id);
         // An id the message carries is kept as it is.
         let named = properties.clone().with_message_id("from-property".into());
-        assert_eq!(
-            Envelope::read_delivery(&named, "k", b"{}", None, NOW).id,
-            "from-property"
-        );
+        assert_eq!(delivered(&named, b"{}", None, NOW).id, "from-property");
     }
 
     #[test]
@@ -503,7 +520,7 @@ mod tests {
             ])
         };
         let read = |properties: &BasicProperties, body: &[u8], stream| {
-            Envelope::read_delivery(properties, "k", body, stream, NOW).id
+            delivered(properties, body, stream, NOW).id
         };
         let id = read(&at(7, "acme"), b"{}", Some("orders.log"));
         assert_eq!(id, crate::envelope::stream_message_id("orders.log", 7));

@@ -137,7 +137,7 @@ impl Envelope {
             .filter(|t| !t.is_empty())
             .unwrap_or(DEFAULT_REPLY_TYPE);
         Self {
-            id,
+            id: id.into(),
             version: version.unwrap_or(1).max(1),
             ..Envelope::child_of(request, message_type.to_owned(), origin, now_ms)
         }

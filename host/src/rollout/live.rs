@@ -20,6 +20,7 @@ use super::judge::{self, Call, Verdict, Window};
 use super::plan::{ConsumerDefaults, Mode, Plan, PlanSpec, Share};
 use super::record::{Record, Records, Resumption, Status};
 use super::share;
+use crate::envelope::MessageId;
 use crate::plugin::{ConsumerContext, HandlerSlot, HandlerVersion, PluginEngine, PluginError};
 use crate::telemetry::{
     Metrics, PluginVersionLabels, QueueLabel, RolloutCallLabels, RolloutDecisionLabels,
@@ -515,10 +516,11 @@ impl RolloutSlot {
         self.rollout.store(Some(rollout));
     }
 
-    /// Where the delivery with envelope id `id` goes.
-    pub fn route(&self, id: &str) -> (Route, Option<Arc<Rollout>>) {
+    /// Where the delivery with envelope id `id` goes. `id` is read only while a rollout runs: a message without one of its
+    /// own then has it derived ([`MessageId`]).
+    pub fn route(&self, id: &MessageId) -> (Route, Option<Arc<Rollout>>) {
         match self.rollout.load_full() {
-            Some(rollout) => (rollout.route(id), Some(rollout)),
+            Some(rollout) => (rollout.route(id.as_str()), Some(rollout)),
             None => (Route::Current, None),
         }
     }

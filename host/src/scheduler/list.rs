@@ -20,7 +20,7 @@ use super::wire::{Schedule, Unschedulable};
 use crate::broker::set_aside::{self, Pass};
 use crate::config::LoadedConfig;
 use crate::dlq::{age, aligned, one_line};
-use crate::envelope::{self, Envelope, header, rfc3339_millis};
+use crate::envelope::{self, Envelope, MessageId, header, rfc3339_millis};
 
 /// One message on a scheduler queue, as `schedule list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +62,7 @@ impl Scheduled {
             properties.message_id().as_ref().map(|id| id.as_str()),
             "",
             now_ms,
-            String::new,
+            || MessageId::from(""),
         );
         let schedule = Schedule::read(headers);
         let published_ms = properties
@@ -71,7 +71,7 @@ impl Scheduled {
         Self {
             queue,
             position,
-            id: (!envelope.id.is_empty()).then_some(envelope.id),
+            id: (!envelope.id.is_empty()).then(|| envelope.id.into()),
             message_type: schedule
                 .as_ref()
                 .ok()

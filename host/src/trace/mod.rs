@@ -177,7 +177,7 @@ impl DeliveryTrace {
             KeyValue::new("messaging.system", "rabbitmq"),
             KeyValue::new("messaging.destination.name", processed.queue.to_string()),
             KeyValue::new("messaging.operation", "process"),
-            KeyValue::new("messaging.message.id", envelope.id.clone()),
+            KeyValue::new("messaging.message.id", envelope.id.to_string()),
             KeyValue::new(
                 "messaging.acemq.message_type",
                 envelope.message_type.clone(),
@@ -188,7 +188,7 @@ impl DeliveryTrace {
         if !envelope.correlation_id.is_empty() {
             attributes.push(KeyValue::new(
                 "messaging.message.conversation_id",
-                envelope.correlation_id.clone(),
+                envelope.correlation_id.to_string(),
             ));
         }
         if let Some(reason) = processed.reason {

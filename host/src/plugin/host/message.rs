@@ -81,10 +81,10 @@ impl types::HostMessage for Lending {
     fn envelope(&mut self, handle: Resource<LentMessage>) -> wasmtime::Result<types::Envelope> {
         let e = &self.lent(&handle)?.envelope;
         Ok(types::Envelope {
-            id: e.id.clone(),
+            id: e.id.to_string(),
             message_type: e.message_type.clone(),
             version: e.version,
-            correlation_id: e.correlation_id.clone(),
+            correlation_id: e.correlation_id.to_string(),
             causation_id: e.causation_id.clone(),
             attempt: e.attempt,
             first_seen_ms: e.first_seen_ms,

@@ -166,7 +166,7 @@ impl Publishing {
             correlation_id: chosen
                 .correlation_id
                 .clone()
-                .unwrap_or_else(|| input.envelope.correlation_id.clone()),
+                .unwrap_or_else(|| input.envelope.correlation_id.to_string()),
         };
         self.outputs.push(Outgoing {
             exchange: msg.exchange,

@@ -122,7 +122,7 @@ impl Replying {
         });
         Ok(types::Sent {
             id,
-            correlation_id: input.envelope.correlation_id.clone(),
+            correlation_id: input.envelope.correlation_id.to_string(),
         })
     }
 }
