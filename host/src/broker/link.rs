@@ -174,6 +174,13 @@ impl Link {
         self.state.borrow().clone()
     }
 
+    /// What `read` takes from the state now, without copying the state (a
+    /// copy clones the phase's text and the connection's handle: measurable
+    /// on a path taken for every message).
+    pub fn read_state<T>(&self, read: impl FnOnce(&LinkState) -> T) -> T {
+        read(&self.state.borrow())
+    }
+
     pub fn phase(&self) -> Phase {
         self.state.borrow().phase.clone()
     }

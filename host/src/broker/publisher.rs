@@ -263,10 +263,10 @@ impl PublishLink {
     /// (properties and headers) larger than this closes the whole
     /// connection, so callers measure theirs against it before publishing.
     pub fn frame_max(&self) -> u32 {
-        match self.link.state().connection {
+        self.link.read_state(|state| match &state.connection {
             Some(connection) => connection.configuration().frame_max(),
             None => 131_072,
-        }
+        })
     }
 
     /// Waits until publishing may be tried again: the link is up and not
@@ -727,11 +727,14 @@ impl Publisher {
 
     /// Every message declined, unsent, while the link is not up.
     fn paused(&self, publications: &[Publication]) -> Option<Vec<Result<(), PublishError>>> {
-        let state = self.shared.link.state();
-        match (&state.phase, &state.connection) {
-            (Phase::Up, Some(_)) => None,
-            (phase, _) => Some(decline_all(publications, &paused_sentence(phase))),
-        }
+        let paused =
+            self.shared
+                .link
+                .read_state(|state| match (&state.phase, &state.connection) {
+                    (Phase::Up, Some(_)) => None,
+                    (phase, _) => Some(paused_sentence(phase)),
+                })?;
+        Some(decline_all(publications, &paused))
     }
 
     /// `count` places among the host's unconfirmed publishes, taken

@@ -647,13 +647,18 @@ impl<'a> Receiving<'a> {
     {
         let queue = self.queue;
         let time_up = tokio::time::sleep(ends_after.unwrap_or(Duration::MAX / 4));
-        tokio::pin!(time_up);
+        // Made once, not once a delivery: each new wait on a token is
+        // registered with it and taken off again when dropped (two locks
+        // and a list update a delivery, in `perf`).
+        let stopping = shutdown.cancelled();
+        let read_again = self.read_again.clone().cancelled_owned();
+        tokio::pin!(time_up, stopping, read_again);
         loop {
             let next = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => return None,
+                _ = &mut stopping => return None,
                 _ = &mut time_up => return None,
-                _ = self.read_again.cancelled() => {
+                _ = &mut read_again => {
                     return Some(anyhow::anyhow!(
                         "a delivery of the stream '{queue}' is to be read again; resubscribing from offset {:?}, the lowest not done",
                         self.reading.as_ref().and_then(SubscriptionPosition::resume)
@@ -723,10 +728,16 @@ impl<'a> Receiving<'a> {
                 }
             },
         };
-        let permit = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return ControlFlow::Break(None),
-            permit = self.permits.clone().acquire_owned() => permit.expect("semaphore never closed"),
+        // A free place is taken at once (the common case, and without a
+        // wait on the shutdown token); otherwise shutdown may overtake the
+        // wait for one.
+        let permit = match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return ControlFlow::Break(None),
+                permit = self.permits.clone().acquire_owned() => permit.expect("semaphore never closed"),
+            },
         };
         let stream = self.reading.as_ref().map(|_| self.read_again.clone());
         // Boxed before it is spawned (see `spawn_boxed`).
