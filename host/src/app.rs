@@ -1329,13 +1329,20 @@ fn start_consumers(
                 )),
             };
         }
-        running.spawn(resubscribe::keep_subscribed(
+        let subscription = resubscribe::keep_subscribed(
             links.consume.clone(),
             consumer.subscription,
             env.clone(),
             links.apply_topology.clone(),
-            move |received| pipeline.clone().handle(received),
-        ));
+            {
+                let pipeline = pipeline.clone();
+                move |received| pipeline.clone().handle(received)
+            },
+        );
+        running.spawn(async move {
+            subscription.await;
+            pipeline.close().await;
+        });
     }
     (running, savers)
 }

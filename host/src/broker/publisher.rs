@@ -505,6 +505,32 @@ impl Publisher {
         &self.shared
     }
 
+    /// Closes the channels waiting for a next round, each waiting at most
+    /// `limit` for the broker's close-ok. For a publisher whose work is
+    /// done, before its connection is closed: a pooled channel that is only
+    /// dropped is closed by lapin on its own, and when that close meets the
+    /// connection's (the host's stop closes the connection right after its
+    /// consumers end), lapin removes the channel twice or closes it on a
+    /// closing connection, and reports a connection error ("invalid
+    /// channel", "invalid connection state") at a clean stop.
+    pub async fn close_idle(&self, limit: Duration) {
+        let pooled = std::mem::take(&mut *self.idle.lock().expect("publisher pool poisoned"));
+        let closes = pooled
+            .into_iter()
+            .filter(|pooled| pooled.channel.status().connected())
+            .map(|pooled| async move {
+                let close = pooled.channel.close(200, "acemq-host stopped".into());
+                match tokio::time::timeout(limit, close).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => tracing::debug!(%error, "closing a publishing channel"),
+                    Err(_) => tracing::debug!(
+                        "the broker did not confirm a publishing channel's close in time"
+                    ),
+                }
+            });
+        futures::future::join_all(closes).await;
+    }
+
     /// See [`PublishLink::frame_max`].
     pub fn frame_max(&self) -> u32 {
         self.shared.frame_max()

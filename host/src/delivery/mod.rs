@@ -143,6 +143,13 @@ impl Pipeline {
         self
     }
 
+    /// Once the consumer has ended (every delivery settled): its publishing
+    /// channels are closed, before the host closes the connection
+    /// ([`Publisher::close_idle`]).
+    pub async fn close(&self) {
+        self.publisher.close_idle(CHANNEL_CLOSE_LIMIT).await;
+    }
+
     /// One delivery, from its arrival to its settlement, in stages: read,
     /// call the plugins, decide, settle.
     pub async fn handle(self: Arc<Self>, received: Received) {
@@ -901,6 +908,10 @@ impl OnBroker<'_> {
         self.publisher.link().ready().await;
     }
 }
+
+/// How long a stopping consumer waits for the broker to confirm the close
+/// of each of its publishing channels (the host's stop is bounded).
+const CHANNEL_CLOSE_LIMIT: Duration = Duration::from_secs(5);
 
 /// How long a delivery is held while publishing is paused before it is
 /// requeued instead (RabbitMQ's consumer timeout is 30 minutes by default).
