@@ -656,19 +656,20 @@ impl Publisher {
         if let Some(declined) = self.paused(publications) {
             return Err(declined);
         }
-        let state = self.shared.link.state();
-        let Some(connection) = state.connection.clone() else {
+        let Some((connection, generation)) = self
+            .shared
+            .link
+            .read_state(|state| Some((state.connection.clone()?, state.generation)))
+        else {
             return Err(decline_all(publications, LOST));
         };
-        let joined = deadline
-            .within(self.join(&connection, state.generation))
-            .await;
+        let joined = deadline.within(self.join(&connection, generation)).await;
         match joined {
             Some(Ok(membership)) => Ok(Entered {
                 places,
                 membership,
                 connection,
-                generation: state.generation,
+                generation,
             }),
             // Nothing was written: a channel that cannot open on a
             // connection that just dropped is the recovery's business.

@@ -54,12 +54,6 @@ impl Deref for MessageId {
     }
 }
 
-impl AsRef<str> for MessageId {
-    fn as_ref(&self) -> &str {
-        self.as_str()
-    }
-}
-
 impl From<String> for MessageId {
     fn from(id: String) -> Self {
         Self(Id::Known(id))
@@ -69,12 +63,6 @@ impl From<String> for MessageId {
 impl From<&str> for MessageId {
     fn from(id: &str) -> Self {
         Self(Id::Known(id.to_owned()))
-    }
-}
-
-impl From<&MessageId> for String {
-    fn from(id: &MessageId) -> Self {
-        id.as_str().to_owned()
     }
 }
 
@@ -116,12 +104,6 @@ impl PartialEq<String> for MessageId {
 impl PartialEq<MessageId> for String {
     fn eq(&self, other: &MessageId) -> bool {
         self == other.as_str()
-    }
-}
-
-impl PartialEq<MessageId> for &str {
-    fn eq(&self, other: &MessageId) -> bool {
-        *self == other.as_str()
     }
 }
 

@@ -516,8 +516,9 @@ impl RolloutSlot {
         self.rollout.store(Some(rollout));
     }
 
-    /// Where the delivery with envelope id `id` goes. `id` is read only while a rollout runs: a message without one of its
-    /// own then has it derived ([`MessageId`]).
+    /// Where the delivery with envelope id `id` goes. `id` is read only
+    /// while a rollout runs: a message without one of its own then has it
+    /// derived ([`MessageId`]).
     pub fn route(&self, id: &MessageId) -> (Route, Option<Arc<Rollout>>) {
         match self.rollout.load_full() {
             Some(rollout) => (rollout.route(id.as_str()), Some(rollout)),
