@@ -168,11 +168,8 @@ fn bench(c: &mut Criterion) {
     let codecs = CodecSet::new();
     let (properties, body) = delivery();
     let policy = RetryPolicy::none();
-    // The host's runtime: one worker per core, a blocking pool beside them.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    // The host's runtime (`acemq_host::runtime`), a blocking pool beside it.
+    let runtime = acemq_host::runtime::build(None).expect("runtime");
     // A call's deadline is also a tokio timer (plugin/pool.rs): calls need
     // the runtime's context, as the host's have.
     let _context = runtime.enter();

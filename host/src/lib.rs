@@ -43,6 +43,7 @@ pub(crate) mod logging;
 #[macro_use]
 pub mod plugin;
 pub mod rollout;
+pub mod runtime;
 pub mod scheduler;
 pub mod service;
 pub mod state;

@@ -43,10 +43,7 @@ pub fn run(config_path: &Path, log_format: Option<LogFormat>) -> ExitCode {
         Ok(prepared) => prepared,
         Err(e) => return fail(Exit::Invalid, &e),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match crate::runtime::build(prepared.config.config.host.worker_threads()) {
         Ok(runtime) => runtime,
         Err(e) => return fail(Exit::Failed, &e),
     };

@@ -247,12 +247,22 @@ pub struct HostConfig {
     pub fuel_metering: bool,
     /// `text` or `json`; `--log-format` and `ACEMQ_LOG_FORMAT` win.
     pub log_format: Option<crate::logging::LogFormat>,
+    /// The async runtime's workers; one per core when absent (see
+    /// `crate::runtime`). At least 1.
+    pub worker_threads: Option<Spanned<usize>>,
 }
 
 impl HostConfig {
     /// Whether compiled plugins are cached (`plugin_cache`, on by default).
     pub fn caches_plugins(&self) -> bool {
         self.plugin_cache.as_ref().is_none_or(|on| *on.get_ref())
+    }
+
+    /// `worker_threads`, when set (and valid: the config's check refuses 0).
+    pub fn worker_threads(&self) -> Option<std::num::NonZeroUsize> {
+        self.worker_threads
+            .as_ref()
+            .and_then(|n| std::num::NonZeroUsize::new(*n.get_ref()))
     }
 }
 
@@ -271,6 +281,7 @@ impl Default for HostConfig {
             rollout_state_dir: None,
             fuel_metering: false,
             log_format: None,
+            worker_threads: None,
         }
     }
 }
@@ -867,6 +878,12 @@ impl LoadedConfig {
                 ));
             }
         }
+        if let Some(zero) = c.host.worker_threads.as_ref().filter(|n| *n.get_ref() == 0) {
+            found.push(self.error_at(
+                Some(zero.span().start),
+                "host.worker_threads: must be at least 1: no delivery could be handled without a worker",
+            ));
+        }
         if c.broker.max_unconfirmed == 0 {
             found.push(self.error_at(
                 None,
@@ -1190,6 +1207,24 @@ mod tests {
                 .to_string()
                 .contains("broker.max_unconfirmed: must be at least 1")
         );
+    }
+
+    #[test]
+    fn worker_threads_are_read_and_zero_is_refused_where_it_is_written() {
+        let loaded = parse("[host]\nworker_threads = 3\n").unwrap();
+        assert_eq!(
+            loaded.config.host.worker_threads().map(|n| n.get()),
+            Some(3)
+        );
+        assert_eq!(parse("").unwrap().config.host.worker_threads(), None);
+        let refused = parse("[host]\nworker_threads = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("host.worker_threads: must be at least 1"),
+            "{refused}"
+        );
+        assert!(refused.contains(":2"), "the line is named: {refused}");
     }
 
     #[test]

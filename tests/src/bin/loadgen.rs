@@ -87,6 +87,10 @@ use acemq_host::telemetry::Metrics;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The runtime's workers (`[host] worker_threads`); the host's default
+    /// (one per core) when absent.
+    #[arg(long, global = true)]
+    worker_threads: Option<std::num::NonZeroUsize>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -209,10 +213,8 @@ fn main() -> Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-    // The same runtime as the acemq-host binary: one worker per core.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    // The same runtime as the acemq-host binary's.
+    let runtime = acemq_host::runtime::build(cli.worker_threads)?;
     runtime.block_on(async {
         match cli.command {
             Command::Publish(args) => publish(args).await,

@@ -1,0 +1,37 @@
+//! The async runtime the host runs on, and how many workers it has.
+//!
+//! One worker per core unless `[host] worker_threads` says otherwise. The
+//! host's broker I/O does not run on the runtime: each AMQP connection (the
+//! host has two, one to consume and one to publish) reads and writes its
+//! socket on a thread of lapin's own, busy under load (about a third of
+//! the host's CPU on the echo path). So at high rates of light messages a
+//! worker per core means more busy threads than cores, and the workers
+//! wake and hand work to each other more than they run it; at low rates of
+//! heavy ones (a Python or JavaScript plugin) those threads are idle and
+//! every worker runs calls. Measured on two cores (`cargo bench -p
+//! acemq-tests --bench end_to_end`, medians of 3; docs/benchmarks.md): one
+//! worker instead of two cut the echo path's CPU per message by about a
+//! fifth, and cost the JavaScript order router a third of its rate. The
+//! default keeps every core for plugins; `worker_threads = cores - 1` suits
+//! a small machine serving light plugins at high rates.
+
+use std::num::NonZeroUsize;
+
+/// The runtime's workers when `[host] worker_threads` does not say: one per
+/// core.
+#[must_use]
+pub fn default_worker_threads() -> NonZeroUsize {
+    std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
+}
+
+/// The multi-threaded runtime with `workers` workers (the default when
+/// `None`), timers and I/O enabled.
+///
+/// # Errors
+/// When the operating system refuses the threads.
+pub fn build(workers: Option<NonZeroUsize>) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers.unwrap_or_else(default_worker_threads).get())
+        .enable_all()
+        .build()
+}
