@@ -21,6 +21,7 @@ pub mod lease;
 pub mod link;
 pub mod offset;
 pub mod oneoff;
+mod placement;
 pub mod publisher;
 pub mod resubscribe;
 pub mod set_aside;

@@ -29,6 +29,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckBatcher, OldestUnsettled};
+use super::placement::Placement;
 use super::stream::{OFFSET_ARGUMENT, StreamOffset, StreamPosition, SubscriptionPosition};
 
 /// What to consume, and how much at once.
@@ -585,7 +586,7 @@ async fn subscribe(
 
 /// The receive phase of one subscription: each delivery is admitted (a
 /// place in a stream's window, then a free place among `concurrency`) and
-/// handed over on a task of its own.
+/// started, here or on a task of its own (see `placement.rs`).
 struct Receiving<'a> {
     queue: &'a str,
     channel: Channel,
@@ -605,6 +606,8 @@ struct Receiving<'a> {
     /// [`Receipt::read_again`]): the subscription ends, and the next one
     /// starts at the lowest offset not done.
     read_again: CancellationToken,
+    /// Where each delivery's work runs (see `placement.rs`).
+    placement: Placement,
     running: JoinSet<()>,
 }
 
@@ -627,6 +630,7 @@ impl<'a> Receiving<'a> {
             in_hand,
             channel_lost: CancellationToken::new(),
             read_again: CancellationToken::new(),
+            placement: Placement::default(),
             running: JoinSet::new(),
         }
     }
@@ -740,34 +744,17 @@ impl<'a> Receiving<'a> {
             },
         };
         let stream = self.reading.as_ref().map(|_| self.read_again.clone());
-        // Boxed before it is spawned (see `spawn_boxed`).
-        spawn_boxed(
-            &mut self.running,
-            handle(Received::new(
-                delivery,
-                self.acks.clone(),
-                Slot(permit),
-                held,
-                stream,
-                self.channel_lost.clone(),
-            )),
-        );
+        let work = handle(Received::new(
+            delivery,
+            self.acks.clone(),
+            Slot(permit),
+            held,
+            stream,
+            self.channel_lost.clone(),
+        ));
+        self.placement.start(&mut self.running, work).await;
         ControlFlow::Continue(())
     }
-}
-
-/// Spawns a delivery's work on `running`, boxed. The work's future is over
-/// a kilobyte, and a task keeps its future inline: tokio moves the whole
-/// of it when the task is made, when its stage changes at the end and when
-/// its output is read: 5.1 % of the host's CPU on the echo path, in `perf`
-/// (memmove under `Cell::new`, `set_stage`, `spawn` and `try_read_output`).
-/// Boxed, the task holds a pointer and the future is moved once, into its
-/// box: 0.6 %.
-pub(super) fn spawn_boxed(
-    running: &mut JoinSet<()>,
-    work: impl Future<Output = ()> + Send + 'static,
-) {
-    running.spawn(Box::pin(work));
 }
 
 /// Opens a channel with `prefetch` and starts consuming `queue` as `tag`.

@@ -28,6 +28,7 @@ use super::amqp10::{self, Amqp091View};
 use super::endpoint::StreamEndpoints;
 use super::reader::ChunkReader;
 use crate::broker::offset::{OFFSET_ARGUMENT, StreamOffset};
+use crate::broker::placement::Placement;
 use crate::broker::stream::SubscriptionPosition;
 use crate::broker::subscription::{Reading, Received, Slot, SubscriptionEnv, SubscriptionSpec};
 
@@ -234,14 +235,16 @@ impl Receiving {
                 }
             };
             self.reading.received(offset, offset);
-            self.running.push(handle(Received::from_stream_protocol(
-                view,
-                offset,
-                self.reading.clone(),
-                places,
-                self.read_again.clone(),
-                self.lost.clone(),
-            )));
+            self.running
+                .push(handle(Received::from_stream_protocol(
+                    view,
+                    offset,
+                    self.reading.clone(),
+                    places,
+                    self.read_again.clone(),
+                    self.lost.clone(),
+                )))
+                .await;
         }
         None
     }
@@ -252,26 +255,28 @@ impl Receiving {
 /// host about half its CPU per message in wake-ups and moves of the
 /// delivery's future (`cargo bench -p acemq-tests --bench stream_protocol`,
 /// full chunks: 88,939 msg/s at 14.0 µs a message, 171,821 at 6.2 µs
-/// inline). With more, each runs on a task of its own, so that plugin calls
-/// use every core.
+/// inline). With more, each starts as an AMQP delivery does (first poll
+/// here while that is short, the rest on a task of its own: see
+/// `broker/placement.rs`), so that plugin calls that take long use every
+/// core.
 enum Running {
     Inline(FuturesUnordered<BoxFuture<'static, ()>>),
-    Spawned(JoinSet<()>),
+    Spawned(JoinSet<()>, Placement),
 }
 
 impl Running {
     fn new(concurrency: usize) -> Self {
         match concurrency {
             1 => Running::Inline(FuturesUnordered::new()),
-            _ => Running::Spawned(JoinSet::new()),
+            _ => Running::Spawned(JoinSet::new(), Placement::default()),
         }
     }
 
-    fn push(&mut self, work: impl Future<Output = ()> + Send + 'static) {
+    async fn push(&mut self, work: impl Future<Output = ()> + Send + 'static) {
         match self {
             Running::Inline(running) => running.push(Box::pin(work)),
-            Running::Spawned(running) => {
-                crate::broker::subscription::spawn_boxed(running, work);
+            Running::Spawned(running, placement) => {
+                placement.start(running, work).await;
                 while running.try_join_next().is_some() {}
             }
         }
@@ -284,7 +289,7 @@ impl Running {
     fn len(&self) -> usize {
         match self {
             Running::Inline(running) => running.len(),
-            Running::Spawned(running) => running.len(),
+            Running::Spawned(running, _) => running.len(),
         }
     }
 
@@ -293,7 +298,7 @@ impl Running {
     async fn next(&mut self) -> Option<()> {
         match self {
             Running::Inline(running) => running.next().await,
-            Running::Spawned(running) => running.join_next().await.map(drop),
+            Running::Spawned(running, _) => running.join_next().await.map(drop),
         }
     }
 
@@ -301,7 +306,7 @@ impl Running {
     fn stop_all(&mut self) {
         match self {
             Running::Inline(running) => running.clear(),
-            Running::Spawned(running) => running.abort_all(),
+            Running::Spawned(running, _) => running.abort_all(),
         }
     }
 }
