@@ -9,7 +9,7 @@
 //! ```
 //!
 //! A throwaway RabbitMQ node is started (or `ACEMQ_TEST_URL` is used). Each
-//! round runs six consumers, each as a `loadgen` child process draining a
+//! round runs ten consumers, each as a `loadgen` child process draining a
 //! fresh quorum queue that `loadgen publish` filled with persistent 1 KiB
 //! messages, every consumer at the same prefetch (200):
 //!
@@ -20,7 +20,8 @@
 //! 2. `consume-bare -A 1`: the same with an ack per message, pipelined (not
 //!    awaited one by one). Shown for comparison, scored against (1).
 //! 3. `consume-host` with the `echo` (no-op) plugin, at the host's default
-//!    concurrency (`ACEMQ_BENCH_CONCURRENCY` overrides it).
+//!    concurrency (`ACEMQ_BENCH_CONCURRENCY` overrides it), and the same
+//!    on one runtime worker (`[host] worker_threads = 1`), for reference.
 //! 4. `consume-bare --transform-to X -A 20 --envelope`: consume -> stamp
 //!    (JSON) -> publish on one confirm channel -> pipelined confirms -> a
 //!    `multiple` ack per 20 confirmed inputs. The baseline of the transform
@@ -185,6 +186,10 @@ enum Mode {
     BareSingleAck,
     /// `consume-host` with the echo plugin.
     Host,
+    /// The same on one runtime worker (`--worker-threads 1`), for
+    /// reference: what `[host] worker_threads` buys where the connections'
+    /// I/O threads share the cores.
+    HostOneWorker,
     /// `consume-bare --transform-to X -A N --envelope`: the transform
     /// baseline, writing the same messages as the host.
     BareTransform,
@@ -202,10 +207,11 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 9] = [
+    const ALL: [Mode; 10] = [
         Mode::BareMultiAck,
         Mode::BareSingleAck,
         Mode::Host,
+        Mode::HostOneWorker,
         Mode::BareTransform,
         Mode::BareTransformPlain,
         Mode::HostTransform,
@@ -220,6 +226,7 @@ impl Mode {
             Mode::BareMultiAck => "bare-multi-ack",
             Mode::BareSingleAck => "bare-single-ack",
             Mode::Host => "host",
+            Mode::HostOneWorker => "host-one-worker",
             Mode::BareTransform => "bare-transform",
             Mode::BareTransformPlain => "bare-transform-plain",
             Mode::HostTransform => "host-transform",
@@ -235,6 +242,7 @@ impl Mode {
             Mode::BareMultiAck => format!("bare multi-ack (-A {})", settings.multi_ack),
             Mode::BareSingleAck => "bare single acks, pipelined".to_string(),
             Mode::Host => "host + echo".to_string(),
+            Mode::HostOneWorker => "  same, one worker (reference)".to_string(),
             Mode::BareTransform => format!("bare transform (-A {})", settings.multi_ack),
             Mode::BareTransformPlain => "  same, no envelope (reference)".to_string(),
             Mode::HostTransform => "host transform (stamp-v1)".to_string(),
@@ -278,7 +286,8 @@ impl Mode {
     }
 
     fn is_host(self) -> bool {
-        matches!(self, Mode::Host | Mode::HostTransform) || self.router().is_some()
+        matches!(self, Mode::Host | Mode::HostOneWorker | Mode::HostTransform)
+            || self.router().is_some()
     }
 }
 
@@ -588,6 +597,7 @@ impl Bench {
             Mode::BareMultiAck | Mode::BareTransformPlain => args.extend(["-A", &multi_ack]),
             Mode::BareTransform => args.extend(["-A", &multi_ack, "--envelope"]),
             Mode::BareSingleAck => args.extend(["-A", "1"]),
+            Mode::HostOneWorker => args.extend(["--worker-threads", "1"]),
             Mode::Host | Mode::HostTransform => {}
             Mode::RouterRust | Mode::RouterPython | Mode::RouterJs => {
                 args.extend(["--exchange-key", "events_exchange"]);
@@ -595,7 +605,7 @@ impl Bench {
         }
         let plugin = match mode.router() {
             Some(router) => Some(plugin_path(router)),
-            None => (mode == Mode::Host).then(|| self.echo.clone()),
+            None => matches!(mode, Mode::Host | Mode::HostOneWorker).then(|| self.echo.clone()),
         };
         let plugin = plugin.as_ref().map(|path| path.to_string_lossy());
         if let Some(plugin) = &plugin {
