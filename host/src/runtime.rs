@@ -20,8 +20,7 @@ use std::num::NonZeroUsize;
 
 /// The runtime's workers when `[host] worker_threads` does not say: one per
 /// core.
-#[must_use]
-pub fn default_worker_threads() -> NonZeroUsize {
+fn default_worker_threads() -> NonZeroUsize {
     std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
 }
 

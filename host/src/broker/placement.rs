@@ -30,11 +30,11 @@ use tokio::task::JoinSet;
 /// The longest first poll, on average, that stays on the receiving task: a
 /// few times what handing the work to another worker costs. Past it, a
 /// subscription's calls are better spread over the workers.
-pub(super) const INLINE_LIMIT: Duration = Duration::from_micros(25);
+const INLINE_LIMIT: Duration = Duration::from_micros(25);
 
 /// While work is spawned whole, one delivery in this many still starts on
 /// the receiving task, to measure its first poll.
-pub(super) const PROBE_EVERY: u32 = 32;
+const PROBE_EVERY: u32 = 32;
 
 /// The average of recent first polls, and when to measure one again.
 #[derive(Debug, Default)]
