@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
+use futures::future::Either;
 use futures::stream::FuturesUnordered;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::ShortString;
@@ -391,7 +392,7 @@ struct Round {
     generation: u64,
     state: Mutex<RoundState>,
     /// Members that have not yet pooled their returns.
-    busy: watch::Sender<usize>,
+    busy: Busy,
     /// Where the channel goes back when the round ends.
     idle: Arc<Mutex<Vec<Pooled>>>,
 }
@@ -406,13 +407,60 @@ struct RoundState {
     returned: Vec<Returned>,
 }
 
+/// How many members of a round have not yet pooled their returns, and a
+/// wake-up for those waiting once none is left.
+///
+/// Only the last leave wakes anyone. When every leave woke every member
+/// still waiting, a round of n members cost about n² polls of delivery
+/// tasks that found others still busy and went back to sleep (a round
+/// holds tens of members at a few thousand outputs a second).
+#[derive(Debug)]
+struct Busy(watch::Sender<usize>);
+
+impl Default for Busy {
+    fn default() -> Self {
+        Self(watch::Sender::new(0))
+    }
+}
+
+impl Busy {
+    /// One more member. Nobody waits for the count to rise.
+    fn join(&self) {
+        self.0.send_if_modified(|busy| {
+            *busy += 1;
+            false
+        });
+    }
+
+    /// One member fewer; the waiting are woken when it was the last.
+    fn leave(&self) {
+        self.0.send_if_modified(|busy| {
+            *busy -= 1;
+            *busy == 0
+        });
+    }
+
+    /// A view of the count, taken before this member leaves so that the
+    /// last leave (its own included) cannot be missed.
+    fn watch(&self) -> watch::Receiver<usize> {
+        self.0.subscribe()
+    }
+
+    /// Waits until no member is left.
+    async fn all_left(mut view: watch::Receiver<usize>) {
+        // The sender lives in the round, which the caller holds: the wait
+        // ends only with the count.
+        let _ = view.wait_for(|busy| *busy == 0).await;
+    }
+}
+
 impl Round {
     fn new(channel: Channel, generation: u64, idle: Arc<Mutex<Vec<Pooled>>>) -> Self {
         Self {
             channel,
             generation,
             state: Mutex::new(RoundState::default()),
-            busy: watch::Sender::new(0),
+            busy: Busy::default(),
             idle,
         }
     }
@@ -457,7 +505,7 @@ impl Membership {
     fn leave(&mut self) {
         if !self.left {
             self.left = true;
-            self.round.busy.send_modify(|busy| *busy -= 1);
+            self.round.busy.leave();
         }
     }
 }
@@ -743,13 +791,13 @@ impl Publisher {
             round_state.abandoned |= owed;
         }
         self.close(round);
-        let mut others = round.busy.subscribe();
+        let others = round.busy.watch();
         membership.leave();
         // Every member leaves, even a dropped one: this cannot wait forever
         // unless a member's confirms never arrive, and those end with its
         // deadline. A member joins only once it holds its places, so none
         // waits for places while others wait for it.
-        let _ = others.wait_for(|busy| *busy == 0).await;
+        Busy::all_left(others).await;
     }
 
     /// Every message declined, unsent, while the link is not up.
@@ -825,39 +873,53 @@ impl Publisher {
         for (index, ..) in &waiting {
             outstanding[*index] = true;
         }
-        let mut pending: FuturesUnordered<_> = waiting
+        let count = waiting.len();
+        let mut confirms = waiting
             .into_iter()
             .map(|(index, confirm, place)| async move {
                 let result = confirm.await;
                 drop(place);
                 (index, result)
-            })
-            .collect();
-        let mut done = Vec::with_capacity(pending.len());
-        let link = &self.shared.link;
-        let mut states = link.watch();
-        let all_in = async {
-            while let Some((index, result)) = pending.next().await {
-                outstanding[index] = false;
-                done.push((index, result.map_err(NoConfirm::Failed)));
-            }
-        };
-        // A link whose state can no longer change is gone too.
-        let lost = states.wait_for(|s| {
-            s.generation != generation
-                || matches!(s.phase, Phase::Lost { .. } | Phase::Reconnecting { .. })
-        });
-        let cut_short = deadline
-            .within(async {
-                tokio::select! {
-                    _ = all_in => None,
-                    _ = lost => Some(NoConfirm::ConnectionLost),
+            });
+        let mut done = Vec::with_capacity(count);
+        let cut_short = {
+            // Most batches are one delivery's one output: its confirm is
+            // awaited as it is, without the set that lets several arrive in
+            // any order (an allocation for the set and one for each of its
+            // futures).
+            let mut pending = std::pin::pin!(match (count, confirms.next()) {
+                (1, Some(only)) => Either::Left(futures::stream::once(only)),
+                (_, first) => Either::Right(
+                    first
+                        .into_iter()
+                        .chain(confirms)
+                        .collect::<FuturesUnordered<_>>(),
+                ),
+            });
+            let link = &self.shared.link;
+            let mut states = link.watch();
+            let all_in = async {
+                while let Some((index, result)) = pending.next().await {
+                    outstanding[index] = false;
+                    done.push((index, result.map_err(NoConfirm::Failed)));
                 }
-            })
-            .await
-            .unwrap_or(Some(NoConfirm::TimedOut));
-        // Places of confirms still owed go back now (dropping `pending`).
-        drop(pending);
+            };
+            // A link whose state can no longer change is gone too.
+            let lost = states.wait_for(|s| {
+                s.generation != generation
+                    || matches!(s.phase, Phase::Lost { .. } | Phase::Reconnecting { .. })
+            });
+            deadline
+                .within(async {
+                    tokio::select! {
+                        _ = all_in => None,
+                        _ = lost => Some(NoConfirm::ConnectionLost),
+                    }
+                })
+                .await
+                .unwrap_or(Some(NoConfirm::TimedOut))
+            // Places of confirms still owed go back here, with `pending`.
+        };
         if let Some(why) = cut_short {
             let left = outstanding.iter().enumerate().filter(|(_, waits)| **waits);
             done.extend(left.map(|(index, _)| (index, Err(why.again()))));
@@ -882,7 +944,7 @@ impl Publisher {
         let channel = self.channel(connection, generation).await?;
         let round = Arc::new(Round::new(channel, generation, self.idle.clone()));
         let mut open = self.open.lock().expect("publisher rounds poisoned");
-        round.busy.send_modify(|busy| *busy += 1);
+        round.busy.join();
         *open = Some(round.clone());
         Ok(Membership { round, left: false })
     }
@@ -896,7 +958,7 @@ impl Publisher {
         }
         // Joined under the round's lock: a member that seals it afterwards
         // sees this one as busy and waits for it.
-        round.busy.send_modify(|busy| *busy += 1);
+        round.busy.join();
         drop(state);
         Some(Membership {
             round: round.clone(),
@@ -1162,5 +1224,36 @@ fn declined(p: &Publication, reason: &str) -> PublishError {
         exchange: p.exchange.clone(),
         routing_key: p.routing_key.clone(),
         reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn members_waiting_for_a_round_are_woken_once_by_the_last_to_leave() {
+        let busy = Busy::default();
+        for _ in 0..3 {
+            busy.join();
+        }
+        let view = busy.watch();
+        busy.leave();
+        busy.leave();
+        assert!(
+            !view.has_changed().unwrap(),
+            "a leave that is not the last wakes no one"
+        );
+        let waiting = tokio::spawn(Busy::all_left(busy.watch()));
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "one member is still busy");
+        busy.leave();
+        assert!(view.has_changed().unwrap(), "the last leave wakes");
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the wait ends with the last leave")
+            .unwrap();
+        // A member that looks after everyone left does not wait.
+        Busy::all_left(busy.watch()).await;
     }
 }
