@@ -413,7 +413,8 @@ struct RoundState {
 /// Only the last leave wakes anyone. When every leave woke every member
 /// still waiting, a round of n members cost about n² polls of delivery
 /// tasks that found others still busy and went back to sleep (a round
-/// holds tens of members at a few thousand outputs a second).
+/// takes every batch that joins while its first member's confirms are
+/// out, so under load it is many).
 #[derive(Debug)]
 struct Busy(watch::Sender<usize>);
 
