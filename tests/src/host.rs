@@ -358,8 +358,39 @@ impl Drop for HostProcess {
 /// The host running inside the test process, for access to its metrics.
 pub struct InProcessHost {
     pub metrics: Arc<Metrics>,
+    board: Arc<Board>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<Result<()>>,
+    /// Its state in the watchdog's reports while it lives.
+    _reported: crate::watchdog::Reporter,
+}
+
+/// The series of a host's metrics that say where its deliveries are.
+const STATE_SERIES: &[&str] = &[
+    "acemq_consume_in_flight",
+    "acemq_consume_oldest_unacked_seconds",
+    "acemq_consume_total",
+    "acemq_publish_unconfirmed",
+    "acemq_connection_up",
+    "acemq_connection_blocked{",
+    "acemq_connection_recoveries_total",
+];
+
+/// What an in-process host is doing: each queue's reading (its own board)
+/// and the series of [`STATE_SERIES`], for the report of a wait that does
+/// not end.
+fn state_of(metrics: &Metrics, board: &Board) -> String {
+    let mut out = String::new();
+    for (queue, reading) in board.snapshot() {
+        out.push_str(&format!("queue {queue}: {reading:?}\n"));
+    }
+    for line in metrics.render().lines() {
+        if STATE_SERIES.iter().any(|series| line.starts_with(series)) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 impl InProcessHost {
@@ -373,29 +404,44 @@ impl InProcessHost {
             .map_err(|e| anyhow!("{e}"))?;
         let metrics = Arc::new(Metrics::new());
         let registry = metrics.clone();
+        let preparing = crate::watchdog::step("an in-process host preparing (config, plugins)");
         let prepared =
             tokio::task::spawn_blocking(move || app::prepare(loaded, &registry)).await??;
+        drop(preparing);
         let board = prepared.board.clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(app::run(prepared, shutdown.clone(), metrics.clone()));
+        let reported = {
+            let (metrics, board) = (metrics.clone(), board.clone());
+            crate::watchdog::reporter("an in-process host", move || state_of(&metrics, &board))
+        };
         let host = Self {
             metrics,
+            board,
             shutdown,
             task,
+            _reported: reported,
         };
-        host.wait_until_consuming(&board).await?;
+        let _subscribing = crate::watchdog::step("an in-process host subscribing to its queues");
+        host.wait_until_consuming().await?;
         Ok(host)
+    }
+
+    /// What the host is doing now (see [`state_of`]).
+    fn state(&self) -> String {
+        state_of(&self.metrics, &self.board)
     }
 
     /// Waits until every consumer holds its subscription, as the host's own
     /// board says (exact, unlike the broker's sampled consumer counts).
-    async fn wait_until_consuming(&self, board: &Board) -> Result<()> {
+    async fn wait_until_consuming(&self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if self.task.is_finished() {
                 bail!("the host stopped before it consumed from every queue");
             }
-            let waiting: Vec<String> = board
+            let waiting: Vec<String> = self
+                .board
                 .snapshot()
                 .into_iter()
                 .filter(|(_, reading)| *reading != Reading::Consuming)
@@ -406,23 +452,27 @@ impl InProcessHost {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "the host did not start consuming from {} within 30 s",
-                    waiting.join(", ")
+                    "the host did not start consuming from {} within 30 s; its state:\n{}",
+                    waiting.join(", "),
+                    self.state()
                 );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
-    /// Shuts the host down as SIGTERM would and waits for it.
     /// Stops the host as a signal would, and returns what its run
-    /// returned; a host that has not stopped after 60 s is an error.
-    pub async fn stop(self) -> Result<()> {
+    /// returned; a host that has not stopped after 60 s is an error that
+    /// says what it was doing.
+    pub async fn stop(mut self) -> Result<()> {
         let _step = crate::watchdog::step("stopping an in-process host");
         self.shutdown.cancel();
-        match tokio::time::timeout(Duration::from_secs(60), self.task).await {
+        match tokio::time::timeout(Duration::from_secs(60), &mut self.task).await {
             Ok(joined) => joined?,
-            Err(_) => bail!("the host did not stop within 60 s of its shutdown"),
+            Err(_) => bail!(
+                "the host did not stop within 60 s of its shutdown; its state:\n{}",
+                self.state()
+            ),
         }
     }
 }

@@ -8,6 +8,11 @@
 //! minute, until it ends. It writes to the file descriptor itself: the
 //! test runner captures `eprintln!` of a test, which would hide the report
 //! of a test that never finishes.
+//!
+//! A wait names where a test is stuck, not why: so what is running beside
+//! it (an in-process host) can register a [`Reporter`] too, whose state the
+//! report carries (its consumers, deliveries in flight, unconfirmed
+//! publishes, connections), as seen when the report was written.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -32,15 +37,31 @@ struct Pending {
     since: Instant,
 }
 
-fn pending() -> &'static Mutex<HashMap<u64, Pending>> {
-    static PENDING: OnceLock<Mutex<HashMap<u64, Pending>>> = OnceLock::new();
-    PENDING.get_or_init(|| {
+/// What a report says of something that runs beside the waits.
+type StateOf = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
+
+struct Registers {
+    waits: HashMap<u64, Pending>,
+    reporters: HashMap<u64, (String, StateOf)>,
+}
+
+fn registers() -> &'static Mutex<Registers> {
+    static REGISTERS: OnceLock<Mutex<Registers>> = OnceLock::new();
+    REGISTERS.get_or_init(|| {
         std::thread::Builder::new()
             .name("acemq-tests-watchdog".into())
             .spawn(watch)
             .expect("start the test watchdog thread");
-        Mutex::new(HashMap::new())
+        Mutex::new(Registers {
+            waits: HashMap::new(),
+            reporters: HashMap::new(),
+        })
     })
+}
+
+fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A wait in progress; it leaves the register when dropped.
@@ -49,16 +70,62 @@ pub struct Step(u64);
 
 impl Drop for Step {
     fn drop(&mut self) {
-        lock().remove(&self.0);
+        lock().waits.remove(&self.0);
     }
+}
+
+/// Something whose state the reports carry; it leaves the register when
+/// dropped.
+#[must_use = "the state is reported only while the reporter is alive"]
+pub struct Reporter(u64);
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        lock().reporters.remove(&self.0);
+    }
+}
+
+/// Registers `state_of` (called on the watchdog's thread, so it must not
+/// wait on the test's runtime) under `label` until the returned
+/// [`Reporter`] is dropped: every report of a stuck wait carries what it
+/// says then.
+pub fn reporter(
+    label: impl Into<String>,
+    state_of: impl Fn() -> String + Send + Sync + 'static,
+) -> Reporter {
+    let id = next_id();
+    lock()
+        .reporters
+        .insert(id, (label.into(), std::sync::Arc::new(state_of)));
+    Reporter(id)
+}
+
+/// What every registered reporter says now, as report lines.
+pub fn states() -> String {
+    // Taken out of the register first: a reporter reads its own locks,
+    // which must never wait behind this one.
+    let reporters: Vec<(String, StateOf)> = lock()
+        .reporters
+        .values()
+        .map(|(label, state_of)| (label.clone(), state_of.clone()))
+        .collect();
+    let mut out = String::new();
+    for (label, state_of) in reporters {
+        out.push_str(&format!("  state of {label}:\n"));
+        for line in state_of().lines() {
+            out.push_str("    ");
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// Registers a wait named `label` (say what and on which queue) until the
 /// returned [`Step`] is dropped.
 pub fn step(label: impl Into<String>) -> Step {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    lock().insert(
+    let id = next_id();
+    lock().waits.insert(
         id,
         Pending {
             label: label.into(),
@@ -78,6 +145,7 @@ pub async fn watched<F: Future>(label: impl Into<String>, future: F) -> F::Outpu
 pub fn stalled(older_than: Duration) -> Vec<String> {
     let now = Instant::now();
     let mut found: Vec<(Duration, String)> = lock()
+        .waits
         .values()
         .map(|p| (now.duration_since(p.since), p.label.clone()))
         .filter(|(age, _)| *age >= older_than)
@@ -89,9 +157,9 @@ pub fn stalled(older_than: Duration) -> Vec<String> {
         .collect()
 }
 
-fn lock() -> std::sync::MutexGuard<'static, HashMap<u64, Pending>> {
+fn lock() -> std::sync::MutexGuard<'static, Registers> {
     // A panicking test must not take the register down with it.
-    pending().lock().unwrap_or_else(|e| e.into_inner())
+    registers().lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn watch() {
@@ -112,6 +180,7 @@ fn watch() {
             report.push_str(&line);
             report.push('\n');
         }
+        report.push_str(&states());
         let _ = std::io::stderr().write_all(report.as_bytes());
         if give_up {
             dump_threads();
@@ -156,5 +225,20 @@ mod tests {
         );
         drop(step);
         assert!(!stalled(Duration::ZERO).iter().any(|l| l.ends_with(&label)));
+    }
+
+    #[test]
+    fn a_reporter_says_its_state_while_it_lives_and_nothing_after() {
+        let label = format!("unit-test reporter {:?}", Instant::now());
+        let reporter = reporter(label.clone(), || "in flight 3\nunconfirmed 2".into());
+        let said = states();
+        assert!(
+            said.contains(&format!(
+                "  state of {label}:\n    in flight 3\n    unconfirmed 2\n"
+            )),
+            "{said}"
+        );
+        drop(reporter);
+        assert!(!states().contains(&label));
     }
 }

@@ -1,6 +1,7 @@
 //! Tests of the test harness itself: the throwaway broker and its helpers.
 
-use acemq_tests::{Broker, shared_broker, unique_name};
+use acemq_tests::host::{InProcessHost, plugin_path};
+use acemq_tests::{Broker, shared_broker, unique_name, watchdog};
 use anyhow::Result;
 use lapin::BasicProperties;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
@@ -328,5 +329,51 @@ async fn a_publish_the_broker_blocks_fails_naming_the_alarm_instead_of_hanging()
         "{error:#}"
     );
     broker.stop()?;
+    Ok(())
+}
+
+/// The watchdog's report of a stuck wait carries what each in-process
+/// host is doing: its queues' readings and where its deliveries are.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stuck_waits_report_says_what_an_in_process_host_is_doing() -> Result<()> {
+    let broker = shared_broker();
+    let queue = unique_name("harness.reported");
+    let config = format!(
+        r#"
+[broker]
+url = "{url}"
+
+[[queues]]
+name = "{queue}"
+
+[[consumers]]
+queue = "{queue}"
+plugin = "{plugin}"
+"#,
+        url = broker.amqp_url(),
+        plugin = plugin_path("echo").display(),
+    );
+    let host = InProcessHost::start(&config).await?;
+    let said = watchdog::states();
+    host.stop().await?;
+    assert!(said.contains("state of an in-process host:"), "{said}");
+    assert!(
+        said.contains(&format!("queue {queue}: Consuming")),
+        "{said}"
+    );
+    assert!(
+        said.contains(r#"acemq_connection_up{connection="consume"} 1"#),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(r#"acemq_consume_in_flight{{queue="{queue}"}} 0"#)),
+        "{said}"
+    );
+    // Gone with the host.
+    assert!(
+        !watchdog::states().contains(&format!("queue {queue}:")),
+        "{}",
+        watchdog::states()
+    );
     Ok(())
 }
