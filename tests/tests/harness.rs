@@ -1,6 +1,7 @@
 //! Tests of the test harness itself: the throwaway broker and its helpers.
 
-use acemq_tests::host::{InProcessHost, plugin_path};
+use acemq_tests::host::InProcessHost;
+use acemq_tests::stamp::StampConfig;
 use acemq_tests::{Broker, shared_broker, unique_name, watchdog};
 use anyhow::Result;
 use lapin::BasicProperties;
@@ -338,21 +339,13 @@ async fn a_publish_the_broker_blocks_fails_naming_the_alarm_instead_of_hanging()
 async fn a_stuck_waits_report_says_what_an_in_process_host_is_doing() -> Result<()> {
     let broker = shared_broker();
     let queue = unique_name("harness.reported");
-    let config = format!(
-        r#"
-[broker]
-url = "{url}"
-
-[[queues]]
-name = "{queue}"
-
-[[consumers]]
-queue = "{queue}"
-plugin = "{plugin}"
-"#,
-        url = broker.amqp_url(),
-        plugin = plugin_path("echo").display(),
-    );
+    let (output, exchange) = (format!("{queue}.out"), format!("{queue}.x"));
+    let broker_line = format!("url = \"{}\"", broker.amqp_url());
+    let config = StampConfig {
+        broker: &broker_line,
+        ..StampConfig::new(&queue, &output, &exchange)
+    }
+    .toml();
     let host = InProcessHost::start(&config).await?;
     let said = watchdog::states();
     host.stop().await?;
