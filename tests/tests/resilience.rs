@@ -619,3 +619,87 @@ async fn the_broker_closing_every_connection_and_restarting_loses_nothing() {
     assert!(host.terminate(Duration::from_secs(30)).unwrap().success());
     broker.stop().unwrap();
 }
+
+/// lapin leaves a step that awaits the broker's reply pending for ever when
+/// its connection fails at that moment (this test without the race below:
+/// 10 of 300 cuts left `create_channel` pending, the connection already
+/// `Error`).
+/// The host races every such step against the connection's end
+/// (`acemq_host::broker::lost`): here channels are opened and closed in a
+/// loop while the socket is cut, hundreds of times, and every loop ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_step_whose_connection_is_cut_ends_with_it_instead_of_waiting_for_ever() {
+    use acemq_host::broker::lost::{ended, until_lost};
+    use lapin::{Connection, ConnectionProperties};
+    use std::sync::Arc;
+
+    const CUTS: u64 = 300;
+    let broker = shared_broker();
+    let proxy = FaultProxy::start(broker.amqp_addr()).unwrap();
+    let url = broker.amqp_url_via(proxy.port());
+    let connect = async || {
+        Arc::new(
+            Connection::connect(&url, ConnectionProperties::default())
+                .await
+                .unwrap(),
+        )
+    };
+
+    // A step that never ends by itself ends with its connection.
+    let connection = connect().await;
+    let pending = tokio::spawn({
+        let connection = connection.clone();
+        async move { until_lost(&connection, std::future::pending::<lapin::Result<()>>()).await }
+    });
+    proxy.cut_all();
+    let ended_with = tokio::time::timeout(Duration::from_secs(2), pending)
+        .await
+        .expect("a step outlived its connection by 2 s")
+        .unwrap();
+    assert!(
+        matches!(
+            ended_with.as_ref().map_err(lapin::Error::kind),
+            Err(lapin::ErrorKind::InvalidConnectionState(
+                lapin::ConnectionState::Error
+            ))
+        ),
+        "{ended_with:?}"
+    );
+
+    // Opening and closing channels while the socket is cut.
+    let mut stuck = Vec::new();
+    let mut rescued = 0;
+    for cut in 0..CUTS {
+        let connection = connect().await;
+        let opening = tokio::spawn({
+            let connection = connection.clone();
+            async move {
+                loop {
+                    let channel = tokio::select! {
+                        biased;
+                        opened = connection.create_channel() => match opened {
+                            Ok(channel) => channel,
+                            Err(_) => return false,
+                        },
+                        _ = ended(&connection) => return true,
+                    };
+                    let closing = channel.close(200, "done".into());
+                    if until_lost(&connection, closing).await.is_err() {
+                        return false;
+                    }
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(5 + cut % 23)).await;
+        proxy.cut_all();
+        match tokio::time::timeout(Duration::from_secs(5), opening).await {
+            Ok(ended_by_the_race) => rescued += u32::from(ended_by_the_race.unwrap()),
+            Err(_) => stuck.push(cut),
+        }
+    }
+    eprintln!("{rescued} of {CUTS} cuts left a channel's opening pending until the race ended it");
+    assert!(
+        stuck.is_empty(),
+        "cuts whose loop did not end within 5 s: {stuck:?}"
+    );
+}

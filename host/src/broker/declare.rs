@@ -6,6 +6,8 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection, ExchangeKind};
 
+use super::lost::until_lost;
+
 pub async fn exchange(
     connection: &Connection,
     name: ShortString,
@@ -66,12 +68,16 @@ where
     D: FnOnce(Channel) -> F,
     F: Future<Output = lapin::Result<()>>,
 {
-    let channel = connection.create_channel().await?;
-    let result = declare(channel.clone()).await;
-    if channel.status().connected()
-        && let Err(error) = channel.close(200, ShortString::from("OK")).await
-    {
-        tracing::debug!(%error, "closing a topology channel failed");
-    }
-    result
+    // Raced against the connection's end: see `lost.rs`.
+    until_lost(connection, async {
+        let channel = connection.create_channel().await?;
+        let result = declare(channel.clone()).await;
+        if channel.status().connected()
+            && let Err(error) = channel.close(200, ShortString::from("OK")).await
+        {
+            tracing::debug!(%error, "closing a topology channel failed");
+        }
+        result
+    })
+    .await
 }

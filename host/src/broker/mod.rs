@@ -19,6 +19,7 @@ pub mod declare;
 pub mod frame_guard;
 pub mod lease;
 pub mod link;
+pub mod lost;
 pub mod offset;
 pub mod oneoff;
 mod placement;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use lapin::{Channel, Connection};
 
 use super::link::{Link, LinkObserver, Phase};
+use super::lost::until_lost;
 use super::publisher::{PublishLink, PublishObserver, PublishOutcome, PublishSettings, Publisher};
 use super::{Addresses, ConnectError};
 
@@ -56,8 +57,13 @@ impl OneOff {
         ))
     }
 
+    /// The connection, for a step that keeps it beyond a borrow of this.
+    pub(super) fn shared_connection(&self) -> Arc<Connection> {
+        self.connection.clone()
+    }
+
     pub(super) async fn channel(&self) -> lapin::Result<Channel> {
-        self.connection.create_channel().await
+        until_lost(&self.connection, self.connection.create_channel()).await
     }
 
     /// Closes the connection, and with it every channel still open on it

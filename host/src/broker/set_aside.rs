@@ -13,48 +13,59 @@
 //! order. If the command dies, the broker requeues whatever it held.
 
 use anyhow::Context as _;
-use lapin::Channel;
+use std::sync::Arc;
+
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions, QueuePurgeOptions,
 };
 use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
 
+use super::lost::until_lost;
 use super::oneoff::OneOff;
 
 /// Messages ready in `queue` now. A passive declare of a missing queue
 /// closes its channel, so it gets one of its own.
 pub async fn ready(broker: &OneOff, queue: &str) -> lapin::Result<usize> {
     let channel = broker.channel().await?;
-    let declared = channel
-        .queue_declare(
+    let connection = broker.connection();
+    let declared = until_lost(
+        connection,
+        channel.queue_declare(
             queue.into(),
             QueueDeclareOptions {
                 passive: true,
                 ..QueueDeclareOptions::default()
             },
             FieldTable::default(),
-        )
-        .await?;
-    let _ = channel.close(200, "counted".into()).await;
+        ),
+    )
+    .await?;
+    let _ = until_lost(connection, channel.close(200, "counted".into())).await;
     Ok(declared.message_count() as usize)
 }
 
 /// Removes every message ready in `queue` in one `queue.purge`; how many.
 pub async fn purge(broker: &OneOff, queue: &str) -> lapin::Result<u32> {
     let channel = broker.channel().await?;
-    let purged = channel
-        .queue_purge(queue.into(), QueuePurgeOptions::default())
-        .await;
+    let connection = broker.connection();
+    let purged = until_lost(
+        connection,
+        channel.queue_purge(queue.into(), QueuePurgeOptions::default()),
+    )
+    .await;
     if channel.status().connected() {
-        let _ = channel.close(200, "purged".into()).await;
+        let _ = until_lost(connection, channel.close(200, "purged".into())).await;
     }
     purged
 }
 
 /// One pass over the messages a queue held when it started (see the
-/// module's comment), on a channel of its own.
+/// module's comment), on a channel of its own. Each step is raced against
+/// the connection's end (see `lost.rs`).
 pub struct Pass {
+    connection: Arc<Connection>,
     channel: Channel,
     queue: String,
     remaining: usize,
@@ -69,6 +80,7 @@ impl Pass {
     /// A pass over at most `bound` messages of `queue`.
     pub async fn open(broker: &OneOff, queue: &str, bound: usize) -> anyhow::Result<Self> {
         Ok(Self {
+            connection: broker.shared_connection(),
             channel: broker.channel().await?,
             queue: queue.to_owned(),
             remaining: bound,
@@ -89,12 +101,11 @@ impl Pass {
             return Ok(None);
         }
         self.remaining -= 1;
-        let got = self
-            .channel
-            .basic_get(
-                self.queue.as_str().into(),
-                BasicGetOptions { no_ack: false },
-            )
+        let getting = self.channel.basic_get(
+            self.queue.as_str().into(),
+            BasicGetOptions { no_ack: false },
+        );
+        let got = until_lost(&self.connection, getting)
             .await
             .with_context(|| format!("reading the queue '{}'", self.queue))?;
         Ok(got.map(|got| {
@@ -110,8 +121,10 @@ impl Pass {
 
     /// Removes the message from the queue.
     pub async fn take(&self, delivery: &Delivery) -> anyhow::Result<()> {
-        self.channel
-            .basic_ack(delivery.delivery_tag, BasicAckOptions::default())
+        let acking = self
+            .channel
+            .basic_ack(delivery.delivery_tag, BasicAckOptions::default());
+        until_lost(&self.connection, acking)
             .await
             .with_context(|| format!("acknowledging a message of '{}'", self.queue))
     }
@@ -125,13 +138,15 @@ impl Pass {
                 multiple: true,
                 requeue: true,
             };
-            if let Err(e) = self.channel.basic_nack(tag, requeue).await {
+            if let Err(e) =
+                until_lost(&self.connection, self.channel.basic_nack(tag, requeue)).await
+            {
                 tracing::warn!(
                     queue = self.queue,
                     "requeueing held messages: {e}; the broker requeues them when the connection closes"
                 );
             }
         }
-        let _ = self.channel.close(200, "done".into()).await;
+        let _ = until_lost(&self.connection, self.channel.close(200, "done".into())).await;
     }
 }

@@ -29,6 +29,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckBatcher, OldestUnsettled};
+use super::lost::until_lost;
 use super::placement::Placement;
 use super::stream::{OFFSET_ARGUMENT, StreamOffset, StreamPosition, SubscriptionPosition};
 
@@ -766,23 +767,28 @@ async fn open_consumer(
     tag: &str,
     arguments: FieldTable,
 ) -> anyhow::Result<(Channel, lapin::Consumer)> {
-    let channel = connection.create_channel().await?;
+    // Each step raced against the connection's end: see `lost.rs`.
+    let channel = until_lost(connection, connection.create_channel()).await?;
     // Quorum queues and streams refuse global QoS: prefetch is per consumer.
-    if let Err(e) = channel
-        .basic_qos(prefetch, BasicQosOptions { global: false })
-        .await
+    if let Err(e) = until_lost(
+        connection,
+        channel.basic_qos(prefetch, BasicQosOptions { global: false }),
+    )
+    .await
     {
         let _ = tokio::time::timeout(STEP_LIMIT, channel.close(200, "qos refused".into())).await;
         return Err(e.into());
     }
-    let consumed = channel
-        .basic_consume(
+    let consumed = until_lost(
+        connection,
+        channel.basic_consume(
             queue.into(),
             tag.into(),
             BasicConsumeOptions::default(),
             arguments,
-        )
-        .await;
+        ),
+    )
+    .await;
     match consumed {
         Ok(deliveries) => Ok((channel, deliveries)),
         Err(e) => {

@@ -7,6 +7,7 @@
 
 use super::{Broker, encode_path_segment};
 use crate::watchdog;
+use acemq_host::broker::lost::{ended, until_lost};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
 use lapin::message::Delivery;
@@ -329,13 +330,18 @@ impl Broker {
         let _step = watchdog::step(what.clone());
         let connection = self.connect().await.with_context(|| what.clone())?;
         let result: Result<T> = async {
-            let channel = connection.create_channel().await?;
+            // lapin's steps are raced against the connection's end: see
+            // `acemq_host::broker::lost`.
+            let channel = until_lost(&connection, connection.create_channel()).await?;
             let done = tokio::select! {
+                biased;
                 done = work(channel.clone()) => done,
                 blocked = blocked(&connection) => Err(blocked),
+                state = ended(&connection) => Err(anyhow!("the connection ended ({state:?}) while the helper waited on the broker")),
             };
             if channel.status().connected() && !connection.status().blocked() {
-                let _ = channel.close(200, "acemq-tests helper done".into()).await;
+                let closing = channel.close(200, "acemq-tests helper done".into());
+                let _ = until_lost(&connection, closing).await;
             }
             done
         }
@@ -537,9 +543,8 @@ async fn close(connection: &Connection) {
     if connection.status().blocked() {
         return;
     }
-    let _ = connection
-        .close(200, "acemq-tests helper done".into())
-        .await;
+    let closing = connection.close(200, "acemq-tests helper done".into());
+    let _ = until_lost(connection, closing).await;
 }
 
 /// Completes, with the error to report, once the broker has blocked
@@ -553,6 +558,9 @@ async fn close(connection: &Connection) {
 /// connection is no such case: lapin then fails every call waiting on it.
 /// Tests on the shared broker never raise an alarm, so one there is a fault
 /// of the machine (a full disk): named, rather than a test that hangs.
+/// (A connection that fails while a step awaits the broker's reply is
+/// another case, where lapin may leave the step pending: [`ended`] races
+/// those.)
 async fn blocked(connection: &Connection) -> anyhow::Error {
     while !connection.status().blocked() {
         tokio::time::sleep(Duration::from_millis(50)).await;
