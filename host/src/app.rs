@@ -1231,12 +1231,12 @@ impl Links {
         ]
     }
 
-    /// Closes both connections, each waiting at most `limit` for the
-    /// broker's confirmation.
+    /// Closes both connections at once, each waiting at most `limit` for
+    /// the broker's confirmation.
     async fn close(&self, limit: std::time::Duration) {
-        for link in [&self.consume, &self.publish] {
+        let closing = [&self.consume, &self.publish].map(|link| async move {
             let Some(connection) = link.state().connection else {
-                continue;
+                return;
             };
             let close = connection.close(200, "acemq-host stopped".into());
             match tokio::time::timeout(limit, close).await {
@@ -1249,7 +1249,8 @@ impl Links {
                     "the broker did not confirm the close in time"
                 ),
             }
-        }
+        });
+        futures::future::join_all(closing).await;
     }
 }
 
@@ -1399,10 +1400,10 @@ async fn shut_down(
     }
     admin.stop().await;
     links_stop.cancel();
+    // Each wait is bounded, and the waits of one step run at once, so the
+    // steps after the drain take at most a few of these limits in all.
     let limit = std::time::Duration::from_secs(5);
-    for task in background {
-        let _ = tokio::time::timeout(limit, task).await;
-    }
+    let _ = tokio::time::timeout(limit, futures::future::join_all(background)).await;
     links.close(limit).await;
     // The last spans: the exporter's client blocks, so off the workers.
     let tracer = tracer.clone();

@@ -358,7 +358,14 @@ impl Link {
                 self.set_phase(Phase::Reconnecting {
                     reason: reason.clone(),
                 });
-                match self.reconnect(preferred, &recovery, &on_connected).await {
+                // A stop ends an attempt too: a connection it made is
+                // dropped, and lapin closes it.
+                let attempt_made = tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => break None,
+                    made = self.reconnect(preferred, &recovery, &on_connected) => made,
+                };
+                match attempt_made {
                     Ok((connection, index)) => {
                         preferred = index;
                         break Some(connection);
