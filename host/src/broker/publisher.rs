@@ -59,6 +59,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::link::{Link, Phase, blocked_sentence};
+use super::lost::until_lost;
 
 /// The contract's refusal while a lost connection waits for its recovery.
 pub const LOST: &str = "the connection has been lost and is waiting to be recovered; this message was not sent, and a retry once the recovery completes will go down the recovered connection.";
@@ -997,13 +998,15 @@ impl Publisher {
         let connection = connection.clone();
         let idle = self.idle.clone();
         tokio::spawn(async move {
-            let channel = async {
+            // Raced against the connection's end (see `lost.rs`): this task
+            // must not outlive a connection that failed while it waited.
+            let channel = until_lost(&connection, async {
                 let channel = connection.create_channel().await?;
                 channel
                     .confirm_select(ConfirmSelectOptions::default())
                     .await?;
                 Ok::<_, lapin::Error>(channel)
-            }
+            })
             .await;
             if let Err(Ok(channel)) = opened.send(channel) {
                 idle.lock().expect("publisher pool poisoned").push(Pooled {

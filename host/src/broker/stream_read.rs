@@ -15,6 +15,7 @@ use futures::StreamExt as _;
 use lapin::options::BasicAckOptions;
 use lapin::{BasicProperties, Channel, Consumer};
 
+use super::lost::until_lost;
 use super::offset::StreamOffset;
 use super::oneoff::OneOff;
 use super::stream::consume_from;
@@ -58,7 +59,8 @@ impl StreamRead {
         tag_prefix: &str,
     ) -> anyhow::Result<Self> {
         let channel = broker.channel().await?;
-        let (_tag, deliveries) = consume_from(&channel, stream, from, prefetch, tag_prefix)
+        let subscribing = consume_from(&channel, stream, from, prefetch, tag_prefix);
+        let (_tag, deliveries) = until_lost(broker.connection(), subscribing)
             .await
             .map_err(|e| anyhow::anyhow!("cannot read the stream '{stream}': {e}"))?;
         Ok(Self::Amqp {
