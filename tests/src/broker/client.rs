@@ -26,6 +26,11 @@ use tokio::time::Instant;
 /// before the next publish gives ~800 msg/s on a quorum queue here; a window
 /// of hundreds gives the broker's full rate.
 const CONFIRM_WINDOW: usize = 500;
+/// How long [`Broker::publish_many`] waits for one confirm before it
+/// publishes what was not confirmed again.
+const CONFIRM_WAIT: Duration = Duration::from_secs(30);
+/// How many times [`Broker::publish_many`] publishes what is not confirmed.
+const PUBLISH_ATTEMPTS: usize = 3;
 /// Poll interval of [`Broker::wait_for_message_count`].
 const COUNT_POLL: Duration = Duration::from_millis(50);
 /// How long [`Broker::drain`] waits for the consumer to wind down after
@@ -235,6 +240,13 @@ impl Broker {
     /// Publishes many messages like [`Broker::publish`] over one channel,
     /// keeping up to 500 confirms in flight; returns how many were confirmed
     /// (all of them, or an error).
+    ///
+    /// A confirm the broker withholds (RabbitMQ 3.10 can, for a stream
+    /// whose leader's node went down while messages were on their way to
+    /// it: seen once, the publish waiting 11 minutes) is waited for
+    /// [`CONFIRM_WAIT`]; then what was not confirmed is published again on a
+    /// new channel, at most [`PUBLISH_ATTEMPTS`] times in all. At least
+    /// once, as the host publishes.
     pub async fn publish_many<B, I>(
         &self,
         exchange: &str,
@@ -245,42 +257,29 @@ impl Broker {
         B: AsRef<[u8]>,
         I: IntoIterator<Item = (B, BasicProperties)>,
     {
-        let what = format!("publishing to exchange {exchange:?} with routing key {routing_key:?}");
-        self.on_channel(what, async |channel| {
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
+        let messages: Vec<(B, BasicProperties)> = messages.into_iter().collect();
+        let mut from = 0;
+        for attempt in 1..=PUBLISH_ATTEMPTS {
+            let what = format!(
+                "publishing to exchange {exchange:?} with routing key {routing_key:?} (attempt {attempt})"
+            );
+            let left = &messages[from..];
+            let confirmed = self
+                .on_channel(what, async |channel| {
+                    publish_in_order(&channel, exchange, routing_key, left).await
+                })
                 .await?;
-            let options = BasicPublishOptions {
-                mandatory: true,
-                ..BasicPublishOptions::default()
-            };
-            let mut pending = VecDeque::new();
-            let mut confirmed = 0;
-            for (body, properties) in messages {
-                if pending.len() >= CONFIRM_WINDOW
-                    && let Some(confirm) = pending.pop_front()
-                {
-                    check_confirmation(confirm_result(confirm).await?, exchange, routing_key)?;
-                    confirmed += 1;
-                }
-                let confirm = channel
-                    .basic_publish(
-                        exchange.into(),
-                        routing_key.into(),
-                        options,
-                        body.as_ref(),
-                        properties,
-                    )
-                    .await?;
-                pending.push_back(confirm);
+            from += confirmed;
+            if from == messages.len() {
+                return Ok(messages.len());
             }
-            for confirm in pending {
-                check_confirmation(confirm_result(confirm).await?, exchange, routing_key)?;
-                confirmed += 1;
-            }
-            Ok(confirmed)
-        })
-        .await
+        }
+        bail!(
+            "publishing to exchange {exchange:?} with routing key {routing_key:?}: the broker \
+             confirmed none of messages {from}.. of {} within {} s, {PUBLISH_ATTEMPTS} times",
+            messages.len(),
+            CONFIRM_WAIT.as_secs()
+        )
     }
 
     /// Deletes a queue (whatever it holds). Deleting a missing queue is not
@@ -511,6 +510,62 @@ async fn ack_up_to(channel: &Channel, tag: Option<u64>) -> Result<()> {
             .await?;
     }
     Ok(())
+}
+
+/// Publishes `messages` on `channel` (in confirm mode), up to
+/// [`CONFIRM_WINDOW`] awaiting their confirms; how many were confirmed, in
+/// order, before one was withheld for [`CONFIRM_WAIT`] (all of them when
+/// none was). A nack or a return is an error.
+async fn publish_in_order<B: AsRef<[u8]>>(
+    channel: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    messages: &[(B, BasicProperties)],
+) -> Result<usize> {
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let options = BasicPublishOptions {
+        mandatory: true,
+        ..BasicPublishOptions::default()
+    };
+    let mut pending = VecDeque::new();
+    let mut confirmed = 0;
+    let settle = async |confirm| -> Result<bool> {
+        let Ok(confirmation) = tokio::time::timeout(CONFIRM_WAIT, confirm_result(confirm)).await
+        else {
+            return Ok(false);
+        };
+        check_confirmation(confirmation?, exchange, routing_key)?;
+        Ok(true)
+    };
+    for (body, properties) in messages {
+        if pending.len() >= CONFIRM_WINDOW
+            && let Some(confirm) = pending.pop_front()
+        {
+            if !settle(confirm).await? {
+                return Ok(confirmed);
+            }
+            confirmed += 1;
+        }
+        let confirm = channel
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                options,
+                body.as_ref(),
+                properties.clone(),
+            )
+            .await?;
+        pending.push_back(confirm);
+    }
+    for confirm in pending {
+        if !settle(confirm).await? {
+            return Ok(confirmed);
+        }
+        confirmed += 1;
+    }
+    Ok(confirmed)
 }
 
 async fn confirm_result(confirm: lapin::PublisherConfirm) -> Result<Confirmation> {
