@@ -12,9 +12,9 @@
 //! they stood in the (classic) queue, so a pass leaves the others in their
 //! order. If the command dies, the broker requeues whatever it held.
 
-use anyhow::Context as _;
 use std::sync::Arc;
 
+use anyhow::Context as _;
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions, QueuePurgeOptions,
