@@ -220,7 +220,7 @@ impl NodeProcess {
     fn fail(mut self, error: anyhow::Error, may_retry: bool) -> StartFailure {
         self.kill();
         let logs = self.log_tails();
-        let port_in_use = logs.contains("eaddrinuse");
+        let port_in_use = says_a_port_was_taken(&logs);
         let name = self.name.clone();
         let dir_note = if port_in_use && may_retry {
             // The retry makes a kept folder afresh (a temporary one is new anyway).
@@ -715,4 +715,34 @@ pub(super) fn file_tail(path: &Path, lines: usize) -> String {
 /// the test harness shows that output only for failing tests).
 fn verbose() -> bool {
     std::env::var_os("ACEMQ_TEST_VERBOSE").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// What a node's logs say when a port chosen for it was taken meanwhile:
+/// a listener's `eaddrinuse`, or the distribution port's own wording
+/// (`dist_port_already_used`, seen when test binaries started nodes at the
+/// same moment).
+const PORT_TAKEN_MARKS: &[&str] = &["eaddrinuse", "dist_port_already_used"];
+
+/// Whether a failed start's `logs` show a taken port: the one failure a
+/// start on other ports mends.
+fn says_a_port_was_taken(logs: &str) -> bool {
+    PORT_TAKEN_MARKS.iter().any(|mark| logs.contains(mark))
+}
+
+#[cfg(test)]
+mod port_taken_tests {
+    use super::says_a_port_was_taken;
+
+    #[test]
+    fn a_taken_listener_or_distribution_port_is_told_apart_from_other_failures() {
+        assert!(says_a_port_was_taken(
+            "{failed_to_start_child,{ranch_listener_sup,{acceptor,{127,0,0,1},5672}},eaddrinuse}"
+        ));
+        assert!(says_a_port_was_taken(
+            "reason: {dist_port_already_used,36551,not_erlang,\"localhost\"}"
+        ));
+        assert!(!says_a_port_was_taken(
+            "ERROR: epmd error for host localhost: timeout (timed out)"
+        ));
+    }
 }
