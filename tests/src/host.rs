@@ -427,8 +427,9 @@ impl InProcessHost {
         Ok(host)
     }
 
-    /// What the host is doing now (see [`state_of`]).
-    fn state(&self) -> String {
+    /// What the host is doing now (see [`state_of`]): for a test's own
+    /// failure message.
+    pub fn state(&self) -> String {
         state_of(&self.metrics, &self.board)
     }
 

@@ -703,3 +703,81 @@ async fn a_step_whose_connection_is_cut_ends_with_it_instead_of_waiting_for_ever
         "cuts whose loop did not end within 5 s: {stuck:?}"
     );
 }
+
+/// A recovery is a chain of such steps: connect, declare the topology,
+/// open the publisher's channel, subscribe. A cut in the middle of any of
+/// them must end that attempt, and the next one must follow. Here the
+/// host's connections are cut again and again just after it reconnects, at
+/// moments spread over its recovery; it comes back after each cut, and,
+/// left alone, handles every input and stops at once. Without the race
+/// (`until_lost` a plain await) 2 of 7 runs failed: the consume connection
+/// never came back, its recovery waiting on a declaration for good.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_cut_again_and_again_in_the_middle_of_its_recovery_comes_back_every_time() {
+    use acemq_tests::host::InProcessHost;
+    use acemq_tests::stamp::stamped_within;
+
+    const CUTS: u64 = 120;
+    const INPUTS: usize = 200;
+    let broker = shared_broker();
+    let proxy = FaultProxy::start(broker.amqp_addr()).unwrap();
+    let (input, output, exchange) = (
+        unique_name("recut.in"),
+        unique_name("recut.out"),
+        unique_name("recut.x"),
+    );
+    let broker_lines = format!(
+        "url = \"{}\"\nconnect_timeout = \"5s\"\nnetwork_recovery_interval = \"20ms\"\nrecovery_backoff_max = \"200ms\"",
+        broker.amqp_url_via(proxy.port())
+    );
+    let config = StampConfig {
+        broker: &broker_lines,
+        input_queue: "type = \"quorum\"\ndead_letter = true",
+        consumer: "prefetch = 50",
+        ..StampConfig::new(&input, &output, &exchange)
+    }
+    .toml();
+    let host = InProcessHost::start(&config).await.unwrap();
+
+    for cut in 0..CUTS {
+        let accepted = proxy.accepted();
+        proxy.cut_all();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // Both connections (consume and publish) are attempted again.
+        while proxy.accepted() < accepted + 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the host did not connect again within 20 s of cut {cut}; its state:\n{}",
+                host.state()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Somewhere in the recovery that just began: the handshake, the
+        // declarations, the publisher's channel or the subscription.
+        tokio::time::sleep(Duration::from_millis(cut % 67)).await;
+    }
+
+    let inputs = (0..INPUTS).map(|i| {
+        let properties = BasicProperties::default().with_message_id(format!("in-{i}").into());
+        (format!("order {i}").into_bytes(), properties)
+    });
+    broker.publish_many("", &input, inputs).await.unwrap();
+    let seen = stamped_within(broker, &output, INPUTS, Duration::from_secs(60)).await;
+    assert_eq!(
+        seen.len(),
+        INPUTS,
+        "inputs handled after the cuts; the host's state:\n{}",
+        host.state()
+    );
+    assert_eq!(
+        broker.message_count(&format!("{input}.dlq")).await.unwrap(),
+        0
+    );
+    let stopping = Instant::now();
+    host.stop().await.unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "the stop took {:?}",
+        stopping.elapsed()
+    );
+}
