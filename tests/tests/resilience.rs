@@ -334,15 +334,29 @@ async fn a_refused_login_is_reported_at_once_not_retried_until_the_timeout() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_memory_alarm_pauses_publishing_and_dead_letters_nothing_retries_nothing() {
-    // Enough that the host is still publishing when the alarm comes: the
-    // broker blocks a connection at its next publish.
-    const INPUTS: usize = 20_000;
+    // Enough that the host is still publishing when the alarm comes (the
+    // broker blocks a connection at its next publish), all queued before
+    // the host starts: published while it ran, a host as fast as the
+    // producer had handled all 20,000 before `rabbitmqctl` set the alarm.
+    const INPUTS: usize = 30_000;
     // The alarm is broker-wide: a node of its own.
     let broker = Broker::start().unwrap();
     let run = Pipeline::new("alarm");
-    let mut host = run
-        .flowing(&broker, &[broker.amqp_url().to_string()], INPUTS, 100)
-        .await;
+    let urls = [broker.amqp_url().to_string()];
+    // A first host declares the topology, and stops.
+    let declaring = run.start(&urls);
+    assert!(
+        declaring
+            .terminate(Duration::from_secs(30))
+            .unwrap()
+            .success()
+    );
+    run.publish_inputs(&broker, 0..INPUTS).await;
+    let mut host = run.start(&urls);
+    broker
+        .wait_for_message_count(&run.output, 100, Duration::from_secs(60))
+        .await
+        .unwrap();
 
     broker
         .rabbitmqctl(&["set_vm_memory_high_watermark", "0"])
