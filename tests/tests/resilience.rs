@@ -367,7 +367,16 @@ async fn a_memory_alarm_pauses_publishing_and_dead_letters_nothing_retries_nothi
         })
         .await;
     let alarm_held = Instant::now();
-    let health = blocked.unwrap_or_else(|h| panic!("never blocked: {h}\n{}", host.log_text()));
+    let health = match blocked {
+        Ok(health) => health,
+        Err(last) => {
+            let outputs = broker.message_count(&run.output).await.unwrap();
+            panic!(
+                "never blocked ({outputs} of {INPUTS} outputs made): {last}\n{}",
+                host.log_text()
+            )
+        }
+    };
     assert_eq!(health["status"], "DEGRADED", "{health}");
     assert!(
         health["details"]
