@@ -16,6 +16,20 @@ use acemq_tests::{Broker, FaultProxy, shared_broker, unique_name};
 use lapin::BasicProperties;
 use serde_json::Value;
 
+/// How quickly a test's host reconnects (`network_recovery_interval`,
+/// `recovery_backoff_max`).
+#[derive(Clone, Copy)]
+struct Recovery {
+    first_wait: &'static str,
+    backoff_max: &'static str,
+}
+
+/// What most tests here use: no test waits the contract's 5 s.
+const QUICK_RECOVERY: Recovery = Recovery {
+    first_wait: "300ms",
+    backoff_max: "2s",
+};
+
 /// One consume → stamp → confirmed publish pipeline and its names.
 struct Pipeline {
     input: String,
@@ -39,10 +53,18 @@ impl Pipeline {
     /// The host's config, connecting to `urls` in order; quick recovery so
     /// that the tests do not wait the contract's 5 s.
     fn config(&self, urls: &[String]) -> String {
+        self.config_recovering(urls, QUICK_RECOVERY)
+    }
+
+    /// [`config`](Self::config) with `recovery`'s first wait and largest
+    /// backoff.
+    fn config_recovering(&self, urls: &[String], recovery: Recovery) -> String {
         let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
         let broker = format!(
-            "urls = [{}]\nconnect_timeout = \"10s\"\nnetwork_recovery_interval = \"300ms\"\nrecovery_backoff_max = \"2s\"",
-            urls.join(", ")
+            "urls = [{}]\nconnect_timeout = \"10s\"\nnetwork_recovery_interval = \"{}\"\nrecovery_backoff_max = \"{}\"",
+            urls.join(", "),
+            recovery.first_wait,
+            recovery.backoff_max
         );
         let host = format!("admin_listen = \"{}\"", self.admin);
         StampConfig {
@@ -738,28 +760,18 @@ async fn a_step_whose_connection_is_cut_ends_with_it_instead_of_waiting_for_ever
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_cut_again_and_again_in_the_middle_of_its_recovery_comes_back_every_time() {
     use acemq_tests::host::InProcessHost;
-    use acemq_tests::stamp::stamped_within;
 
     const CUTS: u64 = 120;
     const INPUTS: usize = 200;
     let broker = shared_broker();
-    let proxy = FaultProxy::start(broker.amqp_addr()).unwrap();
-    let (input, output, exchange) = (
-        unique_name("recut.in"),
-        unique_name("recut.out"),
-        unique_name("recut.x"),
-    );
-    let broker_lines = format!(
-        "url = \"{}\"\nconnect_timeout = \"5s\"\nnetwork_recovery_interval = \"20ms\"\nrecovery_backoff_max = \"200ms\"",
-        broker.amqp_url_via(proxy.port())
-    );
-    let config = StampConfig {
-        broker: &broker_lines,
-        input_queue: "type = \"quorum\"\ndead_letter = true",
-        consumer: "prefetch = 50",
-        ..StampConfig::new(&input, &output, &exchange)
-    }
-    .toml();
+    let proxy = FaultProxy::start(upstream(broker)).unwrap();
+    let run = Pipeline::new("recut");
+    // Recovery within milliseconds, so that 120 cuts take seconds.
+    let recovery = Recovery {
+        first_wait: "20ms",
+        backoff_max: "200ms",
+    };
+    let config = run.config_recovering(&[proxy_url(broker, &proxy)], recovery);
     let host = InProcessHost::start(&config).await.unwrap();
 
     for cut in 0..CUTS {
@@ -780,22 +792,10 @@ async fn a_host_cut_again_and_again_in_the_middle_of_its_recovery_comes_back_eve
         tokio::time::sleep(Duration::from_millis(cut % 67)).await;
     }
 
-    let inputs = (0..INPUTS).map(|i| {
-        let properties = BasicProperties::default().with_message_id(format!("in-{i}").into());
-        (format!("order {i}").into_bytes(), properties)
-    });
-    broker.publish_many("", &input, inputs).await.unwrap();
-    let seen = stamped_within(broker, &output, INPUTS, Duration::from_secs(60)).await;
-    assert_eq!(
-        seen.len(),
-        INPUTS,
-        "inputs handled after the cuts; the host's state:\n{}",
-        host.state()
-    );
-    assert_eq!(
-        broker.message_count(&format!("{input}.dlq")).await.unwrap(),
-        0
-    );
+    run.publish_inputs(broker, 0..INPUTS).await;
+    let seen = run.outputs(broker, INPUTS, Duration::from_secs(60)).await;
+    assert_every_input_once_or_more(&seen, INPUTS);
+    run.assert_nothing_dead_lettered(broker).await;
     let stopping = Instant::now();
     host.stop().await.unwrap();
     assert!(
