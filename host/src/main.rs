@@ -36,8 +36,8 @@ const MI_OPTION_ARENA_MAX_OBJECT_SIZE: mi_option_t = 45;
 const LARGEST_ARENA_BLOCK_KIB: c_long = 1024;
 
 fn main() -> std::process::ExitCode {
-    // SAFETY: sets one of mimalloc's options, which it reads on each large
-    // allocation; any thread may set one at any time.
+    // SAFETY: sets one of mimalloc's options (read on each large
+    // allocation) before the host starts any thread, so no read races it.
     unsafe { mi_option_set(MI_OPTION_ARENA_MAX_OBJECT_SIZE, LARGEST_ARENA_BLOCK_KIB) };
     acemq_host::cli::main()
 }
