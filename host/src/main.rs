@@ -35,10 +35,16 @@ const MI_OPTION_ARENA_MAX_OBJECT_SIZE: mi_option_t = 45;
 /// costs nothing measurable.
 const LARGEST_ARENA_BLOCK_KIB: c_long = 1024;
 
-fn main() -> std::process::ExitCode {
-    // SAFETY: sets one of mimalloc's options (read on each large
-    // allocation) before the host starts any thread, so no read races it.
+/// Has mimalloc map every block above [`LARGEST_ARENA_BLOCK_KIB`] for
+/// itself. Called first thing in `main`, before the host starts any thread.
+fn map_large_blocks_for_themselves() {
+    // SAFETY: sets one of mimalloc's options, read on each large allocation;
+    // `main` calls this before any other thread exists, so no read races it.
     unsafe { mi_option_set(MI_OPTION_ARENA_MAX_OBJECT_SIZE, LARGEST_ARENA_BLOCK_KIB) };
+}
+
+fn main() -> std::process::ExitCode {
+    map_large_blocks_for_themselves();
     acemq_host::cli::main()
 }
 
@@ -88,8 +94,7 @@ mod tests {
     /// than the old (without it, about 15 MiB more: every page zeroed).
     #[test]
     fn buffers_allocated_again_after_a_reconnect_start_untouched() {
-        // SAFETY: sets an option, as `main` does.
-        unsafe { mi_option_set(MI_OPTION_ARENA_MAX_OBJECT_SIZE, LARGEST_ARENA_BLOCK_KIB) };
+        map_large_blocks_for_themselves();
         let first = connection_buffers();
         let before = resident_anonymous();
         drop(first);
