@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckBatcher, OldestUnsettled};
 use super::lost::until_lost;
-use super::placement::{Placement, Running};
+use super::placement::Placement;
 use super::stream::{OFFSET_ARGUMENT, StreamOffset, StreamPosition, SubscriptionPosition};
 
 /// What to consume, and how much at once.
@@ -545,9 +545,7 @@ where
             receiving.channel_lost.cancel();
         }
     }
-    subscribed
-        .stop(receiving.running.into_tasks(), env.drain_timeout)
-        .await;
+    subscribed.stop(receiving.running, env.drain_timeout).await;
     env.board.track_oldest(queue, None);
     match failure {
         Some(e) => Err(e),
@@ -589,8 +587,7 @@ async fn subscribe(
 
 /// The receive phase of one subscription: each delivery is admitted (a
 /// place in a stream's window, then a free place among `concurrency`) and
-/// started, kept on this task or on a task of its own (see
-/// `placement.rs`).
+/// started, here or on a task of its own (see `placement.rs`).
 struct Receiving<'a> {
     queue: &'a str,
     channel: Channel,
@@ -612,7 +609,7 @@ struct Receiving<'a> {
     read_again: CancellationToken,
     /// Where each delivery's work runs (see `placement.rs`).
     placement: Placement,
-    running: Running,
+    running: JoinSet<()>,
 }
 
 impl<'a> Receiving<'a> {
@@ -635,7 +632,7 @@ impl<'a> Receiving<'a> {
             channel_lost: CancellationToken::new(),
             read_again: CancellationToken::new(),
             placement: Placement::default(),
-            running: Running::default(),
+            running: JoinSet::new(),
         }
     }
 
@@ -672,9 +669,6 @@ impl<'a> Receiving<'a> {
                         self.reading.as_ref().and_then(SubscriptionPosition::resume)
                     ));
                 }
-                // Settling before receiving, as a hand-written loop awaits
-                // its confirms first: settling frees the prefetch.
-                () = self.running.settle_kept() => continue,
                 next = deliveries.next() => next,
             };
             match next {
@@ -697,7 +691,7 @@ impl<'a> Receiving<'a> {
                     ));
                 }
             }
-            self.running.reap();
+            while self.running.try_join_next().is_some() {}
         }
     }
 
@@ -725,40 +719,30 @@ impl<'a> Receiving<'a> {
         // unsettled, and closing the channel gives it back (see
         // Subscribed::stop). While the window is full no delivery comes to
         // report a failed channel, so its state is watched too.
-        // Each wait drives the kept work meanwhile: it is what frees them.
         let held = match &self.in_hand {
             None => None,
-            Some(window) => {
-                let (queue, channel) = (self.queue, &self.channel);
-                let wait = async {
-                    tokio::select! {
-                        biased;
-                        _ = shutdown.cancelled() => ControlFlow::Break(None),
-                        held = window.clone().acquire_owned() => ControlFlow::Continue(held.expect("semaphore never closed")),
-                        _ = closed(channel) => ControlFlow::Break(Some(anyhow::anyhow!(
-                            "the subscription to queue '{queue}' failed: its channel closed"
-                        ))),
-                    }
-                };
-                Some(self.running.while_settling(wait).await?)
-            }
+            Some(window) => tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return ControlFlow::Break(None),
+                held = window.clone().acquire_owned() => Some(held.expect("semaphore never closed")),
+                _ = closed(&self.channel) => {
+                    return ControlFlow::Break(Some(anyhow::anyhow!(
+                        "the subscription to queue '{}' failed: its channel closed",
+                        self.queue
+                    )));
+                }
+            },
         };
         // A free place is taken at once (the common case, and without a
         // wait on the shutdown token); otherwise shutdown may overtake the
         // wait for one.
         let permit = match self.permits.clone().try_acquire_owned() {
             Ok(permit) => permit,
-            Err(_) => {
-                let permits = &self.permits;
-                let wait = async {
-                    tokio::select! {
-                        biased;
-                        _ = shutdown.cancelled() => ControlFlow::Break(None),
-                        permit = permits.clone().acquire_owned() => ControlFlow::Continue(permit.expect("semaphore never closed")),
-                    }
-                };
-                self.running.while_settling(wait).await?
-            }
+            Err(_) => tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return ControlFlow::Break(None),
+                permit = self.permits.clone().acquire_owned() => permit.expect("semaphore never closed"),
+            },
         };
         let stream = self.reading.as_ref().map(|_| self.read_again.clone());
         let work = handle(Received::new(

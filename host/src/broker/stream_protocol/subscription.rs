@@ -21,13 +21,14 @@ use futures::stream::FuturesUnordered;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::amqp10::{self, Amqp091View};
 use super::endpoint::StreamEndpoints;
 use super::reader::ChunkReader;
 use crate::broker::offset::{OFFSET_ARGUMENT, StreamOffset};
-use crate::broker::placement::{self, Placement};
+use crate::broker::placement::Placement;
 use crate::broker::stream::SubscriptionPosition;
 use crate::broker::subscription::{Reading, Received, Slot, SubscriptionEnv, SubscriptionSpec};
 
@@ -255,19 +256,19 @@ impl Receiving {
 /// delivery's future (`cargo bench -p acemq-tests --bench stream_protocol`,
 /// full chunks: 88,939 msg/s at 14.0 µs a message, 171,821 at 6.2 µs
 /// inline). With more, each starts as an AMQP delivery does (first poll
-/// and the rest kept here while first polls are short, all of it on a task
-/// of its own otherwise: see `broker/placement.rs`), so that plugin calls
-/// that take long use every core.
+/// here while that is short, the rest on a task of its own: see
+/// `broker/placement.rs`), so that plugin calls that take long use every
+/// core.
 enum Running {
     Inline(FuturesUnordered<BoxFuture<'static, ()>>),
-    Spawned(placement::Running, Placement),
+    Spawned(JoinSet<()>, Placement),
 }
 
 impl Running {
     fn new(concurrency: usize) -> Self {
         match concurrency {
             1 => Running::Inline(FuturesUnordered::new()),
-            _ => Running::Spawned(placement::Running::default(), Placement::default()),
+            _ => Running::Spawned(JoinSet::new(), Placement::default()),
         }
     }
 
@@ -276,7 +277,7 @@ impl Running {
             Running::Inline(running) => running.push(Box::pin(work)),
             Running::Spawned(running, placement) => {
                 placement.start(running, work).await;
-                running.reap();
+                while running.try_join_next().is_some() {}
             }
         }
     }
@@ -297,7 +298,7 @@ impl Running {
     async fn next(&mut self) -> Option<()> {
         match self {
             Running::Inline(running) => running.next().await,
-            Running::Spawned(running, _) => running.next().await,
+            Running::Spawned(running, _) => running.join_next().await.map(drop),
         }
     }
 
@@ -305,7 +306,7 @@ impl Running {
     fn stop_all(&mut self) {
         match self {
             Running::Inline(running) => running.clear(),
-            Running::Spawned(running, _) => running.stop_all(),
+            Running::Spawned(running, _) => running.abort_all(),
         }
     }
 }
