@@ -36,7 +36,7 @@
 //! Each mode ends with one machine-readable line on stdout:
 //!
 //! ```text
-//! RESULT mode=bare-multi-ack messages=50000 seconds=1.9 rate=26315.8 cpu_us_per_msg=31.20 steady_messages=40000 steady_seconds=1.4 steady_rate=28571.4 steady_cpu_us_per_msg=29.80
+//! RESULT mode=bare-multi-ack messages=50000 seconds=1.9 rate=26315.8 cpu_us_per_msg=31.20 steady_messages=40000 steady_seconds=1.4 steady_rate=28571.4 steady_cpu_us_per_msg=29.80 steady_io_cpu_us_per_msg=21.90
 //! ```
 //!
 //! The clock of a consume mode starts just before it connects (for the host:
@@ -44,7 +44,9 @@
 //! connects too) and stops when the last message is acked; `cpu_us_per_msg`
 //! is this process's user+system CPU over the same span. The `steady_`
 //! figures cover the span from 10 % to 90 % of the messages acked, which
-//! leaves out connecting, the first deliveries and the tail.
+//! leaves out connecting, the first deliveries and the tail;
+//! `steady_io_cpu_us_per_msg` is the part of that CPU spent on lapin's I/O
+//! threads (one per connection), and the rest is the runtime's workers.
 
 /// The allocator the acemq-host binary ships with (host/src/main.rs), for
 /// the host and the bare consumers alike: the comparison stays like for like.
@@ -807,6 +809,8 @@ async fn ready_count(url: &str, queue: &str) -> Result<u32> {
 struct Mark {
     wall: Instant,
     cpu: Duration,
+    /// Of `cpu`, what lapin's I/O threads have spent.
+    io_cpu: Duration,
     acked: u64,
 }
 
@@ -815,6 +819,7 @@ impl Mark {
         Self {
             wall: Instant::now(),
             cpu: process_cpu(),
+            io_cpu: lapin_io_cpu(),
             acked,
         }
     }
@@ -839,6 +844,7 @@ struct Span {
     messages: u64,
     seconds: f64,
     cpu: Duration,
+    io_cpu: Duration,
 }
 
 struct Measured {
@@ -890,6 +896,7 @@ impl Span {
             messages: to.acked - from.acked,
             seconds: (to.wall - from.wall).as_secs_f64(),
             cpu: to.cpu.saturating_sub(from.cpu),
+            io_cpu: to.io_cpu.saturating_sub(from.io_cpu),
         }
     }
 
@@ -898,7 +905,11 @@ impl Span {
     }
 
     fn cpu_us_per_msg(&self) -> f64 {
-        self.cpu.as_secs_f64() * 1e6 / self.messages.max(1) as f64
+        per_msg_us(self.cpu, self.messages)
+    }
+
+    fn io_cpu_us_per_msg(&self) -> f64 {
+        per_msg_us(self.io_cpu, self.messages)
     }
 }
 
@@ -918,7 +929,8 @@ impl Measured {
         );
         println!(
             "RESULT mode={} messages={} seconds={:.6} rate={:.1} cpu_us_per_msg={:.2} \
-             steady_messages={} steady_seconds={:.6} steady_rate={:.1} steady_cpu_us_per_msg={:.2}",
+             steady_messages={} steady_seconds={:.6} steady_rate={:.1} steady_cpu_us_per_msg={:.2} \
+             steady_io_cpu_us_per_msg={:.2}",
             self.mode,
             whole.messages,
             whole.seconds,
@@ -928,8 +940,34 @@ impl Measured {
             steady.seconds,
             steady.rate(),
             steady.cpu_us_per_msg(),
+            steady.io_cpu_us_per_msg(),
         );
     }
+}
+
+fn per_msg_us(cpu: Duration, messages: u64) -> f64 {
+    cpu.as_secs_f64() * 1e6 / messages.max(1) as f64
+}
+
+/// CPU time spent so far by lapin's I/O threads (each connection reads and
+/// writes its socket on a thread of its own, named `lapin-io-loop`), from
+/// each thread's scheduler statistics (nanoseconds on a CPU). The rest of
+/// the process's CPU is the runtime's workers: for the host, its own work.
+/// Zero where `/proc` is not there.
+fn lapin_io_cpu() -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.starts_with("lapin-io"))
+        })
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .map(Duration::from_nanos)
+        .sum()
 }
 
 /// User + system CPU time of this process (every thread) so far.
