@@ -46,11 +46,12 @@
 //! connecting, plugin loading and the tail): its rate, and its CPU per
 //! message from its own getrusage, split into lapin's I/O threads (one per
 //! connection: socket reads, frame parsing and writing) and the rest, the
-//! runtime's workers, where the host's own work runs. Each is also shown as a ratio to its
-//! baseline in the same round, and beside it the whole consume span (connect
-//! to last ack) and the child's whole-process CPU from `wait4` (start-up,
-//! plugin load and shutdown included). Each round prints a table, then a
-//! table of the medians over the rounds, then the targets, on the medians:
+//! runtime's workers, where the host's own work runs. Each is also shown
+//! as a ratio to its baseline in the same round, and beside it the whole
+//! consume span (connect to last ack) and the child's whole-process CPU
+//! from `wait4` (start-up, plugin load and shutdown included). Each round
+//! prints a table, then a table of the medians over the rounds, then the
+//! targets, on the medians:
 //!
 //! - host + echo >= 1.0x the bare multi-ack consumer's msg/s, at <= 1.1x its
 //!   CPU per message;
