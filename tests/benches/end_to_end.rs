@@ -46,7 +46,8 @@
 //! connecting, plugin loading and the tail): its rate, and its CPU per
 //! message from its own getrusage, split into lapin's I/O threads (one per
 //! connection: socket reads, frame parsing and writing) and the rest, the
-//! runtime's workers, where the host's own work runs. Each is also shown
+//! runtime's workers, where the host's own work runs, and its allocations
+//! per message (every thread's; exact, where CPU is noisy). Each is also shown
 //! as a ratio to its baseline in the same round, and beside it the whole
 //! consume span (connect to last ack) and the child's whole-process CPU
 //! from `wait4` (start-up, plugin load and shutdown included). Each round
@@ -303,6 +304,8 @@ struct Run {
     /// Of `steady_cpu_us`, lapin's I/O threads' part; the rest is the
     /// runtime's workers (for the host, its own work).
     steady_io_cpu_us: f64,
+    /// Allocations per message over the steady span (every thread's).
+    steady_allocs: f64,
     /// Over the whole consume span (connect to last ack).
     rate: f64,
     cpu_consume_us: f64,
@@ -482,6 +485,7 @@ fn medians(modes: &[Mode], rounds: &[Vec<(Mode, Figures)>]) -> Vec<(Mode, Figure
                     steady_rate: of(|f| f.run.steady_rate),
                     steady_cpu_us: of(|f| f.run.steady_cpu_us),
                     steady_io_cpu_us: of(|f| f.run.steady_io_cpu_us),
+                    steady_allocs: of(|f| f.run.steady_allocs),
                     rate: of(|f| f.run.rate),
                     cpu_consume_us: of(|f| f.run.cpu_consume_us),
                     cpu_process_us: of(|f| f.run.cpu_process_us),
@@ -497,20 +501,21 @@ fn medians(modes: &[Mode], rounds: &[Vec<(Mode, Figures)>]) -> Vec<(Mode, Figure
 fn print_table(title: &str, settings: &Settings, rows: &[(Mode, Figures)]) {
     println!("\n{title}: steady span (10 % to 90 % acked), and the whole consume span");
     println!(
-        "| {:<30} | {:>8} | {:>10} | {:>12} | {:>12} | {:>24} | {:>16} | {:>18} | {:>18} |",
+        "| {:<30} | {:>8} | {:>10} | {:>12} | {:>12} | {:>10} | {:>24} | {:>16} | {:>18} | {:>18} |",
         "consumer",
         "msg/s",
         "CPU µs/msg",
         "of it: I/O",
         "runtime",
+        "allocs/msg",
         "ratio to baseline",
         "whole span msg/s",
         "whole span µs/msg",
         "process CPU µs/msg"
     );
     println!(
-        "|{:-<32}|{:->10}|{:->12}|{:->14}|{:->14}|{:->26}|{:->18}|{:->20}|{:->20}|",
-        ":", ":", ":", ":", ":", ":", ":", ":", ":"
+        "|{:-<32}|{:->10}|{:->12}|{:->14}|{:->14}|{:->12}|{:->26}|{:->18}|{:->20}|{:->20}|",
+        ":", ":", ":", ":", ":", ":", ":", ":", ":", ":"
     );
     for (mode, f) in rows {
         let ratio = if mode.baseline() == *mode {
@@ -519,12 +524,13 @@ fn print_table(title: &str, settings: &Settings, rows: &[(Mode, Figures)]) {
             format!("{:.3}x msg/s, {:.2}x CPU", f.rate_ratio, f.cpu_ratio)
         };
         println!(
-            "| {:<30} | {:>8.0} | {:>10.1} | {:>12.1} | {:>12.1} | {:>24} | {:>16.0} | {:>18.1} | {:>18.1} |",
+            "| {:<30} | {:>8.0} | {:>10.1} | {:>12.1} | {:>12.1} | {:>10.1} | {:>24} | {:>16.0} | {:>18.1} | {:>18.1} |",
             mode.label(settings),
             f.run.steady_rate,
             f.run.steady_cpu_us,
             f.run.steady_io_cpu_us,
             f.run.steady_cpu_us - f.run.steady_io_cpu_us,
+            f.run.steady_allocs,
             ratio,
             f.run.rate,
             f.run.cpu_consume_us,
@@ -647,6 +653,7 @@ impl Bench {
             steady_rate: loadgen_result(out, "steady_rate")?,
             steady_cpu_us: loadgen_result(out, "steady_cpu_us_per_msg")?,
             steady_io_cpu_us: loadgen_result(out, "steady_io_cpu_us_per_msg")?,
+            steady_allocs: loadgen_result(out, "steady_allocs_per_msg")?,
             rate: loadgen_result(out, "rate")?,
             cpu_consume_us: loadgen_result(out, "cpu_us_per_msg")?,
             cpu_process_us: consumed.cpu.as_secs_f64() * 1e6 / messages as f64,

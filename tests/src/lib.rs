@@ -19,6 +19,7 @@ pub mod broker;
 pub mod broker_faults;
 pub mod browser;
 pub mod collector;
+pub mod counting_alloc;
 pub mod fault_proxy;
 pub mod host;
 pub mod machine;

@@ -36,7 +36,7 @@
 //! Each mode ends with one machine-readable line on stdout:
 //!
 //! ```text
-//! RESULT mode=bare-multi-ack messages=50000 seconds=1.9 rate=26315.8 cpu_us_per_msg=31.20 steady_messages=40000 steady_seconds=1.4 steady_rate=28571.4 steady_cpu_us_per_msg=29.80 steady_io_cpu_us_per_msg=21.90
+//! RESULT mode=bare-multi-ack messages=50000 seconds=1.9 rate=26315.8 cpu_us_per_msg=31.20 steady_messages=40000 steady_seconds=1.4 steady_rate=28571.4 steady_cpu_us_per_msg=29.80 steady_io_cpu_us_per_msg=21.90 steady_allocs_per_msg=13.0
 //! ```
 //!
 //! The clock of a consume mode starts just before it connects (for the host:
@@ -46,12 +46,16 @@
 //! figures cover the span from 10 % to 90 % of the messages acked, which
 //! leaves out connecting, the first deliveries and the tail;
 //! `steady_io_cpu_us_per_msg` is the part of that CPU spent on lapin's I/O
-//! threads (one per connection), and the rest is the runtime's workers.
+//! threads (one per connection), and the rest is the runtime's workers;
+//! `steady_allocs_per_msg` counts the process's allocations over the span
+//! (`acemq_tests::counting_alloc`), exact where CPU figures are noisy.
 
 /// The allocator the acemq-host binary ships with (host/src/main.rs), for
 /// the host and the bare consumers alike: the comparison stays like for like.
+/// Counted (`steady_allocs_per_msg`); the count costs each allocation a
+/// load and a store on a line of the thread's own, on both sides alike.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: Counting<mimalloc::MiMalloc> = Counting(mimalloc::MiMalloc);
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -80,6 +84,7 @@ use acemq_host::broker::BrokerUrl;
 use acemq_host::config::LoadedConfig;
 use acemq_host::envelope::{self, Envelope};
 use acemq_host::telemetry::Metrics;
+use acemq_tests::counting_alloc::{self, Counting};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -816,6 +821,8 @@ struct Mark {
     cpu: Duration,
     /// Of `cpu`, what lapin's I/O threads have spent.
     io_cpu: Duration,
+    /// Allocations made so far, by every thread.
+    allocations: u64,
     acked: u64,
 }
 
@@ -825,6 +832,7 @@ impl Mark {
             wall: Instant::now(),
             cpu: process_cpu(),
             io_cpu: lapin_io_cpu(),
+            allocations: counting_alloc::allocations(),
             acked,
         }
     }
@@ -850,6 +858,7 @@ struct Span {
     seconds: f64,
     cpu: Duration,
     io_cpu: Duration,
+    allocations: u64,
 }
 
 struct Measured {
@@ -902,6 +911,7 @@ impl Span {
             seconds: (to.wall - from.wall).as_secs_f64(),
             cpu: to.cpu.saturating_sub(from.cpu),
             io_cpu: to.io_cpu.saturating_sub(from.io_cpu),
+            allocations: to.allocations.saturating_sub(from.allocations),
         }
     }
 
@@ -915,6 +925,10 @@ impl Span {
 
     fn io_cpu_us_per_msg(&self) -> f64 {
         per_msg_us(self.io_cpu, self.messages)
+    }
+
+    fn allocations_per_msg(&self) -> f64 {
+        self.allocations as f64 / self.messages.max(1) as f64
     }
 }
 
@@ -935,7 +949,7 @@ impl Measured {
         println!(
             "RESULT mode={} messages={} seconds={:.6} rate={:.1} cpu_us_per_msg={:.2} \
              steady_messages={} steady_seconds={:.6} steady_rate={:.1} steady_cpu_us_per_msg={:.2} \
-             steady_io_cpu_us_per_msg={:.2}",
+             steady_io_cpu_us_per_msg={:.2} steady_allocs_per_msg={:.1}",
             self.mode,
             whole.messages,
             whole.seconds,
@@ -946,6 +960,7 @@ impl Measured {
             steady.rate(),
             steady.cpu_us_per_msg(),
             steady.io_cpu_us_per_msg(),
+            steady.allocations_per_msg(),
         );
     }
 }
