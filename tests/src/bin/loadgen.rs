@@ -920,15 +920,20 @@ impl Span {
     }
 
     fn cpu_us_per_msg(&self) -> f64 {
-        per_msg_us(self.cpu, self.messages)
+        self.per_msg(self.cpu.as_secs_f64() * 1e6)
     }
 
     fn io_cpu_us_per_msg(&self) -> f64 {
-        per_msg_us(self.io_cpu, self.messages)
+        self.per_msg(self.io_cpu.as_secs_f64() * 1e6)
     }
 
     fn allocations_per_msg(&self) -> f64 {
-        self.allocations as f64 / self.messages.max(1) as f64
+        self.per_msg(self.allocations as f64)
+    }
+
+    /// `total` over the span, per message.
+    fn per_msg(&self, total: f64) -> f64 {
+        total / self.messages.max(1) as f64
     }
 }
 
@@ -967,10 +972,6 @@ impl Measured {
 
 /// How often `consume-host` reads the host's acked count (see its loop).
 const PROGRESS_READ_EVERY: Duration = Duration::from_millis(10);
-
-fn per_msg_us(cpu: Duration, messages: u64) -> f64 {
-    cpu.as_secs_f64() * 1e6 / messages.max(1) as f64
-}
 
 /// CPU time spent so far by lapin's I/O threads (each connection reads and
 /// writes its socket on a thread of its own, named `lapin-io-loop`), from
