@@ -16,9 +16,6 @@ use std::fmt;
 use std::ops::Deref;
 use std::sync::{Arc, LazyLock};
 
-/// Makes a derived id when it is first read.
-type Derivation = Box<dyn FnOnce() -> String + Send>;
-
 /// A message id: text, compared and shown as text. Read through
 /// [`MessageId::as_str`] (or `Deref` to `str`, `Display`).
 #[derive(Clone)]
@@ -27,14 +24,17 @@ pub struct MessageId(Id);
 #[derive(Clone)]
 enum Id {
     Known(String),
-    /// Shared by every clone, so the derivation runs once.
-    Derived(Arc<LazyLock<String, Derivation>>),
+    /// Shared by every clone, so the derivation runs once. One allocation
+    /// holds the derivation (its closure, unboxed) and then its result: a
+    /// boxed closure behind the shared cell was a second allocation for
+    /// every delivery without an id, read or not.
+    Derived(Arc<dyn Deref<Target = String> + Send + Sync>),
 }
 
 impl MessageId {
     /// An id made by `derive` the first time it is read.
     pub fn derived(derive: impl FnOnce() -> String + Send + 'static) -> Self {
-        Self(Id::Derived(Arc::new(LazyLock::new(Box::new(derive)))))
+        Self(Id::Derived(Arc::new(LazyLock::new(derive))))
     }
 
     #[must_use]
