@@ -61,16 +61,16 @@ fn slot(engine: &PluginEngine, name: &str, isolation: Isolation) -> HandlerSlot 
 
 /// A delivery as the broker would hand it over: an AceMQ envelope and a
 /// trace header, 1 KB of body.
-fn delivery() -> (BasicProperties, Bytes) {
+fn delivery() -> (Arc<BasicProperties>, Bytes) {
     delivery_of(vec![b'x'; 1024])
 }
 
 /// A valid order, which an order router accepts and publishes an event for.
-fn order() -> (BasicProperties, Bytes) {
+fn order() -> (Arc<BasicProperties>, Bytes) {
     delivery_of(br#"{"id":"o-1","customer":"acme","total":12.5}"#.to_vec())
 }
 
-fn delivery_of(body: Vec<u8>) -> (BasicProperties, Bytes) {
+fn delivery_of(body: Vec<u8>) -> (Arc<BasicProperties>, Bytes) {
     let envelope = Envelope::new(
         "order.created",
         envelope::default_origin(),
@@ -86,13 +86,13 @@ fn delivery_of(body: Vec<u8>) -> (BasicProperties, Bytes) {
     let properties = BasicProperties::default()
         .with_content_type("application/json".into())
         .with_headers(envelope.to_headers(&app));
-    (properties, Bytes::from(body))
+    (Arc::new(properties), Bytes::from(body))
 }
 
 fn dispatch_one(
     handler: &HandlerSlot,
     codecs: &CodecSet,
-    properties: &BasicProperties,
+    properties: &Arc<BasicProperties>,
     body: &Bytes,
     policy: &RetryPolicy,
 ) {
@@ -103,7 +103,7 @@ fn dispatch_one(
     ));
     let input = delivery::handler_input(
         envelope.clone(),
-        properties,
+        properties.clone(),
         "orders",
         "order.created",
         false,

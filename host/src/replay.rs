@@ -267,10 +267,11 @@ impl Plugins {
             envelope::now_ms(),
         ));
         let body = next.body.clone();
+        let properties = Arc::new(next.properties.clone());
         let input = |body: Bytes| {
             delivery::handler_input(
                 envelope.clone(),
-                &next.properties,
+                properties.clone(),
                 next.exchange.as_str(),
                 next.routing_key.as_str(),
                 next.redelivered,

@@ -191,13 +191,12 @@ fn a_message_read_after_its_call_returned_traps_with_a_reason() {
     let faults = HandlerVersion::load(&engine, &plugin_path("faults"), Arc::new(context)).unwrap();
     let input = |body: &str| Input {
         envelope: Arc::new(Envelope::new("test", envelope::default_origin(), 0)),
+        properties: Arc::new(BasicProperties::default().with_content_type("text/plain".into())),
         exchange: String::new(),
         routing_key: "lent".into(),
         redelivered: false,
         stream_offset: None,
-        reply_to: None,
-        amqp_correlation_id: None,
-        content_type: Some("text/plain".into()),
+        decoded_content_type: None,
         headers: vec![("tenant".into(), envelope::HeaderValue::Text("acme".into()))],
         body: body.as_bytes().to_vec().into(),
         trace_id: None,
@@ -250,13 +249,12 @@ fn stamped_version(engine: &PluginEngine, compiled: CompiledPlugin) -> String {
     let version = HandlerVersion::from_compiled(engine, compiled, Arc::new(context)).unwrap();
     let done = block_on(version.invoke(Input {
         envelope: Arc::new(Envelope::new("test", envelope::default_origin(), 0)),
+        properties: Arc::new(BasicProperties::default().with_content_type("text/plain".into())),
         exchange: String::new(),
         routing_key: "stamp".into(),
         redelivered: false,
         stream_offset: None,
-        reply_to: None,
-        amqp_correlation_id: None,
-        content_type: Some("text/plain".into()),
+        decoded_content_type: None,
         headers: Vec::new(),
         body: b"hello".to_vec().into(),
         trace_id: None,

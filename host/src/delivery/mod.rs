@@ -175,19 +175,13 @@ impl Pipeline {
         // receipt, requeue the delivery and meet the same panic again, for
         // ever. It sets that one delivery aside instead.
         let read = read_within_boundary(queue, || {
-            self.read(
-                &properties,
-                exchange.as_str(),
-                routing_key.as_str(),
-                redelivered,
-                &body,
-            )
+            self.read(&properties, exchange.as_str(), routing_key.as_str(), &body)
         });
         let Read {
             envelope,
             trace,
             flow,
-            input,
+            headers,
         } = match read {
             Ok(read) => read,
             Err(set_aside) => {
@@ -205,8 +199,8 @@ impl Pipeline {
             }
         };
         let mut flow = flow;
-        let mut input = match input {
-            Ok(input) => input,
+        let headers = match headers {
+            Ok(headers) => headers,
             Err(refusal) => {
                 // Never handed to a plugin: the concurrency slot is not needed.
                 drop(slot);
@@ -223,6 +217,17 @@ impl Pipeline {
                 return;
             }
         };
+        // The exchange and routing key are moved into the input, not copied,
+        // once reading is done: the set-aside of a delivery whose reading
+        // panicked (above) still needed them.
+        let mut input = input_of(
+            envelope.clone(),
+            properties.clone(),
+            headers,
+            (exchange.into(), routing_key.into()),
+            redelivered,
+            body.clone(),
+        );
         input.trace_id = Some(trace.trace_id());
         let parts = Parts {
             envelope: &envelope,
@@ -506,16 +511,15 @@ impl Pipeline {
         }
     }
 
-    /// The reading stage: the envelope, the trace context and the
-    /// handler's input, all taken from the delivery before any plugin runs;
-    /// or, instead of the input, the set-aside of a delivery no plugin
+    /// The reading stage: the envelope, the trace context and the headers
+    /// a handler sees, all taken from the delivery before any plugin runs;
+    /// or, instead of the headers, the set-aside of a delivery no plugin
     /// should see (unreadable as sent, or a body over `max_body_bytes`).
     fn read(
         &self,
         properties: &Arc<BasicProperties>,
         exchange: &str,
         routing_key: &str,
-        redelivered: bool,
         body: &Bytes,
     ) -> Read {
         // A stream consumer's messages are named by their offsets.
@@ -544,22 +548,15 @@ impl Pipeline {
             }
             (None, None) => unfollowable,
         };
-        let input = match refusal {
+        let headers = match refusal {
             Some(refusal) => Err(refusal),
-            None => Ok(handler_input(
-                envelope.clone(),
-                properties,
-                exchange,
-                routing_key,
-                redelivered,
-                body.clone(),
-            )),
+            None => Ok(envelope::split_headers(properties)),
         };
         Read {
             envelope,
             trace,
             flow,
-            input,
+            headers,
         }
     }
 
@@ -710,8 +707,9 @@ struct Read {
     trace: DeliveryTrace,
     /// Its request and routing slip.
     flow: Flow,
-    /// The handler's input, or the delivery's set-aside instead.
-    input: Result<Input, Settlement>,
+    /// The headers the handler's input carries, or the delivery's
+    /// set-aside instead.
+    headers: Result<envelope::AppHeaders, Settlement>,
 }
 
 /// What the frame guard wrote on a delivery it had to make readable
@@ -777,26 +775,45 @@ fn from_stream(properties: &BasicProperties) -> bool {
 }
 
 /// The message a handler is given for a delivery: its envelope (read once
-/// by the caller, and shared), the headers a plugin may see and the content
-/// type from its properties, and its body.
+/// by the caller, and shared), its properties (shared), the headers a
+/// plugin may see, and its body.
 pub fn handler_input(
     envelope: Arc<Envelope>,
-    properties: &BasicProperties,
+    properties: Arc<BasicProperties>,
     exchange: &str,
     routing_key: &str,
     redelivered: bool,
     body: Bytes,
 ) -> Input {
-    let headers = envelope::split_headers(properties);
+    let headers = envelope::split_headers(&properties);
+    input_of(
+        envelope,
+        properties,
+        headers,
+        (exchange.to_owned(), routing_key.to_owned()),
+        redelivered,
+        body,
+    )
+}
+
+/// [`handler_input`] from headers already split, and the exchange and
+/// routing key given (moved from a delivery, or copied).
+fn input_of(
+    envelope: Arc<Envelope>,
+    properties: Arc<BasicProperties>,
+    headers: envelope::AppHeaders,
+    (exchange, routing_key): (String, String),
+    redelivered: bool,
+    body: Bytes,
+) -> Input {
     Input {
         envelope,
-        exchange: exchange.to_string(),
-        routing_key: routing_key.to_string(),
+        properties,
+        exchange,
+        routing_key,
         redelivered,
         stream_offset: headers.stream_offset,
-        reply_to: properties.reply_to().as_ref().map(|r| r.to_string()),
-        amqp_correlation_id: properties.correlation_id().as_ref().map(|c| c.to_string()),
-        content_type: properties.content_type().as_ref().map(|c| c.to_string()),
+        decoded_content_type: None,
         headers: headers.visible,
         body,
         trace_id: None,

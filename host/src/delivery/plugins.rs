@@ -194,13 +194,10 @@ pub async fn run_plugins_with_state(
     codecs: &CodecSet,
     mut input: Input,
 ) -> (PluginRun, StateEnd) {
-    match codecs
-        .decode(input.content_type.as_deref(), &input.body)
-        .await
-    {
+    match codecs.decode(input.content_type(), &input.body).await {
         Conversion::Unclaimed => {}
         Conversion::Converted { content_type, body } => {
-            input.content_type = Some(content_type);
+            input.decoded_content_type = Some(content_type);
             input.body = body.into();
         }
         Conversion::Refused(reason) => {

@@ -70,6 +70,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use lapin::BasicProperties;
+use lapin::types::ShortString;
 
 pub use codec::{CodecSet, CodecVersion, Codecs, Conversion};
 pub use contract::Contract;
@@ -154,25 +156,58 @@ pub struct ConsumerContext {
 ///
 /// Owned, because the plugin's store holds it for the length of the call and
 /// the plugin copies out only the parts it reads; cheap to build, because the
-/// envelope is shared and the body reference-counted. The queue is the
+/// envelope and the properties are shared, the body reference-counted and
+/// the exchange and routing key moved from the delivery. The queue is the
 /// consumer's ([`ConsumerContext::queue`]). Built from a delivery by
 /// `crate::delivery::handler_input`.
 #[derive(Debug, Clone)]
 pub struct Input {
     pub envelope: Arc<Envelope>,
+    /// The delivery's AMQP properties, shared with the consumer's pipeline:
+    /// `reply-to`, `correlation-id` and the content type are read from them
+    /// when a plugin asks ([`Input::reply_to`], [`Input::amqp_correlation_id`],
+    /// [`Input::content_type`]), not copied for every delivery.
+    pub properties: Arc<BasicProperties>,
     pub exchange: String,
     pub routing_key: String,
     pub redelivered: bool,
     pub stream_offset: Option<u64>,
-    /// The AMQP `reply-to` property.
-    pub reply_to: Option<String>,
-    /// The AMQP `correlation-id` property (a plain RPC client's pairing).
-    pub amqp_correlation_id: Option<String>,
-    pub content_type: Option<String>,
+    /// The content type a codec decoded the body into, which the handler
+    /// sees instead of the delivery's; `None` until a codec decodes it.
+    pub decoded_content_type: Option<String>,
     pub headers: Vec<(String, HeaderValue)>,
     pub body: Bytes,
     /// The delivery's trace, for the plugin's log lines.
     pub trace_id: Option<crate::trace::context::TraceIdHex>,
+}
+
+impl Input {
+    /// The AMQP `reply-to` property.
+    #[must_use]
+    pub fn reply_to(&self) -> Option<&str> {
+        self.properties.reply_to().as_ref().map(ShortString::as_str)
+    }
+
+    /// The AMQP `correlation-id` property (a plain RPC client's pairing).
+    #[must_use]
+    pub fn amqp_correlation_id(&self) -> Option<&str> {
+        self.properties
+            .correlation_id()
+            .as_ref()
+            .map(ShortString::as_str)
+    }
+
+    /// The body's content type: a codec's, once one decoded it, else the
+    /// delivery's property.
+    #[must_use]
+    pub fn content_type(&self) -> Option<&str> {
+        self.decoded_content_type.as_deref().or_else(|| {
+            self.properties
+                .content_type()
+                .as_ref()
+                .map(ShortString::as_str)
+        })
+    }
 }
 
 /// A message a plugin asked to publish, checked against the allowlist and
@@ -209,13 +244,14 @@ pub enum Outcome {
 pub(crate) fn test_input() -> Input {
     Input {
         envelope: Arc::new(Envelope::new("test", "acemq@test", 1_700_000_000_000)),
+        properties: Arc::new(
+            BasicProperties::default().with_content_type("application/json".into()),
+        ),
         exchange: "in".into(),
         routing_key: "test".into(),
         redelivered: false,
         stream_offset: None,
-        reply_to: None,
-        amqp_correlation_id: None,
-        content_type: Some("application/json".into()),
+        decoded_content_type: None,
         headers: Vec::new(),
         body: Bytes::from_static(b"{}"),
         trace_id: None,

@@ -281,7 +281,7 @@ pub fn run(request: &RunRequest) -> Result<RunReport, Failure> {
             ));
             let input = delivery::handler_input(
                 envelope.clone(),
-                &properties,
+                Arc::new(properties),
                 &exchange,
                 &routing_key,
                 false,

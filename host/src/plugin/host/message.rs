@@ -101,13 +101,13 @@ impl types::HostMessage for Lending {
             routing_key: message.routing_key.clone(),
             redelivered: message.redelivered,
             stream_offset: message.stream_offset,
-            reply_to: message.reply_to.clone(),
-            amqp_correlation_id: message.amqp_correlation_id.clone(),
+            reply_to: message.reply_to().map(str::to_owned),
+            amqp_correlation_id: message.amqp_correlation_id().map(str::to_owned),
         })
     }
 
     fn content_type(&mut self, handle: Resource<LentMessage>) -> wasmtime::Result<Option<String>> {
-        Ok(self.lent(&handle)?.content_type.clone())
+        Ok(self.lent(&handle)?.content_type().map(str::to_owned))
     }
 
     fn headers(&mut self, handle: Resource<LentMessage>) -> wasmtime::Result<types::Headers> {
