@@ -3,7 +3,7 @@
 //! would have to alter, or that another library could not read back, is
 //! refused with a sentence naming it, never silently replaced.
 
-use super::{Envelope, MAX_SHORT_STRING, preview};
+use super::{Envelope, MAX_SHORT_STRING, MessageId, preview};
 
 /// Most bytes of a chosen message type, correlation or causation id. Not
 /// AMQP short strings (they travel as long-string headers), but names and
@@ -160,16 +160,26 @@ impl Envelope {
             .message_type
             .clone()
             .unwrap_or_else(|| routing_key.to_string());
-        let mut child = Self::child_of(parent, message_type, origin, now_ms);
-        child.id = fields.id.as_str().into();
+        // Made with the chosen ids, as `child_of` would make it otherwise:
+        // not with a fresh UUID and the parent's ids, replaced at once.
+        let correlation_id = fields
+            .correlation_id
+            .as_deref()
+            .map_or_else(|| parent.correlation_id.clone(), MessageId::from);
+        let causation_id = fields
+            .causation_id
+            .clone()
+            .unwrap_or_else(|| parent.id.to_string());
+        let mut child = Self::made(
+            fields.id.as_str().into(),
+            correlation_id,
+            Some(causation_id),
+            message_type,
+            origin,
+            now_ms,
+        );
         if let Some(version) = fields.version {
             child.version = version;
-        }
-        if let Some(correlation) = &fields.correlation_id {
-            child.correlation_id = correlation.as_str().into();
-        }
-        if let Some(causation) = &fields.causation_id {
-            child.causation_id = Some(causation.clone());
         }
         child
     }

@@ -248,12 +248,33 @@ impl Envelope {
     #[must_use]
     pub fn new(message_type: impl Into<String>, origin: &str, now_ms: u64) -> Self {
         let id = MessageId::from(uuid::Uuid::new_v4().to_string());
-        Self {
-            correlation_id: id.clone(),
+        let correlation_id = id.clone();
+        Self::made(
             id,
-            message_type: or_default_type(message_type.into()),
+            correlation_id,
+            None,
+            message_type.into(),
+            origin,
+            now_ms,
+        )
+    }
+
+    /// A new message's envelope with its ids given: version 1, attempt 1,
+    /// first seen now, the type and origin as [`Envelope::new`] writes them.
+    fn made(
+        id: MessageId,
+        correlation_id: MessageId,
+        causation_id: Option<String>,
+        message_type: String,
+        origin: &str,
+        now_ms: u64,
+    ) -> Self {
+        Self {
+            id,
+            correlation_id,
+            message_type: or_default_type(message_type),
             version: 1,
-            causation_id: None,
+            causation_id,
             attempt: 1,
             first_seen_ms: now_ms,
             origin: non_empty(origin),
