@@ -1,20 +1,24 @@
 //! The async runtime the host runs on, and how many workers it has.
 //!
 //! One worker per core unless `[host] worker_threads` says otherwise. The
-//! host's broker I/O does not run on the runtime: each AMQP connection (the
-//! host has two, one to consume and one to publish) reads and writes its
-//! socket on a thread of lapin's own, busy under load (about a third of the
-//! host's CPU on the echo path). So at high rates of light messages a
-//! worker per core means more busy threads than cores, and the workers keep
-//! waking each other to steal work (see `broker/placement.rs`, which
-//! removes most of that); at low rates of heavy ones (a Python or
-//! JavaScript plugin) those threads are idle and every worker runs calls.
-//! Measured on two cores (`cargo bench -p acemq-tests --bench end_to_end`,
-//! medians of 3; docs/benchmarks.md): one worker instead of two cut the
-//! echo path's CPU per message by about a fifth, and cost the JavaScript
-//! order router a third of its rate. The default keeps every core for
-//! plugins; `worker_threads = cores - 1` suits a small machine serving
-//! light plugins at high rates.
+//! host's broker I/O does not run on the runtime's workers: each AMQP
+//! connection (the host has two, one to consume and one to publish) reads
+//! and writes its socket on a thread of lapin's own, busy under load (about
+//! a third of the host's CPU on the echo path); only the socket's readiness
+//! comes through the runtime's I/O driver. So at high rates of light
+//! messages a worker per core means more busy threads than cores, and the
+//! workers keep waking each other to steal work (see
+//! `broker/placement.rs`, which removes most of that). What remains is
+//! tokio's own: a worker woken for a task that lapin's thread scheduled
+//! wakes another to keep searching, which finds nothing and parks
+//! (measured in docs/benchmarks.md). At low rates of heavy messages (a
+//! Python or JavaScript plugin) those threads are idle and every worker
+//! runs calls. Measured on two cores (`cargo bench -p acemq-tests --bench
+//! end_to_end`, medians of 3; docs/benchmarks.md): one worker instead of
+//! two cut the echo path's CPU per message by about a fifth, and cost the
+//! JavaScript order router a third of its rate. The default keeps every
+//! core for plugins; `worker_threads = cores - 1` suits a small machine
+//! serving light plugins at high rates.
 
 use std::num::NonZeroUsize;
 
