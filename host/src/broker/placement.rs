@@ -22,6 +22,7 @@
 
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -52,15 +53,17 @@ impl Placement {
     /// A panic in the first poll drops the work, as a spawned task's panic
     /// would: the delivery's receipt, dropped with it, gives the delivery
     /// back and says so.
+    ///
+    /// `work` comes boxed, by its maker: a delivery's future is kilobytes
+    /// (4 KiB on echo), and a task keeps its future inline, so spawning it
+    /// unboxed moved the whole of it several times (5.1 % of the host's
+    /// CPU on echo); boxed where it is made, it is not copied on its way
+    /// here either.
     pub(super) async fn start(
         &mut self,
         running: &mut JoinSet<()>,
-        work: impl Future<Output = ()> + Send + 'static,
+        mut work: Pin<Box<impl Future<Output = ()> + Send + 'static>>,
     ) {
-        // Boxed once, before the first poll: the future is over a kilobyte,
-        // and a task keeps its future inline, so spawning it unboxed moved
-        // the whole of it several times (5.1 % of the host's CPU on echo).
-        let mut work = Box::pin(work);
         if self.starts_inline() {
             let started = Instant::now();
             // The receiving task's waker is what the first poll registers;
@@ -160,10 +163,13 @@ mod tests {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         placement
-            .start(&mut running, async move {
-                rx.await.unwrap();
-                done_tx.send(()).unwrap();
-            })
+            .start(
+                &mut running,
+                Box::pin(async move {
+                    rx.await.unwrap();
+                    done_tx.send(()).unwrap();
+                }),
+            )
             .await;
         assert_eq!(running.len(), 1, "pending after its first poll: spawned");
         tx.send(()).unwrap();
@@ -173,9 +179,12 @@ mod tests {
         let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = done.clone();
         placement
-            .start(&mut running, async move {
-                flag.store(true, std::sync::atomic::Ordering::SeqCst);
-            })
+            .start(
+                &mut running,
+                Box::pin(async move {
+                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                }),
+            )
             .await;
         assert!(done.load(std::sync::atomic::Ordering::SeqCst));
         assert!(running.is_empty());
@@ -194,10 +203,13 @@ mod tests {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let guard = Dropped(Some(tx));
         placement
-            .start(&mut running, async move {
-                let _guard = guard;
-                panic!("the work's own bug");
-            })
+            .start(
+                &mut running,
+                Box::pin(async move {
+                    let _guard = guard;
+                    panic!("the work's own bug");
+                }),
+            )
             .await;
         assert!(running.is_empty());
         rx.await.expect("the work was dropped, with what it held");

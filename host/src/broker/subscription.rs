@@ -745,14 +745,15 @@ impl<'a> Receiving<'a> {
             },
         };
         let stream = self.reading.as_ref().map(|_| self.read_again.clone());
-        let work = handle(Received::new(
+        // Boxed where it is made (see `Placement::start`).
+        let work = Box::pin(handle(Received::new(
             delivery,
             self.acks.clone(),
             Slot(permit),
             held,
             stream,
             self.channel_lost.clone(),
-        ));
+        )));
         self.placement.start(&mut self.running, work).await;
         ControlFlow::Continue(())
     }

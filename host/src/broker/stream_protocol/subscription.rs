@@ -273,8 +273,9 @@ impl Running {
     }
 
     async fn push(&mut self, work: impl Future<Output = ()> + Send + 'static) {
+        let work = Box::pin(work);
         match self {
-            Running::Inline(running) => running.push(Box::pin(work)),
+            Running::Inline(running) => running.push(work),
             Running::Spawned(running, placement) => {
                 placement.start(running, work).await;
                 while running.try_join_next().is_some() {}
