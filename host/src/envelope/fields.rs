@@ -3,7 +3,7 @@
 //! would have to alter, or that another library could not read back, is
 //! refused with a sentence naming it, never silently replaced.
 
-use super::{Envelope, MAX_SHORT_STRING, MessageId, preview};
+use super::{Envelope, MAX_SHORT_STRING, preview};
 
 /// Most bytes of a chosen message type, correlation or causation id. Not
 /// AMQP short strings (they travel as long-string headers), but names and
@@ -160,20 +160,13 @@ impl Envelope {
             .message_type
             .clone()
             .unwrap_or_else(|| routing_key.to_string());
-        // Made with the chosen ids, as `child_of` would make it otherwise:
-        // not with a fresh UUID and the parent's ids, replaced at once.
-        let correlation_id = fields
-            .correlation_id
-            .as_deref()
-            .map_or_else(|| parent.correlation_id.clone(), MessageId::from);
-        let causation_id = fields
-            .causation_id
-            .clone()
-            .unwrap_or_else(|| parent.id.to_string());
-        let mut child = Self::made(
+        // Made with the chosen ids: not with a fresh UUID and the parent's
+        // ids, replaced at once.
+        let mut child = Self::child_with(
+            parent,
             fields.id.as_str().into(),
-            correlation_id,
-            Some(causation_id),
+            fields.correlation_id.as_deref(),
+            fields.causation_id.as_deref(),
             message_type,
             origin,
             now_ms,

@@ -247,7 +247,7 @@ impl Envelope {
     /// so neither is ever written empty.
     #[must_use]
     pub fn new(message_type: impl Into<String>, origin: &str, now_ms: u64) -> Self {
-        let id = MessageId::from(uuid::Uuid::new_v4().to_string());
+        let id = fresh_id();
         let correlation_id = id.clone();
         Self::made(
             id,
@@ -295,11 +295,31 @@ impl Envelope {
     /// purpose rather than by accident.
     #[must_use]
     pub fn child_of(parent: &Envelope, message_type: String, origin: &str, now_ms: u64) -> Self {
-        Self {
-            correlation_id: parent.correlation_id.clone(),
-            causation_id: Some(parent.id.to_string()),
-            ..Self::new(message_type, origin, now_ms)
-        }
+        Self::child_with(parent, fresh_id(), None, None, message_type, origin, now_ms)
+    }
+
+    /// [`Envelope::child_of`] with its id given, and a correlation or
+    /// causation id that, when given, replaces the parent's.
+    pub(super) fn child_with(
+        parent: &Envelope,
+        id: MessageId,
+        correlation_id: Option<&str>,
+        causation_id: Option<&str>,
+        message_type: String,
+        origin: &str,
+        now_ms: u64,
+    ) -> Self {
+        let correlation_id =
+            correlation_id.map_or_else(|| parent.correlation_id.clone(), MessageId::from);
+        let causation_id = causation_id.map_or_else(|| parent.id.to_string(), str::to_owned);
+        Self::made(
+            id,
+            correlation_id,
+            Some(causation_id),
+            message_type,
+            origin,
+            now_ms,
+        )
     }
 
     /// The envelope of the retry copy: attempt + 1, everything else kept
@@ -343,6 +363,11 @@ impl Envelope {
 // what an empty field means. Child modules see these private items.
 fn non_empty(value: &str) -> Option<String> {
     (!value.is_empty()).then(|| value.to_owned())
+}
+
+/// A new message's id: a random UUID (version 4).
+fn fresh_id() -> MessageId {
+    MessageId::from(uuid::Uuid::new_v4().to_string())
 }
 
 fn or_default_type(message_type: impl Into<String>) -> String {
