@@ -224,7 +224,8 @@ impl Pipeline {
             envelope.clone(),
             properties.clone(),
             headers,
-            (exchange.into(), routing_key.into()),
+            exchange.into(),
+            routing_key.into(),
             redelivered,
             body.clone(),
         );
@@ -790,7 +791,8 @@ pub fn handler_input(
         envelope,
         properties,
         headers,
-        (exchange.to_owned(), routing_key.to_owned()),
+        exchange.to_owned(),
+        routing_key.to_owned(),
         redelivered,
         body,
     )
@@ -802,7 +804,8 @@ fn input_of(
     envelope: Arc<Envelope>,
     properties: Arc<BasicProperties>,
     headers: envelope::AppHeaders,
-    (exchange, routing_key): (String, String),
+    exchange: String,
+    routing_key: String,
     redelivered: bool,
     body: Bytes,
 ) -> Input {
