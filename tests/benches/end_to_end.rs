@@ -24,7 +24,9 @@
 //!    on one runtime worker (`[host] worker_threads = 1`), for reference.
 //! 4. `consume-bare --transform-to X -A 20 --envelope`: consume -> stamp
 //!    (JSON) -> publish on one confirm channel -> pipelined confirms -> a
-//!    `multiple` ack per 20 confirmed inputs. The baseline of the transform
+//!    `multiple` ack per 20 confirmed inputs, with no wait on any one
+//!    publish's write (each publish and its confirm is one future, polled
+//!    beside the others in publish order). The baseline of the transform
 //!    target. Each output carries the AceMQ envelope the host writes on its
 //!    outputs (six `x-acemq-*` headers and a message id, built by the host
 //!    library's envelope code): the contract requires them, so a bare loop

@@ -27,8 +27,9 @@
 //! declared with a durable queue `X.sink` bound to it), and is acked once
 //! that publish is confirmed. The host does it with the `stamp-v1` plugin;
 //! the bare loop does the same work natively on one confirm channel, with
-//! up to the prefetch of publishes awaiting their confirms, settled in
-//! publish order, and acks every `-A` confirmed inputs (with `multiple`).
+//! up to the prefetch of publishes being written or awaiting their
+//! confirms (none awaited alone), settled in publish order, and acks every
+//! `-A` confirmed inputs (with `multiple`).
 //! Another plugin that publishes (the order routers, on the orders that
 //! `publish --orders` writes) is given the exchange under the config key
 //! `--exchange-key`.
@@ -65,7 +66,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures::future::BoxFuture;
-use futures::stream::FuturesUnordered;
+use futures::stream::{FuturesOrdered, FuturesUnordered};
 use futures::{FutureExt as _, StreamExt as _};
 use lapin::message::Delivery;
 use lapin::options::{
@@ -403,11 +404,16 @@ async fn consume_bare(bare: BareArgs) -> Result<()> {
 /// The bare loop doing the host's work with the stamp plugin: transform,
 /// publish on one confirm channel, ack once confirmed.
 ///
-/// No task per delivery: the publishes awaiting their confirms wait in a
-/// queue, oldest first, and the loop settles the oldest as soon as it is
-/// confirmed, taking the next delivery meanwhile. Settling in publish order
-/// is what lets one `multiple` ack cover every input up to the last one
-/// settled: each of their outputs is confirmed. RabbitMQ confirms a
+/// No task per delivery, and no wait per publish: each publish and then its
+/// confirm is one future in a queue kept in publish order, all of them
+/// polled together, so the loop takes the next delivery while lapin's I/O
+/// thread writes the last one out. (Awaiting each `basic_publish` inline,
+/// as this loop once did, parks the loop until lapin's I/O thread has
+/// written that frame: a wake-up of each thread by the other per message,
+/// which was most of that loop's CPU and made it a weak baseline.) The
+/// loop settles the oldest as soon as it is confirmed. Settling in publish
+/// order is what lets one `multiple` ack cover every input up to the last
+/// one settled: each of their outputs is confirmed. RabbitMQ confirms a
 /// channel's publishes in order in practice, so the oldest is the next to
 /// resolve; one confirmed early just waits its turn.
 async fn consume_bare_transform(
@@ -424,10 +430,6 @@ async fn consume_bare_transform(
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     let (channel, mut consumer) = subscribe(&connection, &args).await?;
-    let options = BasicPublishOptions {
-        mandatory: true,
-        ..BasicPublishOptions::default()
-    };
     let properties = BasicProperties::default()
         .with_delivery_mode(2)
         .with_content_type("application/json".into());
@@ -435,7 +437,7 @@ async fn consume_bare_transform(
     // holds the queue to the prefetch; the bound is explicit so that it does
     // not rest on the broker alone.
     let window = usize::from(args.prefetch.max(1));
-    let mut unconfirmed = VecDeque::with_capacity(window);
+    let mut unconfirmed = FuturesOrdered::new();
     let mut acks = Acks::new(&channel, every, args.count);
     let (mut consumed, mut acked) = (0u64, 0u64);
     while acked < args.count {
@@ -443,8 +445,7 @@ async fn consume_bare_transform(
             // Confirms first: settling one may free a place in the prefetch
             // for the next delivery.
             biased;
-            confirmation = oldest(&mut unconfirmed) => {
-                let (_, tag) = unconfirmed.pop_front().expect("the oldest publish resolved");
+            Some((confirmation, tag)) = unconfirmed.next() => {
                 confirmed(confirmation)?;
                 acked = acks.done(tag)?;
                 clock.settled(acked);
@@ -459,16 +460,14 @@ async fn consume_bare_transform(
                 } else {
                     properties.clone()
                 };
-                let confirm = publisher
-                    .basic_publish(
-                        exchange.into(),
-                        "stamped".into(),
-                        options,
-                        &stamp(&delivery)?,
-                        properties,
-                    )
-                    .await?;
-                unconfirmed.push_back((confirm, delivery.delivery_tag));
+                let body = stamp(&delivery)?;
+                unconfirmed.push_back(publish_confirmed(
+                    publisher.clone(),
+                    exchange.into(),
+                    body,
+                    properties,
+                    delivery.delivery_tag,
+                ));
             }
         }
     }
@@ -479,14 +478,27 @@ async fn consume_bare_transform(
     Ok(())
 }
 
-/// The confirmation of the oldest publish awaiting one; never, while none is.
-async fn oldest(
-    unconfirmed: &mut VecDeque<(PublisherConfirm, DeliveryTag)>,
-) -> lapin::Result<Confirmation> {
-    match unconfirmed.front_mut() {
-        Some((confirm, _)) => confirm.await,
-        None => std::future::pending().await,
-    }
+/// Publishes one stamped output (mandatory) and waits for its confirm;
+/// carries the input's tag to its settling.
+async fn publish_confirmed(
+    publisher: Channel,
+    exchange: ShortString,
+    body: Vec<u8>,
+    properties: BasicProperties,
+    tag: DeliveryTag,
+) -> (lapin::Result<Confirmation>, DeliveryTag) {
+    let options = BasicPublishOptions {
+        mandatory: true,
+        ..BasicPublishOptions::default()
+    };
+    let confirmation = match publisher
+        .basic_publish(exchange, "stamped".into(), options, &body, properties)
+        .await
+    {
+        Ok(confirm) => confirm.await,
+        Err(e) => Err(e),
+    };
+    (confirmation, tag)
 }
 
 /// The properties the host gives a `stamp-v1` output: JSON, persistent, and
