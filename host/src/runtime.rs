@@ -11,7 +11,10 @@
 //! `broker/placement.rs`, which removes most of that). What remains is
 //! tokio's own: a worker woken for a task that lapin's thread scheduled
 //! wakes another to keep searching, which finds nothing and parks
-//! (measured in docs/benchmarks.md). At low rates of heavy messages (a
+//! (measured in docs/benchmarks.md). A subscription's deliveries avoid it
+//! by waking their task through the runtime's I/O driver
+//! (`broker/driver_wake.rs`); lapin's other wake-ups (confirms, acks
+//! written) still come through the scheduler. At low rates of heavy messages (a
 //! Python or JavaScript plugin) those threads are idle and every worker
 //! runs calls. Measured on two cores (`cargo bench -p acemq-tests --bench
 //! end_to_end`, medians of 3; docs/benchmarks.md): one worker instead of

@@ -16,6 +16,7 @@ pub mod address;
 pub mod checkpoint;
 pub mod connection;
 pub mod declare;
+mod driver_wake;
 pub mod frame_guard;
 pub mod lease;
 pub mod link;

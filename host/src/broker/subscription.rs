@@ -29,6 +29,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckBatcher, OldestUnsettled};
+use super::driver_wake::DriverWoken;
 use super::lost::until_lost;
 use super::placement::Placement;
 use super::stream::{OFFSET_ARGUMENT, StreamOffset, StreamPosition, SubscriptionPosition};
@@ -514,10 +515,10 @@ where
         .clone()
         .unwrap_or_else(|| format!("acemq-host.{}.{}", queue, uuid::Uuid::new_v4().simple()));
     let (start, reading) = stream.unzip();
-    let Some((channel, mut deliveries)) = subscribe(connection, &spec, &env, &tag, start).await?
-    else {
+    let Some((channel, deliveries)) = subscribe(connection, &spec, &env, &tag, start).await? else {
         return Ok(());
     };
+    let mut deliveries = DriverWoken::new(deliveries);
     env.board.set(queue, Reading::Consuming);
     tracing::info!(
         queue,
@@ -641,7 +642,7 @@ impl<'a> Receiving<'a> {
     /// (`None` for a stop that is not one).
     async fn receive<H, F>(
         &mut self,
-        deliveries: &mut lapin::Consumer,
+        deliveries: &mut DriverWoken<lapin::Consumer>,
         handle: &H,
         shutdown: &CancellationToken,
         ends_after: Option<Duration>,
