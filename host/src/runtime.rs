@@ -18,10 +18,10 @@
 //! Python or JavaScript plugin) those threads are idle and every worker
 //! runs calls. Measured on two cores (`cargo bench -p acemq-tests --bench
 //! end_to_end`, medians of 3; docs/benchmarks.md): one worker instead of
-//! two cut the echo path's CPU per message by about a fifth, and cost the
-//! JavaScript order router a third of its rate. The default keeps every
-//! core for plugins; `worker_threads = cores - 1` suits a small machine
-//! serving light plugins at high rates.
+//! two cut the echo path's CPU per message by about a fifth before the
+//! subscriptions' wake-ups went through the driver, and the same since;
+//! it still costs the JavaScript order router a third of its rate. So the
+//! default keeps every core for plugins.
 
 use std::num::NonZeroUsize;
 
