@@ -19,9 +19,9 @@
 //! runs calls. Measured on two cores (`cargo bench -p acemq-tests --bench
 //! end_to_end`, medians of 3; docs/benchmarks.md): one worker instead of
 //! two cut the echo path's CPU per message by about a fifth before the
-//! subscriptions' wake-ups went through the driver, and the same since;
-//! it still costs the JavaScript order router a third of its rate. So the
-//! default keeps every core for plugins.
+//! subscriptions' wake-ups went through the driver; since, one and two
+//! cost the same there. One worker still costs the JavaScript order
+//! router a third of its rate, so the default keeps every core.
 
 use std::num::NonZeroUsize;
 
