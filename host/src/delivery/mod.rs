@@ -448,9 +448,11 @@ impl Pipeline {
     ) -> (PluginRun, StateEnd) {
         // On this task: the calls yield between epoch ticks (plugin/pool.rs),
         // so no thread hop is needed to keep the runtime's workers free.
-        // Boxed: the call's future is kilobytes (wasmtime's fiber call
-        // inside), and every delivery's task would otherwise copy it on
-        // each move from creation to spawn.
+        // Not boxed, though the call's future is kilobytes (wasmtime's
+        // fiber call inside): the delivery's whole future is boxed where
+        // it is made and never moved after (`Placement::start`), and a box
+        // of its own here cost an allocation and a copy of the call's
+        // future into it on every delivery (measured in docs/benchmarks.md).
         let codecs = self.codecs.snapshot();
         // Which version handles it: the current one, or a rollout's
         // candidate; and whether a shadow runs on a copy beside it.
@@ -466,7 +468,7 @@ impl Pipeline {
             }
         };
         let calling = Instant::now();
-        let called = AssertUnwindSafe(Box::pin(run_plugins_with_state(&version, &codecs, input)))
+        let called = AssertUnwindSafe(run_plugins_with_state(&version, &codecs, input))
             .catch_unwind()
             .await;
         let call_took = calling.elapsed();
@@ -654,14 +656,9 @@ impl Pipeline {
             trace,
             flow,
         };
-        // Boxed for the same reason as the plugin call: its future is large.
-        let report = Box::pin(settle::settle(
-            &port,
-            subject,
-            &self.rules.policy,
-            settlement,
-        ))
-        .await;
+        // Not boxed, as the plugin call is not (see
+        // `call_plugins_keeping_state`).
+        let report = settle::settle(&port, subject, &self.rules.policy, settlement).await;
         self.metrics
             .count(&report, envelope.attempt, arrived.elapsed());
         if report.set_aside
