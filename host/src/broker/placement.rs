@@ -55,10 +55,10 @@ impl Placement {
     /// back and says so.
     ///
     /// `work` comes boxed, by its maker: a delivery's future is kilobytes
-    /// (4 KiB on echo), and a task keeps its future inline, so spawning it
-    /// unboxed moved the whole of it several times (5.1 % of the host's
-    /// CPU on echo); boxed where it is made, it is not copied on its way
-    /// here either.
+    /// (its plugin call and settling inline), and a task keeps its future
+    /// inline, so spawning it unboxed moved the whole of it several times
+    /// (5.1 % of the host's CPU on echo); boxed where it is made, it is not
+    /// copied on its way here either.
     pub(super) async fn start(
         &mut self,
         running: &mut JoinSet<()>,
