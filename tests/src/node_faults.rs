@@ -29,7 +29,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -53,6 +53,8 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 /// The knobs of one run.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// How many inputs are published over `publish_over`: at least this
+    /// many, more when injecting the faults outlasts it (see [`Publisher`]).
     pub inputs: usize,
     /// How long publishing the inputs is spread over.
     pub publish_over: Duration,
@@ -252,8 +254,15 @@ impl RunHost {
 /// Publishes `inputs` through one node at a steady pace on a thread of its
 /// own, over one connection in confirm mode; counts what was confirmed and
 /// what had to be published again.
+///
+/// It goes on at the same pace past `inputs` until [`Publisher::finish`]:
+/// injecting a fault takes as long as the broker's tools take, which on a
+/// busy machine was once most of the publishing window, and a fault after
+/// the last input lands on idle hosts, which is not the scenario (the run
+/// counts whatever was published).
 struct Publisher {
     published: Arc<AtomicUsize>,
+    finishing: Arc<AtomicBool>,
     thread: JoinHandle<Result<usize>>,
 }
 
@@ -261,10 +270,11 @@ impl Publisher {
     fn start(node: &Broker, queue: String, inputs: usize, over: Duration) -> Publisher {
         let (url, mgmt) = (node.amqp_url().to_owned(), node.mgmt_url().to_owned());
         let published = Arc::new(AtomicUsize::new(0));
+        let finishing = Arc::new(AtomicBool::new(false));
         let slices = (over.as_secs_f64() / PUBLISH_EVERY.as_secs_f64()).max(1.0) as usize;
         let per_slice = inputs.div_ceil(slices).max(1);
         let thread = std::thread::spawn({
-            let published = published.clone();
+            let (published, finishing) = (published.clone(), finishing.clone());
             move || -> Result<usize> {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -279,11 +289,12 @@ impl Publisher {
                     let start = Instant::now();
                     let (mut next, mut again) = (0, 0);
                     for slice in 0.. {
-                        if next >= inputs {
+                        if next >= inputs && finishing.load(Ordering::Relaxed) {
                             break;
                         }
                         tokio::time::sleep_until((start + PUBLISH_EVERY * slice).into()).await;
-                        let ids: Range<usize> = next..(next + per_slice).min(inputs);
+                        let until = if next < inputs { inputs } else { usize::MAX };
+                        let ids: Range<usize> = next..(next + per_slice).min(until);
                         again += publish_inputs_until_confirmed(&channel, &queue, ids.clone())
                             .await
                             .with_context(|| format!("publishing inputs {ids:?}"))?;
@@ -295,12 +306,18 @@ impl Publisher {
                 })
             }
         });
-        Publisher { published, thread }
+        Publisher {
+            published,
+            finishing,
+            thread,
+        }
     }
 
-    /// Waits until every input is published: how many there are, and how
-    /// many were published again after a nack.
+    /// Waits until every input is published (and stops the publishing
+    /// past them): how many there are, and how many were published again
+    /// after a nack.
     fn finish(self) -> Result<(usize, usize)> {
+        self.finishing.store(true, Ordering::Relaxed);
         let again = self
             .thread
             .join()
