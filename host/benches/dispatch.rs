@@ -11,6 +11,12 @@
 //! hop there and back per delivery, as the host did before its plugin calls
 //! became futures on the runtime; see `plugin/pool.rs`).
 //!
+//! And the plugin of the end-to-end benchmark's transform path (`stamp-v1`,
+//! which reads a 1 KB body and publishes it stamped, as JSON): its call
+//! alone, with no broker, to profile (`--profile-time` on
+//! `dispatch/stamp-v1, reuse instance`; `ACEMQ_PERF_MAP=1` names the guest's
+//! functions).
+//!
 //! Run: `scripts/build-plugins && cargo bench -p acemq-host --bench dispatch`
 
 use std::path::PathBuf;
@@ -38,6 +44,12 @@ fn plugin(name: &str) -> PathBuf {
 /// A consumer's slot running `name` with `isolation`; the order routers
 /// publish to `orders.events`.
 fn slot(engine: &PluginEngine, name: &str, isolation: Isolation) -> HandlerSlot {
+    // The stamp handler publishes to the exchange its config names.
+    let config = if name.starts_with("stamp") {
+        [("out_exchange".to_string(), "orders.events".to_string())].into()
+    } else {
+        Default::default()
+    };
     let path = plugin(name);
     assert!(
         path.exists(),
@@ -47,6 +59,7 @@ fn slot(engine: &PluginEngine, name: &str, isolation: Isolation) -> HandlerSlot 
     let context = Arc::new(ConsumerContext {
         queue: "bench".into(),
         publish_to: ["orders.events".to_string()].into(),
+        config,
         limits: Limits {
             isolation,
             ..Limits::default()
@@ -165,6 +178,7 @@ fn bench(c: &mut Criterion) {
     let engine = PluginEngine::new(EngineSettings::default()).expect("engine");
     let pooled = Arc::new(slot(&engine, "echo", Isolation::Pooled));
     let fresh = slot(&engine, "echo", Isolation::PerMessage);
+    let stamp = slot(&engine, "stamp-v1", Isolation::Pooled);
     let codecs = CodecSet::new();
     let (properties, body) = delivery();
     let policy = RetryPolicy::none();
@@ -178,6 +192,9 @@ fn bench(c: &mut Criterion) {
     group.measurement_time(Duration::from_secs(5));
     group.bench_function("reuse instance", |b| {
         b.iter(|| dispatch_one(&pooled, &codecs, &properties, &body, &policy))
+    });
+    group.bench_function("stamp-v1, reuse instance", |b| {
+        b.iter(|| dispatch_one(&stamp, &codecs, &properties, &body, &policy))
     });
     group.bench_function("fresh instance", |b| {
         b.iter(|| dispatch_one(&fresh, &codecs, &properties, &body, &policy))
@@ -207,6 +224,10 @@ fn bench(c: &mut Criterion) {
             },
             Subject {
                 per_round: 5_000,
+                one: Box::new(|| dispatch_one(&stamp, &codecs, &properties, &body, &policy)),
+            },
+            Subject {
+                per_round: 5_000,
                 one: Box::new(|| {
                     let (pooled, properties, body) =
                         (pooled.clone(), properties.clone(), body.clone());
@@ -227,7 +248,7 @@ fn bench(c: &mut Criterion) {
             },
         ],
     );
-    let [reuse, per_message, envelope_only, hopped] = medians[..] else {
+    let [reuse, per_message, envelope_only, stamped, hopped] = medians[..] else {
         unreachable!("one median per subject")
     };
     println!();
@@ -238,6 +259,9 @@ fn bench(c: &mut Criterion) {
     println!("  fresh instance : {per_message:8.2} µs/message   (target <= 10 µs)");
     println!("  fresh / reuse  : {:8.2}x", per_message / reuse);
     println!("  of which the envelope read (no plugin): {envelope_only:.2} µs/message");
+    println!(
+        "  the transform path's plugin (stamp-v1: read the body, publish it stamped as JSON), reuse: {stamped:.2} µs/message"
+    );
     println!(
         "  reuse through a blocking-pool hop (the design not taken): {hopped:.2} µs/message ({:.1}x)",
         hopped / reuse

@@ -186,14 +186,18 @@ impl Pipeline {
             Ok(read) => read,
             Err(set_aside) => {
                 drop(slot);
-                self.set_aside_unread(
+                // Boxed, as are the stateful path's calls below: rare or
+                // optional stages whose futures are kilobytes would
+                // otherwise size every delivery's future (see
+                // `settle::carry_out`).
+                Box::pin(self.set_aside_unread(
                     &properties,
                     routing_key.as_str(),
                     &receipt,
                     &body,
                     set_aside,
                     arrived,
-                )
+                ))
                 .await;
                 return;
             }
@@ -246,26 +250,24 @@ impl Pipeline {
         };
         // Done already, claimed elsewhere, or a store that cannot answer:
         // settled without a call.
-        if let Some(settlement) = self.before_call(&state, parts).await {
+        if let Some(settlement) = Box::pin(self.before_call(&state, parts)).await {
             drop(slot);
             self.settle(parts.with(&flow), settlement).await;
             return;
         }
-        let (run, pending) = self
-            .call_with_state(&state, input, slot, &envelope, &trace)
-            .await;
+        let (run, pending) =
+            Box::pin(self.call_with_state(&state, input, slot, &envelope, &trace)).await;
         if matches!(run, PluginRun::StoreUnavailable { .. }) {
             self.pause_for_the_store(&receipt).await;
         }
         let settlement = self.settlement_for(&envelope, &properties, &mut flow, run);
         let accepted = matches!(settlement, Settlement::Accept { .. });
-        let committed = self
-            .settle_committing(
-                parts.with(&flow),
-                settlement,
-                accepted.then_some((&*state, &pending)),
-            )
-            .await;
+        let committed = Box::pin(self.settle_committing(
+            parts.with(&flow),
+            settlement,
+            accepted.then_some((&*state, &pending)),
+        ))
+        .await;
         if !committed {
             state
                 .abandon(

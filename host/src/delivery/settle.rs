@@ -267,6 +267,13 @@ pub(crate) async fn settle(
 ///
 /// An accept's outputs are moved out of it (their bodies are not copied);
 /// a failed accept is followed up without them.
+///
+/// The settlements other than an accept, a give-back and a duplicate's ack
+/// are boxed: each one's future is kilobytes (a republish and its
+/// confirm), and inline the largest of them sized this future, and so every
+/// delivery's, which each `.await` up the chain copies whole. Those are the
+/// failure paths, where one allocation is nothing beside a republish
+/// (docs/benchmarks.md, "What a delivery's future costs").
 async fn carry_out(
     port: &impl BrokerPort,
     subject: Subject<'_>,
@@ -276,7 +283,7 @@ async fn carry_out(
         settlement,
         Settlement::DeadLetter { .. } | Settlement::Park { .. }
     ) {
-        answer_with_error(port, subject, settlement).await?;
+        Box::pin(answer_with_error(port, subject, settlement)).await?;
     }
     match settlement {
         Settlement::Accept {
@@ -294,10 +301,10 @@ async fn carry_out(
             .await
         }
         Settlement::RetryInConsumer { wait, reason } => {
-            retry_in_consumer(port, subject, *wait, reason).await
+            Box::pin(retry_in_consumer(port, subject, *wait, reason)).await
         }
         Settlement::RetryInBroker { rung, reason, .. } => {
-            retry_in_broker(port, subject, rung, reason).await
+            Box::pin(retry_in_broker(port, subject, rung, reason)).await
         }
         Settlement::DeadLetter {
             queue: target,
@@ -307,7 +314,7 @@ async fn carry_out(
         | Settlement::Park {
             queue: target,
             reason,
-        } => set_aside(port, subject, target, reason).await,
+        } => Box::pin(set_aside(port, subject, target, reason)).await,
         Settlement::Requeue { why } | Settlement::ReadAgain { why } => {
             Ok(give_back(port, subject, why).await)
         }
@@ -316,7 +323,9 @@ async fn carry_out(
             tracing::debug!(queue = subject.queue, message_id = %subject.envelope.id, "done already; acked without a call");
             Ok(Done::Duplicate)
         }
-        Settlement::InProgress { wait, reason } => in_progress(port, subject, *wait, reason).await,
+        Settlement::InProgress { wait, reason } => {
+            Box::pin(in_progress(port, subject, *wait, reason)).await
+        }
     }
 }
 

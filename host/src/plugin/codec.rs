@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::future::{BoxFuture, Either, Ready, ready};
 use wasmtime::component::Linker;
 
 use super::bindings::codec_world::{CodecPlugin, CodecPluginPre};
@@ -364,57 +365,85 @@ impl CodecSet {
     }
 
     /// Decodes a delivery's body for the handler.
-    pub async fn decode(&self, content_type: Option<&str>, body: &[u8]) -> Conversion {
-        self.convert(Direction::Decode, content_type, body).await
+    pub fn decode<'a>(&'a self, content_type: Option<&'a str>, body: &'a [u8]) -> Converting<'a> {
+        self.convert(Direction::Decode, content_type, body)
     }
 
     /// Encodes a handler's output for the wire.
-    pub async fn encode(&self, content_type: Option<&str>, body: &[u8]) -> Conversion {
-        self.convert(Direction::Encode, content_type, body).await
+    pub fn encode<'a>(&'a self, content_type: Option<&'a str>, body: &'a [u8]) -> Converting<'a> {
+        self.convert(Direction::Encode, content_type, body)
     }
 
-    async fn convert(
-        &self,
+    /// Every delivery and output passes here, and most are claimed by no
+    /// codec: those get a future that is ready at once and a few dozen
+    /// bytes long. The future of a codec's call is kilobytes (wasmtime's
+    /// call, the deadline's timer), and each `.await` moves its callee's
+    /// future into the caller's: inline, it made every delivery's future
+    /// kilobytes longer and cost each one more copying (dispatch benchmark:
+    /// docs/benchmarks.md). A claimed body, which pays for a wasm call
+    /// anyway, pays for a box instead.
+    fn convert<'a>(
+        &'a self,
         direction: Direction,
-        content_type: Option<&str>,
-        body: &[u8],
-    ) -> Conversion {
-        // Every delivery and output passes here: a host without codecs (the
-        // common case) answers before the content type is even normalised.
+        content_type: Option<&'a str>,
+        body: &'a [u8],
+    ) -> Converting<'a> {
+        // A host without codecs (the common case) answers before the
+        // content type is even normalised.
         let (false, Some(content_type)) = (self.entries.is_empty(), content_type) else {
-            return Conversion::Unclaimed;
+            return Either::Left(ready(Conversion::Unclaimed));
         };
         let wanted = media_type(content_type);
-        let claimants: Vec<&Arc<CodecVersion>> = self
+        let claimants: Vec<&'a Arc<CodecVersion>> = self
             .entries
             .iter()
             .filter(|(claimed, _)| claimed.contains(&wanted))
             .map(|(_, codec)| codec)
             .collect();
         if claimants.is_empty() {
-            return Conversion::Unclaimed;
+            return Either::Left(ready(Conversion::Unclaimed));
         }
-        let mut reasons = Vec::new();
-        let mut faulted = false;
-        for codec in claimants {
-            match codec.convert(direction, content_type, body).await {
-                Ok((content_type, body)) => return Conversion::Converted { content_type, body },
-                Err(NotConverted::Refused(why)) => reasons.push(format!("{}: {why}", codec.name)),
-                Err(NotConverted::Faulted(why)) => {
-                    faulted = true;
-                    reasons.push(format!("{} failed: {why}", codec.name));
-                }
-                // The next claimant would find the pool as full.
-                Err(NotConverted::HostBusy(why)) => {
-                    return Conversion::HostBusy(format!("{}: {why}", codec.name));
-                }
+        Either::Right(Box::pin(by_claimants(
+            claimants,
+            direction,
+            content_type,
+            body,
+        )))
+    }
+}
+
+/// What [`CodecSet::decode`] and [`CodecSet::encode`] return: ready at once
+/// when no codec claims the content type, else the claimants' calls, boxed.
+pub type Converting<'a> = Either<Ready<Conversion>, BoxFuture<'a, Conversion>>;
+
+/// Asks each codec claiming the content type in turn, until one converts
+/// the body.
+async fn by_claimants(
+    claimants: Vec<&Arc<CodecVersion>>,
+    direction: Direction,
+    content_type: &str,
+    body: &[u8],
+) -> Conversion {
+    let mut reasons = Vec::new();
+    let mut faulted = false;
+    for codec in claimants {
+        match codec.convert(direction, content_type, body).await {
+            Ok((content_type, body)) => return Conversion::Converted { content_type, body },
+            Err(NotConverted::Refused(why)) => reasons.push(format!("{}: {why}", codec.name)),
+            Err(NotConverted::Faulted(why)) => {
+                faulted = true;
+                reasons.push(format!("{} failed: {why}", codec.name));
+            }
+            // The next claimant would find the pool as full.
+            Err(NotConverted::HostBusy(why)) => {
+                return Conversion::HostBusy(format!("{}: {why}", codec.name));
             }
         }
-        if faulted {
-            Conversion::Faulted(reasons.join("; "))
-        } else {
-            Conversion::Refused(reasons.join("; "))
-        }
+    }
+    if faulted {
+        Conversion::Faulted(reasons.join("; "))
+    } else {
+        Conversion::Refused(reasons.join("; "))
     }
 }
 

@@ -451,8 +451,11 @@ impl<S: Instantiate> Pool<S> {
         };
         let mut instance = match idle {
             Some(instance) => instance,
-            None => self
-                .instantiate()
+            // Boxed: instantiating's future is kilobytes (wasmtime's, and
+            // the deadline's timer), and inline it would be part of every
+            // call's future, which each delivery's future holds and moves
+            // whether or not an instance is made (see `CodecSet::convert`).
+            None => Box::pin(self.instantiate())
                 .await
                 .map_err(|e| fault::instantiation_failed(&e, self.deadline))?,
         };
