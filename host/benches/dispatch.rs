@@ -15,7 +15,9 @@
 //! which reads a 1 KB body and publishes it stamped, as JSON): its call
 //! alone, with no broker, to profile (`--profile-time` on
 //! `dispatch/stamp-v1, reuse instance`; `ACEMQ_PERF_MAP=1` names the guest's
-//! functions).
+//! functions), and beside it the same work done natively, as the bare
+//! transform loop of the end-to-end benchmark does it: what the sandbox
+//! costs that path.
 //!
 //! Run: `scripts/build-plugins && cargo bench -p acemq-host --bench dispatch`
 
@@ -145,6 +147,29 @@ fn read_envelope_only(properties: &BasicProperties) {
     std::hint::black_box((envelope, headers));
 }
 
+/// What `stamp-v1` does, done natively, for reference: the envelope read,
+/// the body taken as text, and the stamped JSON made (the same fields, by
+/// serde_json as the plugin uses it). Against the plugin's dispatch, what
+/// the sandbox costs this work: the component boundary, the host calls the
+/// guest makes, and the guest's code compiled from wasm.
+fn stamp_natively(properties: &BasicProperties, body: &Bytes) {
+    #[derive(serde::Serialize)]
+    struct Stamped<'a> {
+        input: &'a str,
+        version: &'a str,
+        input_id: &'a str,
+    }
+    let envelope = Envelope::read(properties, "order.created", 1_700_000_000_001);
+    let input = std::str::from_utf8(body).expect("the bench's body is text");
+    let stamped = serde_json::to_vec(&Stamped {
+        input,
+        version: "v1",
+        input_id: envelope.id.as_str(),
+    })
+    .expect("a struct of strings serializes");
+    std::hint::black_box(Bytes::from(stamped));
+}
+
 /// One measured loop: `per_round` calls of `one` make a sample.
 struct Subject<'a> {
     per_round: u32,
@@ -227,6 +252,10 @@ fn bench(c: &mut Criterion) {
                 one: Box::new(|| dispatch_one(&stamp, &codecs, &properties, &body, &policy)),
             },
             Subject {
+                per_round: 20_000,
+                one: Box::new(|| stamp_natively(&properties, &body)),
+            },
+            Subject {
                 per_round: 5_000,
                 one: Box::new(|| {
                     let (pooled, properties, body) =
@@ -248,7 +277,7 @@ fn bench(c: &mut Criterion) {
             },
         ],
     );
-    let [reuse, per_message, envelope_only, stamped, hopped] = medians[..] else {
+    let [reuse, per_message, envelope_only, stamped, native, hopped] = medians[..] else {
         unreachable!("one median per subject")
     };
     println!();
@@ -261,6 +290,11 @@ fn bench(c: &mut Criterion) {
     println!("  of which the envelope read (no plugin): {envelope_only:.2} µs/message");
     println!(
         "  the transform path's plugin (stamp-v1: read the body, publish it stamped as JSON), reuse: {stamped:.2} µs/message"
+    );
+    println!(
+        "    the same work done natively (reference): {native:.2} µs/message; the sandbox adds {:.2} µs ({:.1}x)",
+        stamped - native,
+        stamped / native
     );
     println!(
         "  reuse through a blocking-pool hop (the design not taken): {hopped:.2} µs/message ({:.1}x)",
