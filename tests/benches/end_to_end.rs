@@ -9,7 +9,7 @@
 //! ```
 //!
 //! A throwaway RabbitMQ node is started (or `ACEMQ_TEST_URL` is used). Each
-//! round runs ten consumers, each as a `loadgen` child process draining a
+//! round runs eleven consumers, each as a `loadgen` child process draining a
 //! fresh quorum queue that `loadgen publish` filled with persistent 1 KiB
 //! messages, every consumer at the same prefetch (200):
 //!
@@ -34,9 +34,14 @@
 //! 5. The same without the envelope, for reference: the envelope's headers
 //!    cost the broker and lapin about a quarter of this path's rate on a
 //!    2-core machine, and this row shows it beside the others.
-//! 6. `consume-host --transform-to X`: the same through the host and the
+//! 6. The same as (4), publishing on a connection of its own
+//!    (`--publish-connection`), for reference: the host publishes on a
+//!    connection apart from its consumers' (during a resource alarm
+//!    RabbitMQ blocks a publishing connection whole, acks included), and
+//!    this row shows what the second connection costs a bare loop.
+//! 7. `consume-host --transform-to X`: the same through the host and the
 //!    `stamp-v1` plugin.
-//! 7. to 9. The order router end to end, in Rust, Python and JavaScript
+//! 8. to 10. The order router end to end, in Rust, Python and JavaScript
 //!    (`plugins/order-router`, `-py`, `-js`): `consume-host` on a queue of
 //!    valid JSON orders (`loadgen publish --orders`, about 60 bytes each),
 //!    each parsed, an `order.accepted` event published and confirmed, the
@@ -69,8 +74,8 @@
 //! `ACEMQ_BENCH_CONCURRENCY` of the host consumers (unset or 0: the host's
 //! default), `ACEMQ_BENCH_QUEUE_TYPE` (quorum), `ACEMQ_BENCH_MULTI_ACK` (20,
 //! the bare loops' `-A`), `ACEMQ_BENCH_TRANSFORM` (1; 0 leaves out (4) to
-//! (6)), `ACEMQ_BENCH_ROUTER_MESSAGES` (20000), `ACEMQ_BENCH_ROUTERS` (1; 0
-//! leaves out (7) to (9)).
+//! (7)), `ACEMQ_BENCH_ROUTER_MESSAGES` (20000), `ACEMQ_BENCH_ROUTERS` (1; 0
+//! leaves out (8) to (10)).
 //!
 //! Prints figures and asserts nothing: broker and clients share the
 //! machine's cores (its load average is printed at the start and the end),
@@ -202,6 +207,10 @@ enum Mode {
     /// `consume-bare --transform-to X -A N`: the same without the AceMQ
     /// envelope, for reference: what the envelope itself costs.
     BareTransformPlain,
+    /// `consume-bare --transform-to X -A N --envelope --publish-connection`:
+    /// the baseline publishing on a connection of its own, as the host
+    /// does, for reference: what the second connection costs.
+    BareTransformTwoConnections,
     /// `consume-host --transform-to X` (stamp-v1).
     HostTransform,
     /// `consume-host` with `plugins/order-router` on orders.
@@ -213,13 +222,14 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 10] = [
+    const ALL: [Mode; 11] = [
         Mode::BareMultiAck,
         Mode::BareSingleAck,
         Mode::Host,
         Mode::HostOneWorker,
         Mode::BareTransform,
         Mode::BareTransformPlain,
+        Mode::BareTransformTwoConnections,
         Mode::HostTransform,
         Mode::RouterRust,
         Mode::RouterPython,
@@ -235,6 +245,7 @@ impl Mode {
             Mode::HostOneWorker => "host-one-worker",
             Mode::BareTransform => "bare-transform",
             Mode::BareTransformPlain => "bare-transform-plain",
+            Mode::BareTransformTwoConnections => "bare-transform-2conn",
             Mode::HostTransform => "host-transform",
             Mode::RouterRust => "router-rust",
             Mode::RouterPython => "router-python",
@@ -251,6 +262,7 @@ impl Mode {
             Mode::HostOneWorker => "  same, one worker (reference)".to_string(),
             Mode::BareTransform => format!("bare transform (-A {})", settings.multi_ack),
             Mode::BareTransformPlain => "  same, no envelope (reference)".to_string(),
+            Mode::BareTransformTwoConnections => "  same, two connections (reference)".to_string(),
             Mode::HostTransform => "host transform (stamp-v1)".to_string(),
             Mode::RouterRust => "order router, Rust".to_string(),
             Mode::RouterPython => "order router, Python".to_string(),
@@ -287,7 +299,10 @@ impl Mode {
     fn transforms(self) -> bool {
         matches!(
             self,
-            Mode::BareTransform | Mode::BareTransformPlain | Mode::HostTransform
+            Mode::BareTransform
+                | Mode::BareTransformPlain
+                | Mode::BareTransformTwoConnections
+                | Mode::HostTransform
         )
     }
 
@@ -503,7 +518,7 @@ fn medians(modes: &[Mode], rounds: &[Vec<(Mode, Figures)>]) -> Vec<(Mode, Figure
 fn print_table(title: &str, settings: &Settings, rows: &[(Mode, Figures)]) {
     println!("\n{title}: steady span (10 % to 90 % acked), and the whole consume span");
     println!(
-        "| {:<30} | {:>8} | {:>10} | {:>12} | {:>12} | {:>10} | {:>24} | {:>16} | {:>18} | {:>18} |",
+        "| {:<35} | {:>8} | {:>10} | {:>12} | {:>12} | {:>10} | {:>24} | {:>16} | {:>18} | {:>18} |",
         "consumer",
         "msg/s",
         "CPU µs/msg",
@@ -516,7 +531,7 @@ fn print_table(title: &str, settings: &Settings, rows: &[(Mode, Figures)]) {
         "process CPU µs/msg"
     );
     println!(
-        "|{:-<32}|{:->10}|{:->12}|{:->14}|{:->14}|{:->12}|{:->26}|{:->18}|{:->20}|{:->20}|",
+        "|{:-<37}|{:->10}|{:->12}|{:->14}|{:->14}|{:->12}|{:->26}|{:->18}|{:->20}|{:->20}|",
         ":", ":", ":", ":", ":", ":", ":", ":", ":", ":"
     );
     for (mode, f) in rows {
@@ -526,7 +541,7 @@ fn print_table(title: &str, settings: &Settings, rows: &[(Mode, Figures)]) {
             format!("{:.3}x msg/s, {:.2}x CPU", f.rate_ratio, f.cpu_ratio)
         };
         println!(
-            "| {:<30} | {:>8.0} | {:>10.1} | {:>12.1} | {:>12.1} | {:>10.1} | {:>24} | {:>16.0} | {:>18.1} | {:>18.1} |",
+            "| {:<35} | {:>8.0} | {:>10.1} | {:>12.1} | {:>12.1} | {:>10.1} | {:>24} | {:>16.0} | {:>18.1} | {:>18.1} |",
             mode.label(settings),
             f.run.steady_rate,
             f.run.steady_cpu_us,
@@ -615,6 +630,9 @@ impl Bench {
         match mode {
             Mode::BareMultiAck | Mode::BareTransformPlain => args.extend(["-A", &multi_ack]),
             Mode::BareTransform => args.extend(["-A", &multi_ack, "--envelope"]),
+            Mode::BareTransformTwoConnections => {
+                args.extend(["-A", &multi_ack, "--envelope", "--publish-connection"]);
+            }
             Mode::BareSingleAck => args.extend(["-A", "1"]),
             Mode::HostOneWorker => args.extend(["--worker-threads", "1"]),
             Mode::Host | Mode::HostTransform => {}

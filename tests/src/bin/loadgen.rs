@@ -180,6 +180,13 @@ struct BareArgs {
     /// the same messages on the wire.
     #[arg(long, requires = "transform_to")]
     envelope: bool,
+    /// With `--transform-to`: publish on a connection of its own, as the
+    /// host does (RabbitMQ blocks a connection that publishes during a
+    /// resource alarm, its acks and deliveries included; the host keeps its
+    /// consumers off that connection). For reference: what the second
+    /// connection costs a bare loop.
+    #[arg(long, requires = "transform_to")]
+    publish_connection: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -376,7 +383,11 @@ fn confirmed(confirmation: lapin::Result<Confirmation>) -> Result<()> {
 async fn consume_bare(bare: BareArgs) -> Result<()> {
     let every = bare.multi_ack_every;
     if let Some(exchange) = &bare.transform_to {
-        return consume_bare_transform(bare.consume, every, exchange, bare.envelope).await;
+        let shape = TransformShape {
+            envelope: bare.envelope,
+            publish_connection: bare.publish_connection,
+        };
+        return consume_bare_transform(bare.consume, every, exchange, shape).await;
     }
     let args = bare.consume;
     let mut clock = Clock::start(args.count);
@@ -420,12 +431,21 @@ async fn consume_bare_transform(
     args: ConsumeArgs,
     every: u64,
     exchange: &str,
-    envelope: bool,
+    shape: TransformShape,
 ) -> Result<()> {
     let mut clock = Clock::start(args.count);
     let connection = connect(&args.url, "loadgen-consume-bare-transform").await?;
     declare_sink(&connection, exchange).await?;
-    let publisher = connection.create_channel().await?;
+    let publishing = if shape.publish_connection {
+        Some(connect(&args.url, "loadgen-consume-bare-transform.publish").await?)
+    } else {
+        None
+    };
+    let publisher = publishing
+        .as_ref()
+        .unwrap_or(&connection)
+        .create_channel()
+        .await?;
     publisher
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
@@ -455,7 +475,7 @@ async fn consume_bare_transform(
             {
                 let delivery = delivery?;
                 consumed += 1;
-                let properties = if envelope {
+                let properties = if shape.envelope {
                     stamped_properties()?
                 } else {
                     properties.clone()
@@ -474,8 +494,18 @@ async fn consume_bare_transform(
     acks.finish().await?;
     let result = clock.stop("bare-transform", acked);
     shut(&channel, &connection).await;
+    if let Some(publishing) = publishing {
+        let _ = publishing.close(200, "loadgen done".into()).await;
+    }
     result.print();
     Ok(())
+}
+
+/// How the bare transform loop publishes: see [`BareArgs`].
+#[derive(Debug, Clone, Copy)]
+struct TransformShape {
+    envelope: bool,
+    publish_connection: bool,
 }
 
 /// Publishes one stamped output (mandatory) and waits for its confirm;
