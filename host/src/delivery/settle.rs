@@ -389,7 +389,7 @@ async fn accept(
         publications.push(hop);
         spans.push(span);
     }
-    let started = SystemTime::now();
+    let started = subject.trace.span_start();
     let published = port.publish(&publications).await;
     for (publication, span) in publications.iter().zip(spans) {
         publish_span(subject, span, publication, started, &published);
@@ -433,7 +433,7 @@ async fn answer_with_error(
     else {
         return Ok(());
     };
-    let started = SystemTime::now();
+    let started = subject.trace.span_start();
     let published = port.publish(std::slice::from_ref(&reply)).await;
     publish_span(subject, span, &reply, started, &published);
     published.map_err(|e| {
@@ -630,7 +630,7 @@ async fn republish(
     properties: BasicProperties,
     span: TraceParent,
 ) -> Result<(), PublishError> {
-    let started = SystemTime::now();
+    let started = subject.trace.span_start();
     let id = properties.message_id().as_ref().map(|id| id.to_string());
     let result = port.republish(queue, properties).await;
     subject.trace.published(Published {

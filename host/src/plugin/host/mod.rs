@@ -154,7 +154,7 @@ impl HostState {
         let _ = self.publish.take();
         let _ = self.reply.take();
         self.bounds.limiter.refused = None;
-        self.state.begin_call(crate::envelope::now_ms());
+        self.state.begin_call(crate::envelope::now_ms);
         self.message.lend(message)
     }
 

@@ -50,9 +50,10 @@ impl HostInterface for StateCalls {
 }
 
 impl StateCalls {
-    /// A call starts at `now_ms`, with nothing read or written.
-    pub fn begin_call(&mut self, now_ms: u64) {
-        self.call = self.access.as_ref().map(|_| CallState::new(now_ms));
+    /// A call starts at the time `now_ms` reads, with nothing read or written.
+    pub fn begin_call(&mut self, now_ms: impl FnOnce() -> u64) {
+        // The clock is read only for a consumer with state: most have none.
+        self.call = self.access.as_ref().map(|_| CallState::new(now_ms()));
         self.unavailable = None;
     }
 
